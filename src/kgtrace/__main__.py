@@ -1,0 +1,3 @@
+from kgtrace.cli import main
+
+raise SystemExit(main())
