@@ -1,0 +1,236 @@
+"""Datasets: three splits of id triples, the id maps, and optional names and categories.
+
+A dataset folder holds ``train.txt``, ``valid.txt`` and ``test.txt`` (or ``.tsv``) with
+labelled triples, and optionally:
+
+* id maps, first pair found wins: ``node_dict`` + ``rel_dict`` (kgtrace/ROBOKOP),
+  ``entity_to_id.tsv(.gz)`` + ``relation_to_id.tsv(.gz)`` (PyKEEN), ``entity2id.txt`` +
+  ``relation2id.txt`` (OpenKE). Without maps, ids are the sorted labels of all three splits.
+* ``node_names.txt`` (entity names), ``edge_map.json`` (relation descriptions),
+  ``node_categories.tsv`` (``label<TAB>cat1|cat2``).
+
+The bundled benchmarks (:data:`BUNDLED`) load from package data, offline. A bundled name
+takes precedence over a folder of the same name; write ``./umls`` for the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from kgtrace.data.names import (
+    describe_predicate,
+    read_categories,
+    read_edge_map_json,
+    read_names,
+    write_categories,
+    write_edge_map,
+    write_names,
+)
+from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_labeled_triples
+from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
+from kgtrace.errors import DataError, KgtraceError
+
+BUNDLED = ("umls", "kinships", "nations")
+SPLITS = ("train", "valid", "test")
+SPLIT_SUFFIXES = (".txt", ".tsv")
+MAP_FILES = (
+    ("node_dict", "rel_dict"),
+    ("entity_to_id.tsv.gz", "relation_to_id.tsv.gz"),
+    ("entity_to_id.tsv", "relation_to_id.tsv"),
+    ("entity2id.txt", "relation2id.txt"),
+)
+NAMES_FILE = "node_names.txt"
+EDGE_MAP_FILE = "edge_map.json"
+CATEGORIES_FILE = "node_categories.tsv"
+T = TypeVar("T")
+
+
+@dataclass
+class Dataset:
+    """A link-prediction dataset; triples are LongTensors ``[n, 3]`` of (head, relation, tail) ids."""
+
+    name: str
+    source: str  # bundled name ("umls") or absolute folder path
+    entities: Vocab
+    relations: Vocab
+    train: torch.Tensor
+    valid: torch.Tensor
+    test: torch.Tensor
+    entity_names: dict[str, str] = field(default_factory=dict)  # label -> readable name
+    relation_names: dict[str, str] = field(default_factory=dict)  # relation label -> readable description
+    entity_categories: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    edge_map: dict[str, str] = field(default_factory=dict)  # edge_map.json as stored: description -> label
+
+    @property
+    def num_entities(self) -> int:
+        return len(self.entities)
+
+    @property
+    def num_relations(self) -> int:
+        return len(self.relations)
+
+    def all_triples(self) -> torch.Tensor:
+        """train, valid and test concatenated: LongTensor ``[n_train + n_valid + n_test, 3]``."""
+        return torch.cat([self.train, self.valid, self.test])
+
+    def entity_label(self, i: int) -> str:
+        return self.entities.labels[int(i)]
+
+    def relation_label(self, i: int) -> str:
+        return self.relations.labels[int(i)]
+
+    def entity_name(self, label: str) -> str:
+        """The readable name of an entity label, or the label itself if it has none."""
+        return self.entity_names.get(label, label)
+
+    def relation_name(self, label: str) -> str:
+        """The readable description of a relation label, or the label itself if it has none."""
+        return self.relation_names.get(label, label)
+
+
+def load_dataset(
+    name_or_path: str | os.PathLike, *, entities: Vocab | None = None, relations: Vocab | None = None
+) -> Dataset:
+    """Load a bundled dataset by name, or a dataset folder.
+
+    ``entities`` / ``relations`` override the id maps (reloading a run keeps its ids); a
+    triple whose label they lack is a DataError naming the file and line.
+    """
+    if str(name_or_path) in BUNDLED:
+        return _load_bundled(str(name_or_path), entities, relations)
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        raise KgtraceError(
+            f"{str(name_or_path)!r} is neither a bundled dataset nor a folder. "
+            f"Fix: use one of {', '.join(BUNDLED)}, or the path of a folder holding train.txt, valid.txt, test.txt"
+        )
+    folder = folder.resolve()
+    splits = {split: _split_file(folder, split) for split in SPLITS}
+    return _load(folder.name, str(folder), folder, splits, entities, relations)
+
+
+def save_dataset(ds: Dataset, folder: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Write ``ds`` as a canonical dataset folder (each file atomically).
+
+    Writes train/valid/test.txt, node_dict, rel_dict, and node_names.txt, edge_map.json,
+    node_categories.tsv when non-empty. Refuses to replace existing files unless ``overwrite``.
+    """
+    folder = Path(folder)
+    _refuse_existing(folder, overwrite)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_vocab(ds.entities, folder / "node_dict")
+    write_vocab(ds.relations, folder / "rel_dict")
+    for split in SPLITS:
+        write_labeled_triples(_labels(ds, getattr(ds, split)), folder / f"{split}.txt")
+    if ds.entity_names:
+        write_names(ds.entity_names, folder / NAMES_FILE)
+    edge_map = _edge_map_to_save(ds)
+    if edge_map:
+        write_edge_map(edge_map, folder / EDGE_MAP_FILE)
+    if ds.entity_categories:
+        write_categories(ds.entity_categories, folder / CATEGORIES_FILE)
+
+
+def _load_bundled(name: str, entities: Vocab | None, relations: Vocab | None) -> Dataset:
+    root = resources.files("kgtrace.data") / "bundled" / name
+    with ExitStack() as stack:
+        # as_file gives a real path even when the package is installed zipped.
+        splits = {split: stack.enter_context(resources.as_file(root / f"{split}.txt")) for split in SPLITS}
+        return _load(name, name, None, splits, entities, relations)
+
+
+def _load(
+    name: str, source: str, folder: Path | None, splits: dict[str, Path],
+    entities: Vocab | None, relations: Vocab | None,
+) -> Dataset:
+    labeled = {split: read_labeled_triples_with_lines(path) for split, path in splits.items()}
+    if entities is None or relations is None:
+        default_entities, default_relations = _vocabs(folder, np.concatenate([labeled[s][0] for s in SPLITS]))
+        entities = default_entities if entities is None else entities
+        relations = default_relations if relations is None else relations
+    ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1]) for s in SPLITS}
+    edge_map = _optional(folder, EDGE_MAP_FILE, read_edge_map_json)
+    return Dataset(
+        name=name, source=source, entities=entities, relations=relations,
+        train=ids["train"], valid=ids["valid"], test=ids["test"],
+        entity_names=_optional(folder, NAMES_FILE, lambda p: read_names(p, entities)),
+        relation_names={label: describe_predicate(key) for key, label in edge_map.items()},
+        entity_categories=_optional(folder, CATEGORIES_FILE, read_categories),
+        edge_map=edge_map,
+    )
+
+
+def _vocabs(folder: Path | None, triples: np.ndarray) -> tuple[Vocab, Vocab]:
+    """Entity and relation vocabularies from the folder's id maps, else built from ``triples``."""
+    map_files = _map_files(folder) if folder is not None else None
+    if map_files:
+        return read_vocab(map_files[0]), read_vocab(map_files[1])
+    return Vocab.build(np.concatenate([triples[:, 0], triples[:, 2]])), Vocab.build(triples[:, 1])
+
+
+def _split_file(folder: Path, split: str) -> Path:
+    found = [folder / f"{split}{suffix}" for suffix in SPLIT_SUFFIXES if (folder / f"{split}{suffix}").is_file()]
+    if not found:
+        raise DataError(folder / f"{split}.txt", None, f"the dataset folder has no {split} split",
+                        "a dataset folder needs train.txt, valid.txt and test.txt (or .tsv)")
+    if len(found) > 1:
+        raise DataError(found[1], None, f"both {found[0].name} and {found[1].name} exist",
+                        f"keep only one {split} file")
+    return found[0]
+
+
+def _map_files(folder: Path) -> tuple[Path, Path] | None:
+    """The first pair of id-map files present, or None; DataError if a pair is half present."""
+    for entity_file, relation_file in MAP_FILES:
+        have = ((folder / entity_file).is_file(), (folder / relation_file).is_file())
+        if all(have):
+            return folder / entity_file, folder / relation_file
+        if any(have):
+            present, absent = (entity_file, relation_file) if have[0] else (relation_file, entity_file)
+            raise DataError(folder / absent, None, f"{present} is present but {absent} is missing",
+                            f"add {absent}, or remove {present} to have ids built from the triples")
+    return None
+
+
+def _optional(folder: Path | None, name: str, read: Callable[[Path], T]) -> T | dict:
+    """``read(folder / name)`` if that file exists, else an empty dict."""
+    if folder is None or not (folder / name).is_file():
+        return {}
+    return read(folder / name)
+
+
+def _labels(ds: Dataset, triples: torch.Tensor) -> np.ndarray:
+    """Id triples ``[n, 3]`` -> labelled object array ``[n, 3]``."""
+    ids = triples.cpu().numpy()
+    entity = np.asarray(ds.entities.labels, dtype=object)
+    relation = np.asarray(ds.relations.labels, dtype=object)
+    if len(ids) == 0:
+        return np.empty((0, 3), dtype=object)
+    return np.stack([entity[ids[:, 0]], relation[ids[:, 1]], entity[ids[:, 2]]], axis=1)
+
+
+def _edge_map_to_save(ds: Dataset) -> dict[str, str]:
+    """The stored edge map; else one that reads back as ``relation_names`` exactly."""
+    if ds.edge_map:
+        return ds.edge_map
+    return {json.dumps({"predicate": readable}): label for label, readable in ds.relation_names.items()}
+
+
+def _refuse_existing(folder: Path, overwrite: bool) -> None:
+    if overwrite or not folder.exists():
+        return
+    names = [f"{s}.txt" for s in SPLITS] + ["node_dict", "rel_dict", NAMES_FILE, EDGE_MAP_FILE, CATEGORIES_FILE]
+    existing = [folder / n for n in names if (folder / n).exists()]
+    if existing:
+        raise DataError(existing[0], None, "the file already exists",
+                        "save into an empty folder, or pass overwrite=True")

@@ -1,0 +1,261 @@
+"""Turn a labelled triple file or a KGX graph into a dataset folder that load_dataset reads.
+
+The folder is built in a temporary sibling and renamed into place, so a crash never leaves
+a folder that looks complete. A non-empty output folder is refused unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from kgtrace.data._io import object_column, strings_to_object_array
+from kgtrace.data.dataset import Dataset, save_dataset
+from kgtrace.data.kgx import check_category_pairs, read_kgx
+from kgtrace.data.names import describe_predicate, read_names
+from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations, random_split
+from kgtrace.data.triples import encode_triples, read_labeled_triples
+from kgtrace.data.vocab import Vocab
+from kgtrace.errors import ConfigError
+
+SPLIT_METHODS = ("random", "predicate")
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    """Counts from one prepare run."""
+
+    out: str  # absolute path of the dataset folder
+    input_kind: str  # "triples" or "kgx"
+    read: int  # triples read (TSV lines, or KGX edges)
+    dropped_predicate: int
+    dropped_category: int
+    dropped_unknown_node: int
+    duplicates: int
+    split: str
+    moved_to_train: int  # valid/test triples moved to train so their entities are seen in training
+    dropped_unseen: int  # valid/test triples dropped for that reason (predicate holdout)
+    train: int
+    valid: int
+    test: int
+    entities: int
+    relations: int
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        return "\n".join([
+            f"prepared {self.out}",
+            f"  read {self.read} {'edges' if self.input_kind == 'kgx' else 'triples'}; dropped "
+            f"{self.dropped_predicate} by predicate, {self.dropped_category} by category, "
+            f"{self.dropped_unknown_node} with unknown nodes, {self.duplicates} duplicates",
+            f"  {self.split} split: {self.train} train / {self.valid} valid / {self.test} test; "
+            f"{self.moved_to_train} moved to train and {self.dropped_unseen} dropped as unseen in train",
+            f"  {self.entities} entities, {self.relations} relations",
+        ])
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Input triples after filtering, before splitting."""
+
+    triples: np.ndarray  # object [n, 3]
+    names: dict[str, str]
+    categories: dict[str, tuple[str, ...]]
+    edge_map: dict[str, str]
+    counts: dict[str, int]  # read, dropped_predicate, dropped_category, dropped_unknown_node, duplicates
+
+
+def prepare(
+    out: str | os.PathLike,
+    *,
+    triples: str | None = None,
+    nodes: str | None = None,
+    edges: str | None = None,
+    category_pairs: Sequence[tuple[str, str]] = (),
+    drop_predicates: Sequence[str] = (),
+    fold_qualifiers: bool = True,
+    split: str = "random",
+    fractions: Sequence[float] = (0.8, 0.1, 0.1),
+    holdout_predicate: str | None = None,
+    names: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> PrepareReport:
+    """Build a dataset folder at ``out`` from ``triples`` (labelled TSV) or ``nodes`` + ``edges`` (KGX).
+
+    ``drop_predicates`` applies to both inputs; ``category_pairs`` and ``fold_qualifiers`` to
+    KGX. ``split="random"`` uses ``fractions`` (train, valid, test); ``split="predicate"`` puts
+    every triple of ``holdout_predicate`` in test and ``fractions[1]`` of the rest in valid.
+    ``names`` is an optional node-name file; its names win over KGX names.
+    All option problems are reported together in one ConfigError.
+    """
+    out = Path(out)
+    problems = _option_problems(
+        out, triples, nodes, edges, category_pairs, drop_predicates, split, fractions, holdout_predicate, names,
+        seed, overwrite,
+    )
+    if problems:
+        raise ConfigError(problems)
+    if triples is not None:
+        cut = _cut_triples(triples, drop_predicates)
+    else:
+        assert nodes is not None and edges is not None
+        cut = _cut_kgx(nodes, edges, category_pairs, drop_predicates, fold_qualifiers)
+    if len(cut.triples) == 0:
+        raise ConfigError([f"input: no triples left after filtering ({cut.counts}); "
+                           "check category_pairs and drop_predicates against the input"])
+    if split == "random":
+        train, valid, test, report = random_split(cut.triples, fractions, seed)
+    else:
+        assert holdout_predicate is not None
+        held = _held_relations(cut, holdout_predicate) or [holdout_predicate]
+        train, valid, test, report = holdout_relations(cut.triples, held, fractions[1], seed)
+    ds = _dataset(out, train, valid, test, cut, names)
+    _write_folder(ds, out)
+    return _report(out, "triples" if triples is not None else "kgx", cut, split, report, ds)
+
+
+def _option_problems(
+    out: Path, triples: str | None, nodes: str | None, edges: str | None, category_pairs: Sequence[tuple[str, str]],
+    drop_predicates: Sequence[str], split: str, fractions: Sequence[float], holdout: str | None,
+    names: str | None, seed: int, overwrite: bool,
+) -> list[str]:
+    problems = _input_problems(triples, nodes, edges, names)
+    if category_pairs and triples is not None:
+        problems.append("category_pairs: needs KGX input (nodes and edges), not a triples file")
+    problems += check_category_pairs(category_pairs)
+    if isinstance(drop_predicates, str) or not all(isinstance(p, str) for p in drop_predicates):
+        problems.append(f"drop_predicates: {drop_predicates!r} must be a list of predicates")
+    problems += _split_problems(split, fractions, holdout)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        problems.append(f"seed: {seed!r} must be an integer")
+    problems += _out_problems(out, overwrite)
+    return problems
+
+
+def _input_problems(triples: str | None, nodes: str | None, edges: str | None, names: str | None) -> list[str]:
+    problems = []
+    if triples is not None and (nodes is not None or edges is not None):
+        problems.append("input: give either triples or nodes + edges, not both")
+    elif triples is None and (nodes is None or edges is None):
+        problems.append("input: give triples=<labelled TSV>, or both nodes=<KGX nodes> and edges=<KGX edges>")
+    for key, value in (("triples", triples), ("nodes", nodes), ("edges", edges), ("names", names)):
+        if value is not None and not Path(value).is_file():
+            problems.append(f"{key}: file {str(value)!r} not found; check the path")
+    return problems
+
+
+def _split_problems(split: str, fractions: Sequence[float], holdout: str | None) -> list[str]:
+    if split not in SPLIT_METHODS:
+        return [f"split: {split!r} is not one of {', '.join(SPLIT_METHODS)}"]
+    problems = check_fractions(fractions)
+    if split == "predicate" and not holdout:
+        problems.append("holdout_predicate: split 'predicate' needs the relation to hold out, e.g. biolink:treats")
+    if split == "random" and holdout:
+        problems.append(f"holdout_predicate: {holdout!r} is only used with split 'predicate'; set split: predicate")
+    return problems
+
+
+def _out_problems(out: Path, overwrite: bool) -> list[str]:
+    if out.exists() and not out.is_dir():
+        return [f"out: {str(out)!r} is a file; give a folder path"]
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        return [f"out: folder {str(out)!r} is not empty; choose a new folder or pass overwrite=True"]
+    return []
+
+
+def _cut_triples(path: str, drop_predicates: Sequence[str]) -> _Cut:
+    labeled = read_labeled_triples(path)
+    keep = ~object_column(labeled[:, 1]).is_in(pl.Series(list(drop_predicates), dtype=pl.String).implode()).to_numpy()
+    unique, duplicates = _dedupe(labeled[keep])
+    counts = {"read": len(labeled), "dropped_predicate": int((~keep).sum()), "dropped_category": 0,
+              "dropped_unknown_node": 0, "duplicates": duplicates}
+    return _Cut(unique, {}, {}, {}, counts)
+
+
+def _cut_kgx(
+    nodes: str, edges: str, category_pairs: Sequence[tuple[str, str]], drop_predicates: Sequence[str], fold: bool
+) -> _Cut:
+    kgx = read_kgx(nodes, edges, category_pairs=category_pairs, drop_predicates=drop_predicates, fold_qualifiers=fold)
+    counts = {key: kgx.report[key] for key in ("dropped_predicate", "dropped_category", "dropped_unknown_node", "duplicates")}
+    return _Cut(kgx.triples, kgx.names, kgx.categories, kgx.edge_map, {"read": kgx.report["edges_read"], **counts})
+
+
+def _dedupe(triples: np.ndarray) -> tuple[np.ndarray, int]:
+    """Distinct triples in first-seen order, and how many repeats were removed."""
+    frame = pl.DataFrame([object_column(triples[:, i]).alias(str(i)) for i in range(3)])
+    unique = frame.unique(maintain_order=True)
+    return strings_to_object_array(unique), frame.height - unique.height
+
+
+def _held_relations(cut: _Cut, predicate: str) -> list[str]:
+    """The relation labels to hold out: ``predicate`` itself if it is one, else every folded
+    KGX relation (``predicate:<n>``) whose description has that predicate."""
+    present = set(object_column(cut.triples[:, 1]).unique().to_list())
+    if predicate in present:
+        return [predicate]
+    return [label for key, label in cut.edge_map.items()
+            if label in present and json.loads(key).get("predicate") == predicate]
+
+
+def _dataset(out: Path, train: np.ndarray, valid: np.ndarray, test: np.ndarray, cut: _Cut, names: str | None) -> Dataset:
+    every = np.concatenate([train, valid, test])
+    entities = Vocab.build(np.concatenate([every[:, 0], every[:, 2]]))
+    relations = Vocab.build(every[:, 1])
+    entity_names = cut.names | (read_names(names, entities) if names else {})
+    known = entities.to_id
+    edge_map = {k: v for k, v in cut.edge_map.items() if v in relations.to_id}
+    source = str(out.resolve())
+    return Dataset(
+        name=out.name, source=source, entities=entities, relations=relations,
+        train=encode_triples(train, entities, relations, source),
+        valid=encode_triples(valid, entities, relations, source),
+        test=encode_triples(test, entities, relations, source),
+        entity_names={k: v for k, v in entity_names.items() if k in known},
+        entity_categories={k: v for k, v in cut.categories.items() if k in known},
+        relation_names={v: describe_predicate(k) for k, v in edge_map.items()},
+        edge_map=edge_map,
+    )
+
+
+def _write_folder(ds: Dataset, out: Path) -> None:
+    """Save into a temporary sibling folder, then swap it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        save_dataset(ds, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        _swap(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap(new: Path, out: Path) -> None:
+    """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+    os.rename(out, old / "dataset")
+    os.rename(new, out)
+    shutil.rmtree(old)
+
+
+def _report(out: Path, kind: str, cut: _Cut, split: str, report: SplitReport, ds: Dataset) -> PrepareReport:
+    return PrepareReport(
+        out=str(out.resolve()), input_kind=kind, read=cut.counts["read"],
+        dropped_predicate=cut.counts["dropped_predicate"], dropped_category=cut.counts["dropped_category"],
+        dropped_unknown_node=cut.counts["dropped_unknown_node"], duplicates=cut.counts["duplicates"],
+        split=split, moved_to_train=report.moved_to_train, dropped_unseen=report.dropped,
+        train=report.train, valid=report.valid, test=report.test,
+        entities=ds.num_entities, relations=ds.num_relations,
+    )

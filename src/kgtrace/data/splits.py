@@ -1,0 +1,160 @@
+"""Train/valid/test splits of labelled triples (object arrays ``[n, 3]``: head, relation, tail).
+
+All splits are deterministic given the seed (a numpy Generator), keep the input order within
+each split, and end with :func:`ensure_seen`, so every entity and relation of valid/test also
+occurs in train (a model cannot rank an entity it never trained on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from kgtrace.data._io import object_column
+from kgtrace.errors import ConfigError
+
+POLICIES = ("move", "drop")
+
+
+@dataclass(frozen=True)
+class SplitReport:
+    """What a split did, and the sizes it produced."""
+
+    moved_to_train: int  # valid/test triples moved to train because they had an unseen entity/relation
+    dropped: int  # valid/test triples dropped for the same reason
+    train: int
+    valid: int
+    test: int
+
+
+def random_split(
+    triples: np.ndarray, fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    """Shuffle triples into train/valid/test by ``fractions``; unseen ones are moved to train."""
+    problems = check_fractions(fractions)
+    if problems:
+        raise ConfigError(problems)
+    n = len(triples)
+    order = np.random.default_rng(seed).permutation(n)
+    n_valid, n_test = round(fractions[1] * n), round(fractions[2] * n)
+    valid = triples[np.sort(order[:n_valid])]
+    test = triples[np.sort(order[n_valid : n_valid + n_test])]
+    train = triples[np.sort(order[n_valid + n_test :])]
+    return ensure_seen(train, valid, test, policy="move")
+
+
+def holdout_predicate(
+    triples: np.ndarray, predicate: str, valid_fraction: float = 0.1, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    """Test = every triple of ``predicate``; valid = ``valid_fraction`` of the others; train = the rest.
+
+    Test triples with an entity unseen in train are dropped (moving them would leak the
+    held-out predicate into train). The held-out relation itself is exempt from the check:
+    by construction it never occurs in train.
+    """
+    return holdout_relations(triples, (predicate,), valid_fraction, seed)
+
+
+def holdout_relations(
+    triples: np.ndarray, relations: Collection[str], valid_fraction: float = 0.1, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    """:func:`holdout_predicate` for several relation labels at once (e.g. one predicate folded
+    with different qualifiers into ``predicate:3``, ``predicate:7``)."""
+    held = object_column(triples[:, 1]).is_in(pl.Series(list(relations), dtype=pl.String).implode()).to_numpy()
+    problems = []
+    if not held.any():
+        problems.append(f"holdout_predicate: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
+                        "of the triples; use one of the relation labels (or KGX predicates) in the input")
+    if not 0 <= valid_fraction < 1:
+        problems.append(f"valid fraction: {valid_fraction!r} must be in [0, 1)")
+    if problems:
+        raise ConfigError(problems)
+    rest = triples[~held]
+    order = np.random.default_rng(seed).permutation(len(rest))
+    n_valid = round(valid_fraction * len(rest))
+    valid, train = rest[np.sort(order[:n_valid])], rest[np.sort(order[n_valid:])]
+    return ensure_seen(train, valid, triples[held], policy="drop", exempt_relations=relations)
+
+
+def ensure_seen(
+    train: np.ndarray,
+    valid: np.ndarray,
+    test: np.ndarray,
+    policy: str = "move",
+    *,
+    exempt_relations: Collection[str] = (),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    """Make every valid/test entity and relation (except ``exempt_relations``) occur in train.
+
+    ``"move"``: offending triples go to train, valid first then test, each in order; a triple
+    is moved only if it is still unseen after the earlier moves, so few are moved.
+    ``"drop"``: offending triples are removed.
+    """
+    if policy not in POLICIES:
+        raise ConfigError([f"policy: {policy!r} is not one of {', '.join(POLICIES)}"])
+    entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
+    relations = pl.concat([object_column(train[:, 1]), pl.Series(list(exempt_relations), dtype=pl.String)]).unique()
+    valid_ok, test_ok = (_seen(split, entities, relations) for split in (valid, test))
+    if policy == "drop":
+        dropped = int((~valid_ok).sum() + (~test_ok).sum())
+        return _result(train, valid[valid_ok], test[test_ok], moved=0, dropped=dropped)
+    if valid_ok.all() and test_ok.all():
+        return _result(train, valid, test, moved=0, dropped=0)
+    return _move_unseen(train, valid, test, valid_ok, test_ok, set(exempt_relations))
+
+
+def check_fractions(fractions: Sequence[float]) -> list[str]:
+    """Problems with train/valid/test ``fractions`` (empty list if fine)."""
+    values = list(fractions) if isinstance(fractions, (list, tuple)) else []
+    if len(values) != 3 or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in values):
+        return [f"fractions: {fractions!r} must be three numbers (train, valid, test), e.g. [0.8, 0.1, 0.1]"]
+    problems = []
+    if any(f < 0 for f in values) or values[0] <= 0:
+        problems.append(f"fractions: {fractions!r} must be non-negative with a positive train fraction")
+    if abs(sum(values) - 1) > 1e-6:
+        problems.append(f"fractions: {fractions!r} sum to {sum(values):g}; make them sum to 1")
+    return problems
+
+
+def _seen(triples: np.ndarray, entities: pl.Series, relations: pl.Series) -> np.ndarray:
+    """bool [n]: head, tail in ``entities`` and relation in ``relations``."""
+    if len(triples) == 0:
+        return np.ones(0, dtype=bool)
+    ok = (
+        object_column(triples[:, 0]).is_in(entities.implode())
+        & object_column(triples[:, 1]).is_in(relations.implode())
+        & object_column(triples[:, 2]).is_in(entities.implode())
+    )
+    return ok.to_numpy()
+
+
+def _move_unseen(
+    train: np.ndarray, valid: np.ndarray, test: np.ndarray, valid_ok: np.ndarray, test_ok: np.ndarray,
+    exempt: set[str],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    """Greedy "move": recheck each offending triple against train plus the triples moved so far."""
+    entities = set(train[:, 0]) | set(train[:, 2])
+    relations = set(train[:, 1]) | exempt
+    keep = {"valid": valid_ok.copy(), "test": test_ok.copy()}
+    moved_rows = []
+    for name, split in (("valid", valid), ("test", test)):
+        for i in np.flatnonzero(~keep[name]):
+            h, r, t = split[i]
+            if h in entities and t in entities and r in relations:
+                keep[name][i] = True
+                continue
+            entities.update((h, t))
+            relations.add(r)
+            moved_rows.append(split[i])
+    moved = np.array(moved_rows, dtype=object).reshape(-1, 3)
+    new_train = np.concatenate([train, moved])
+    return _result(new_train, valid[keep["valid"]], test[keep["test"]], moved=len(moved), dropped=0)
+
+
+def _result(
+    train: np.ndarray, valid: np.ndarray, test: np.ndarray, *, moved: int, dropped: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
+    return train, valid, test, SplitReport(moved, dropped, len(train), len(valid), len(test))

@@ -1,0 +1,119 @@
+import gzip
+import json
+
+import pytest
+import torch
+
+from kgtrace.data.dataset import BUNDLED, Dataset, load_dataset, save_dataset
+from kgtrace.data.vocab import Vocab
+from kgtrace.errors import DataError, KgtraceError
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [("umls", (135, 46, 5216, 652, 661)), ("kinships", (104, 25, 8544, 1068, 1074)), ("nations", (14, 55, 1592, 199, 201))],
+)
+def test_bundled_sizes(name, sizes):
+    ds = load_dataset(name)
+    assert (ds.num_entities, ds.num_relations, len(ds.train), len(ds.valid), len(ds.test)) == sizes
+    assert ds.train.dtype == torch.int64 and ds.train.shape[1] == 3
+    assert ds.source == name and ds.name == name
+    assert list(ds.entities.labels) == sorted(ds.entities.labels)
+    assert int(ds.all_triples()[:, 0].max()) < ds.num_entities
+    assert len(ds.all_triples()) == sum(sizes[2:])
+
+
+def test_bundled_label_roundtrip():
+    ds = load_dataset("umls")
+    h, r, t = ds.train[0].tolist()
+    assert (ds.entity_label(h), ds.relation_label(r), ds.entity_label(t)) == (
+        "acquired_abnormality", "location_of", "experimental_model_of_disease")
+    assert ds.entity_name("acquired_abnormality") == "acquired_abnormality"
+
+
+def test_unknown_name_lists_bundled(tmp_path):
+    with pytest.raises(KgtraceError) as e:
+        load_dataset(str(tmp_path / "missing"))
+    assert all(b in str(e.value) for b in BUNDLED)
+
+
+def make_folder(tmp_path, suffix=".txt"):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / f"train{suffix}").write_text("a\tr\tb\nb\tr\tc\nc\ts\ta\n")
+    (folder / f"valid{suffix}").write_text("a\ts\tb\n")
+    (folder / f"test{suffix}").write_text("head\trelation\ttail\nb\tr\ta\n")
+    return folder
+
+
+def test_folder_without_maps_builds_sorted_ids(tmp_path):
+    ds = load_dataset(make_folder(tmp_path, ".tsv"))
+    assert ds.entities.labels == ("a", "b", "c") and ds.relations.labels == ("r", "s")
+    assert ds.test.tolist() == [[1, 0, 0]]
+    assert ds.source == str((tmp_path / "ds").resolve())
+
+
+def test_folder_with_pykeen_gz_maps_names_edge_map(tmp_path):
+    folder = make_folder(tmp_path)
+    for fname, rows in (("entity_to_id.tsv.gz", ["c", "a", "b"]), ("relation_to_id.tsv.gz", ["s", "r"])):
+        with gzip.open(folder / fname, "wt") as f:
+            f.write("id\tlabel\n" + "".join(f"{i}\t{x}\n" for i, x in enumerate(rows)))
+    (folder / "node_names.txt").write_text("Alpha\ta\nBeta\tb\n")
+    (folder / "edge_map.json").write_text(json.dumps({json.dumps({"predicate": "x:r", "q_qualifier": "v"}): "r"}))
+    (folder / "node_categories.tsv").write_text("a\tT1|T2\n")
+    ds = load_dataset(folder)
+    assert ds.entities.labels == ("c", "a", "b")
+    assert ds.train[0].tolist() == [1, 1, 2]
+    assert ds.entity_name("a") == "Alpha" and ds.entity_name("c") == "c"
+    assert ds.relation_names == {"r": "x:r [q_qualifier=v]"}
+    assert ds.entity_categories == {"a": ("T1", "T2")}
+
+
+def test_half_present_map_pair(tmp_path):
+    folder = make_folder(tmp_path)
+    (folder / "node_dict").write_text("a\t0\nb\t1\nc\t2\n")
+    with pytest.raises(DataError, match="rel_dict is missing"):
+        load_dataset(folder)
+
+
+def test_passed_vocab_overrides_and_reports_line(tmp_path):
+    folder = make_folder(tmp_path)
+    ents, rels = Vocab(("c", "b", "a")), Vocab(("s", "r"))
+    ds = load_dataset(folder, entities=ents, relations=rels)
+    assert ds.entities is ents and ds.valid.tolist() == [[2, 0, 1]]
+    with pytest.raises(DataError) as e:
+        load_dataset(folder, entities=Vocab(("a", "b")), relations=rels)
+    assert e.value.line == 2 and e.value.path.endswith("train.txt") and "'c'" in str(e.value)
+
+
+def test_missing_split_and_ambiguous_split(tmp_path):
+    folder = make_folder(tmp_path)
+    (folder / "valid.txt").unlink()
+    with pytest.raises(DataError, match="no valid split"):
+        load_dataset(folder)
+    (folder / "valid.txt").write_text("a\ts\tb\n")
+    (folder / "valid.tsv").write_text("a\ts\tb\n")
+    with pytest.raises(DataError, match="both valid.txt and valid.tsv"):
+        load_dataset(folder)
+
+
+def test_save_roundtrip_keeps_ids_and_extras(tmp_path):
+    ds = load_dataset("nations")
+    ds = Dataset(
+        ds.name, ds.source, ds.entities, ds.relations, ds.train, ds.valid, ds.test,
+        entity_names={ds.entity_label(0): "Zero land"},
+        relation_names={ds.relation_label(0): "readable relation"},
+        entity_categories={ds.entity_label(0): ("Country",)},
+    )
+    out = tmp_path / "saved"
+    save_dataset(ds, out)
+    again = load_dataset(out)
+    assert again.entities == ds.entities and again.relations == ds.relations
+    for split in ("train", "valid", "test"):
+        assert torch.equal(getattr(again, split), getattr(ds, split))
+    assert again.entity_names == ds.entity_names
+    assert again.relation_names == ds.relation_names
+    assert again.entity_categories == ds.entity_categories
+    with pytest.raises(DataError, match="already exists"):
+        save_dataset(ds, out)
+    save_dataset(ds, out, overwrite=True)
