@@ -1,0 +1,65 @@
+"""Knowledge-graph scoring models and their registry.
+
+Every model implements :class:`~kgtrace.models.base.FactorisedScorer`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from kgtrace.errors import ConfigError
+from kgtrace.models.base import FactorisedScorer, Scorer, inverse_queries
+from kgtrace.models.complex import ComplEx
+from kgtrace.models.conve import ConvE
+from kgtrace.models.distmult import DistMult
+
+__all__ = [
+    "MODELS",
+    "ComplEx",
+    "ConvE",
+    "DistMult",
+    "FactorisedScorer",
+    "Scorer",
+    "build_model",
+    "hyperparameter_names",
+    "inverse_queries",
+]
+
+MODELS: dict[str, type[nn.Module]] = {"conve": ConvE, "distmult": DistMult, "complex": ComplEx}
+
+
+def hyperparameter_names(model_class: type[nn.Module]) -> list[str]:
+    """The keyword-only constructor arguments of a model class, in signature order."""
+    parameters = inspect.signature(model_class).parameters.values()
+    return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def build_model(name: str, num_entities: int, num_relations: int, **kwargs: object) -> nn.Module:
+    """Build the registered model ``name`` with hyperparameters ``kwargs``.
+
+    :raises ConfigError: listing every problem at once: an unknown model name, unknown
+        hyperparameter keys (with the valid keys) and invalid values.
+    """
+    model_class = MODELS.get(name) if isinstance(name, str) else None
+    if model_class is None:
+        raise ConfigError([f"model={name!r}: unknown model; fix: use one of {', '.join(sorted(MODELS))}"])
+    valid = hyperparameter_names(model_class)
+    problems = [
+        f"{key}={value!r}: not a hyperparameter of model {name!r}; fix: remove it or use one of {', '.join(valid)}"
+        for key, value in kwargs.items()
+        if key not in valid
+    ]
+    known = {key: value for key, value in kwargs.items() if key in valid}
+    if not problems:
+        return model_class(num_entities, num_relations, **known)
+    try:
+        # Only to collect the known keys' value problems as well: on the meta device
+        # the parameters take no memory, however large the model.
+        with torch.device("meta"):
+            model_class(num_entities, num_relations, **known)
+    except ConfigError as error:
+        problems.extend(error.problems)
+    raise ConfigError(problems)

@@ -1,0 +1,97 @@
+"""The scoring contract every knowledge-graph model in kgtrace fulfils.
+
+Shapes use ``B`` for the batch, ``E`` for the number of entities, ``R`` for the number of
+the dataset's relations and ``D`` for a model's query width.
+
+Relation ids ``r`` in ``[0, R)`` are the dataset's relations; an id ``r + R`` in ``[R, 2R)``
+denotes the inverse of relation ``r``, so a head query ``(?, r, t)`` is asked as the tail
+query ``(t, r + R, ?)``. Training only ever asks such (anchor, relation-or-inverse) tail
+queries, which is why every model accepts relation ids in ``[0, 2R)`` in ``score_t`` and
+``encode_query``.
+
+The protocols are structural (``typing.Protocol``): a model need not inherit from them,
+and ``isinstance(model, FactorisedScorer)`` checks that the attributes and methods exist.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["FactorisedScorer", "Scorer", "inverse_queries"]
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores (head, relation, tail) triples; higher scores are more plausible (logits)."""
+
+    num_entities: int
+    """E, the number of entities."""
+    num_relations: int
+    """R, the dataset's relations (not counting their inverses)."""
+
+    def score_hrt(self, hrt: Tensor) -> Tensor:
+        """Score whole triples.
+
+        :param hrt: LongTensor [B, 3] of (head, relation, tail) ids, relation in [0, R).
+        :return: scores [B] (logits).
+        """
+        ...
+
+    def score_t(self, hr: Tensor) -> Tensor:
+        """Score every entity as the tail of each (head, relation) query.
+
+        :param hr: LongTensor [B, 2] of (head, relation) ids. Relation ids in [R, 2R)
+            denote the inverse of relation ``r - R``: ``score_t([t, r + R])`` scores every
+            head h of (h, r, t).
+        :return: scores [B, E].
+        """
+        ...
+
+    def score_h(self, rt: Tensor) -> Tensor:
+        """Score every entity as the head of each (relation, tail) query.
+
+        :param rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
+        :return: scores [B, E]; equals ``score_t`` of ``(t, r + R)``.
+        """
+        ...
+
+
+@runtime_checkable
+class FactorisedScorer(Scorer, Protocol):
+    """A scorer whose ``score_t`` is ``decode(encode_query(hr))``.
+
+    The split lets callers score entities chunk by chunk (entity-chunked losses, chunked
+    evaluation) and reuse one query representation (TracIn fast paths).
+    """
+
+    def encode_query(self, hr: Tensor) -> Tensor:
+        """Encode (head, relation) queries.
+
+        :param hr: LongTensor [B, 2] of (head, relation-or-inverse) ids, relation in [0, 2R).
+        :return: query representation [B, D]; D may differ from the entity dimension
+            (e.g. ComplEx packs real and imaginary parts).
+        """
+        ...
+
+    def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        """Score the entities ``start .. stop-1`` against encoded queries.
+
+        :param q: query representation [B, D] from :meth:`encode_query`.
+        :param start: first entity id scored.
+        :param stop: one past the last entity id scored; None means E.
+        :return: scores [B, stop - start].
+        """
+        ...
+
+
+def inverse_queries(rt: Tensor, num_relations: int) -> Tensor:
+    """Turn head queries into tail queries over inverse relations.
+
+    :param rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
+    :param num_relations: R.
+    :return: LongTensor [B, 2] of (tail, relation + R).
+    """
+    return torch.stack([rt[:, 1], rt[:, 0] + num_relations], dim=1)

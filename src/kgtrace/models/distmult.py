@@ -1,0 +1,60 @@
+"""DistMult (Yang et al., 2015): score(h, r, t) = sum_d e_h[d] * w_r[d] * e_t[d]."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kgtrace.errors import ConfigError
+from kgtrace.models._checks import check_sizes
+from kgtrace.models.base import inverse_queries
+
+__all__ = ["DistMult"]
+
+
+class DistMult(nn.Module):
+    """DistMult; symmetric in head and tail, so an inverse relation r + R reuses r's vector.
+
+    Parameters: ``entity_embeddings`` [E, D], ``relation_embeddings`` [R, D], both
+    Xavier-normal over the whole table. Query representation: q = e_h * w_r, [B, D].
+    """
+
+    def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200):
+        super().__init__()
+        problems: list[str] = []
+        check_sizes(problems, num_entities, num_relations, embedding_dim)
+        if problems:
+            raise ConfigError(problems)
+        self.num_entities = num_entities
+        self.num_relations = num_relations
+        self.embedding_dim = embedding_dim
+        self.entity_embeddings = nn.Parameter(torch.empty(num_entities, embedding_dim))
+        self.relation_embeddings = nn.Parameter(torch.empty(num_relations, embedding_dim))
+        nn.init.xavier_normal_(self.entity_embeddings)
+        nn.init.xavier_normal_(self.relation_embeddings)
+
+    def _relations(self, relations: Tensor) -> Tensor:
+        """Relation-or-inverse ids [B] in [0, 2R) -> vectors [B, D]; r + R shares r's vector."""
+        return F.embedding(torch.remainder(relations, self.num_relations), self.relation_embeddings)
+
+    def encode_query(self, hr: Tensor) -> Tensor:
+        """[B, 2] (head, relation-or-inverse) ids -> q = e_h * w_r, [B, D]."""
+        return F.embedding(hr[:, 0], self.entity_embeddings) * self._relations(hr[:, 1])
+
+    def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        """q [B, D] -> scores of entities start..stop-1, [B, stop - start]."""
+        return q @ self.entity_embeddings[start:stop].t()
+
+    def score_t(self, hr: Tensor) -> Tensor:
+        """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
+        return self.decode(self.encode_query(hr))
+
+    def score_h(self, rt: Tensor) -> Tensor:
+        """[B, 2] (relation, tail) ids -> scores of every head [B, E]."""
+        return self.score_t(inverse_queries(rt, self.num_relations))
+
+    def score_hrt(self, hrt: Tensor) -> Tensor:
+        """[B, 3] (head, relation, tail) ids -> scores [B]."""
+        t = F.embedding(hrt[:, 2], self.entity_embeddings)  # [B, D]
+        return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), t)

@@ -1,0 +1,230 @@
+"""1-N training losses that never build a dense [B, E] label tensor.
+
+KvsAll scores every candidate entity of each (anchor, relation) query and takes
+binary cross-entropy against the (sparse) set of true answers. With smoothed labels
+``y`` the summed loss decomposes as::
+
+    sum_k BCE(s_k, y_k) = sum_k softplus(s_k) - sum_k y_k s_k
+    sum_k y_k s_k       = n * sum_k s_k + (p - n) * sum_{k positive} s_k
+
+with ``p`` the positive and ``n`` the negative label value, so only the positives'
+scores need to be gathered ([P] values) and the dense label matrix is never formed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kgtrace.errors import ConfigError
+from kgtrace.models.base import FactorisedScorer
+
+__all__ = [
+    "dense_bce_reference",
+    "kvsall_bce",
+    "kvsall_bce_chunked_backward",
+    "onevsall_ce",
+    "smoothed_label_values",
+]
+
+# Elements of scores turned into softplus values at a time. On CPU a block this size
+# (128 KiB of float32) stays in cache; accelerators prefer few, large kernels.
+_CPU_BLOCK_ELEMENTS = 1 << 15
+_ACCELERATOR_BLOCK_ELEMENTS = 1 << 22
+
+
+def smoothed_label_values(label_smoothing: float, num_classes: int) -> tuple[float, float]:
+    """(positive, negative) label values after PyKEEN-style label smoothing.
+
+    PyKEEN's ``apply_label_smoothing`` computes, for 0/1 labels and ``eps > 0``::
+
+        y = labels * (1 - eps) + (1 - labels) * eps / (num_classes - 1)
+
+    so a positive becomes ``1 - eps`` and a negative ``eps / (num_classes - 1)``; with
+    ``eps == 0`` the labels stay 0/1.
+    """
+    problems = []
+    if (
+        isinstance(label_smoothing, bool)
+        or not isinstance(label_smoothing, (int, float))
+        or not (0.0 <= label_smoothing < 1.0)
+    ):
+        problems.append(
+            f"label_smoothing={label_smoothing!r}: must be a number in [0, 1); fix: use e.g. 0.1, or 0 to disable"
+        )
+    elif label_smoothing > 0 and num_classes < 2:
+        problems.append(
+            f"label_smoothing={label_smoothing!r}: needs at least 2 classes but num_classes={num_classes}; "
+            "fix: set label_smoothing to 0 or score more candidates"
+        )
+    if problems:
+        raise ConfigError(problems)
+    if label_smoothing == 0:
+        return 1.0, 0.0
+    return 1.0 - label_smoothing, label_smoothing / (num_classes - 1)
+
+
+def _block_rows(scores: Tensor) -> int:
+    """Rows per softplus block, so a block holds about the device's block budget."""
+    budget = _CPU_BLOCK_ELEMENTS if scores.device.type == "cpu" else _ACCELERATOR_BLOCK_ELEMENTS
+    return max(1, budget // max(1, scores.shape[1]))
+
+
+def _softplus_sum(scores: Tensor, acc_dtype: torch.dtype) -> Tensor:
+    """sum(softplus(scores)) over row blocks; no temporary exceeds one block [rows, C]."""
+    partials = [F.softplus(block).sum(dtype=acc_dtype) for block in scores.split(_block_rows(scores))]
+    return torch.stack(partials).sum()
+
+
+class _KvsAllBCESum(torch.autograd.Function):
+    """sum_k BCE(s_k, y_k) / denominator for sparse smoothed labels.
+
+    Forward allocates no [B, C] tensor, only softplus blocks of about the block budget
+    (one block of all B rows when B * C is below it); backward allocates exactly one
+    [B, C] tensor, the gradient (sigmoid(s) - y) * g / denominator, built in place.
+    """
+
+    @staticmethod
+    def forward(
+        scores: Tensor,
+        pos_rows: Tensor,
+        pos_cols: Tensor,
+        pos_label: float,
+        neg_label: float,
+        denominator: int,
+    ) -> Tensor:
+        acc_dtype = torch.promote_types(scores.dtype, torch.float32)
+        total = _softplus_sum(scores, acc_dtype)
+        if neg_label:
+            total = total - neg_label * scores.sum(dtype=acc_dtype)
+        positives = scores[pos_rows, pos_cols]  # [P]
+        total = total - (pos_label - neg_label) * positives.sum(dtype=acc_dtype)
+        return total / denominator
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        scores, pos_rows, pos_cols, pos_label, neg_label, denominator = inputs
+        ctx.save_for_backward(scores, pos_rows, pos_cols)
+        ctx.labels = (pos_label, neg_label)
+        ctx.denominator = denominator
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        scores, pos_rows, pos_cols = ctx.saved_tensors
+        pos_label, neg_label = ctx.labels
+        grad = torch.sigmoid(scores)  # the one [B, C] allocation: d loss / d s = sigmoid(s) - y
+        if neg_label:
+            grad.sub_(neg_label)
+        step = grad.new_full((), neg_label - pos_label)
+        grad.index_put_((pos_rows, pos_cols), step, accumulate=True)
+        grad.mul_((grad_output / ctx.denominator).to(grad.dtype))
+        return grad, None, None, None, None, None
+
+
+def kvsall_bce(
+    scores: Tensor,
+    pos_rows: Tensor,
+    pos_cols: Tensor,
+    label_smoothing: float = 0.0,
+    *,
+    num_classes: int | None = None,
+) -> Tensor:
+    """Mean binary cross-entropy (with logits) of KvsAll scores against sparse positives.
+
+    Equals PyKEEN's ``BCEWithLogitsLoss`` with label smoothing, i.e.
+    ``F.binary_cross_entropy_with_logits(scores, y)`` averaged over all B * C elements,
+    where ``y = labels * (1 - eps) + (1 - labels) * eps / (num_classes - 1)`` and
+    ``labels`` is 1 at the positive (row, col) pairs and 0 elsewhere.
+
+    :param scores: logits [B, C] over C candidate entities.
+    :param pos_rows: LongTensor [P], row of each positive (< B).
+    :param pos_cols: LongTensor [P], column of each positive (< C); (row, col) pairs unique.
+    :param label_smoothing: eps in [0, 1).
+    :param num_classes: the smoothing's class count; defaults to C.
+    :return: scalar loss. Extra memory is O(B + P) plus one softplus block of at most
+        max(C, block budget) elements; the backward pass allocates only the [B, C] gradient.
+    """
+    pos_label, neg_label = smoothed_label_values(label_smoothing, num_classes or scores.shape[1])
+    return _KvsAllBCESum.apply(scores, pos_rows, pos_cols, pos_label, neg_label, scores.numel())
+
+
+def _group_by_chunk(pos_rows: Tensor, pos_cols: Tensor, bounds: list[int]) -> tuple[Tensor, Tensor, list[int]]:
+    """Sort positives by column; return them with the offsets where each entity chunk starts."""
+    order = torch.argsort(pos_cols)
+    rows, cols = pos_rows[order], pos_cols[order]
+    edges = torch.tensor(bounds, device=cols.device, dtype=cols.dtype)
+    # One host sync for all chunks instead of one per chunk.
+    offsets = torch.searchsorted(cols, edges).tolist()
+    return rows, cols, offsets
+
+
+def kvsall_bce_chunked_backward(
+    model: FactorisedScorer,
+    queries: Tensor,
+    pos_rows: Tensor,
+    pos_cols: Tensor,
+    label_smoothing: float,
+    chunk_size: int,
+) -> Tensor:
+    """KvsAll BCE over all E entities, scored and back-propagated one entity chunk at a time.
+
+    Equivalent to ``kvsall_bce(model.score_t(queries), pos_rows, pos_cols,
+    label_smoothing).backward()`` (same loss, same parameter gradients) but peaks at
+    O(B * chunk_size) memory: the query encoding runs once, each chunk's decoder scores
+    are back-propagated into the decoder and a detached copy of the query, and the summed
+    query gradient is finally pushed through the encoder.
+
+    :param model: a factorised scorer; gradients accumulate into its parameters' ``.grad``.
+    :param queries: LongTensor [B, 2] of (anchor, relation-or-inverse) ids.
+    :param pos_rows: LongTensor [P], query row of each positive.
+    :param pos_cols: LongTensor [P], entity id of each positive; (row, col) pairs unique.
+    :param label_smoothing: eps in [0, 1), smoothing over E classes.
+    :param chunk_size: entities scored at once (>= 1).
+    :return: the loss, a detached scalar tensor.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError([f"chunk_size={chunk_size!r}: must be an integer >= 1; fix: use e.g. 4096"])
+    num_entities = model.num_entities
+    pos_label, neg_label = smoothed_label_values(label_smoothing, num_entities)
+    q = model.encode_query(queries)  # [B, D]
+    qd = q.detach().requires_grad_()
+    denominator = q.shape[0] * num_entities
+    bounds = list(range(0, num_entities, chunk_size)) + [num_entities]
+    rows, cols, offsets = _group_by_chunk(pos_rows, pos_cols, bounds)
+    total = q.new_zeros((), dtype=torch.promote_types(q.dtype, torch.float32))
+    for start, stop, lo, hi in zip(bounds[:-1], bounds[1:], offsets[:-1], offsets[1:]):
+        scores = model.decode(qd, start, stop)  # [B, stop - start]
+        part = _KvsAllBCESum.apply(scores, rows[lo:hi], cols[lo:hi] - start, pos_label, neg_label, denominator)
+        part.backward()
+        total += part.detach()
+    if q.requires_grad:
+        q.backward(qd.grad)
+    return total
+
+
+def onevsall_ce(scores: Tensor, targets: Tensor) -> Tensor:
+    """1vsAll: mean over B of the cross-entropy logsumexp(s) - s[target].
+
+    :param scores: logits [B, C].
+    :param targets: LongTensor [B] of the true column of each row.
+    :return: scalar loss, equal to ``F.cross_entropy(scores, targets)``.
+    """
+    # logsumexp keeps no [B, C] log-softmax around for backward, unlike F.cross_entropy.
+    true_scores = scores.gather(1, targets.unsqueeze(1)).squeeze(1)  # [B]
+    return (torch.logsumexp(scores, dim=1) - true_scores).mean()
+
+
+def dense_bce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float) -> Tensor:
+    """REFERENCE ONLY (tests): the same loss as :func:`kvsall_bce`, with dense labels.
+
+    Builds the [B, C] label tensor, smooths it exactly as PyKEEN's
+    ``apply_label_smoothing`` (num_classes = C) and calls
+    ``F.binary_cross_entropy_with_logits``. Never use it for training.
+    """
+    labels = torch.zeros_like(scores)
+    labels[pos_rows, pos_cols] = 1.0
+    if label_smoothing:
+        num_classes = scores.shape[1]
+        labels = labels * (1.0 - label_smoothing) + (1.0 - labels) * label_smoothing / (num_classes - 1)
+    return F.binary_cross_entropy_with_logits(scores, labels)

@@ -1,0 +1,319 @@
+"""Scoring-contract and reference tests for ConvE, DistMult and ComplEx.
+
+Models run in float64 so that comparisons with independently written reference
+computations test the algebra, not float32 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kgtrace.errors import ConfigError
+from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, FactorisedScorer, build_model
+
+E, R = 7, 3
+TOL = {"rtol": 1e-6, "atol": 1e-9}
+
+
+def _randomise_conve(model: ConvE) -> None:
+    """Give bias, batch-norm affine parameters and running statistics non-trivial values."""
+    with torch.no_grad():
+        model.entity_bias.normal_()
+        for bn in (model.bn0, model.bn1, model.bn2):
+            if bn is None:
+                continue
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.normal_(0, 0.3)
+            bn.running_mean.normal_(0, 0.3)
+            bn.running_var.uniform_(0.5, 2.0)
+
+
+def make_model(name: str, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    settings = {
+        "conve": {"embedding_dim": 8, "embedding_height": 2, "output_channels": 4},
+        "distmult": {"embedding_dim": 6},
+        "complex": {"embedding_dim": 4},
+    }[name]
+    model = build_model(name, E, R, **{**settings, **overrides}).double()
+    if name == "conve":
+        _randomise_conve(model)
+    return model.eval()
+
+
+def all_hrt() -> torch.Tensor:
+    """Every (h, r, t) triple over E entities and R relations, [E*R*E, 3]."""
+    grid = torch.cartesian_prod(torch.arange(E), torch.arange(R), torch.arange(E))
+    return grid
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_implement_the_protocol(name):
+    model = make_model(name)
+    assert isinstance(model, FactorisedScorer)
+    assert (model.num_entities, model.num_relations) == (E, R)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_score_hrt_equals_columns_of_score_t_and_score_h(name):
+    model = make_model(name)
+    hrt = all_hrt()
+    rows = torch.arange(len(hrt))
+    inverse_hrt = torch.stack([hrt[:, 2], hrt[:, 1] + R, hrt[:, 0]], dim=1)
+    with torch.no_grad():
+        direct = model.score_hrt(hrt)
+        tails = model.score_t(hrt[:, :2])[rows, hrt[:, 2]]
+        heads = model.score_h(hrt[:, 1:])[rows, hrt[:, 0]]
+        inverse = model.score_hrt(inverse_hrt)
+    assert direct.shape == (len(hrt),)
+    torch.testing.assert_close(direct, tails, **TOL)
+    # A head query is the tail query (t, r + R, ?): for every model its column h is the
+    # score of the inverse triple. DistMult and ComplEx model the inverse exactly, so
+    # there it also equals the forward score; ConvE learns r + R separately.
+    torch.testing.assert_close(heads, inverse, **TOL)
+    if name != "conve":
+        torch.testing.assert_close(direct, heads, **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_score_h_is_score_t_of_the_inverse_relation(name):
+    model = make_model(name)
+    rt = torch.cartesian_prod(torch.arange(R), torch.arange(E))
+    with torch.no_grad():
+        heads = model.score_h(rt)
+        inverse = model.score_t(torch.stack([rt[:, 1], rt[:, 0] + R], dim=1))
+    assert heads.shape == (len(rt), E)
+    torch.testing.assert_close(heads, inverse, **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_decode_chunks_concatenate_to_score_t(name):
+    model = make_model(name)
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    with torch.no_grad():
+        q = model.encode_query(hr)
+        chunks = [model.decode(q, start, min(start + 3, E)) for start in range(0, E, 3)]
+        full = model.score_t(hr)
+    assert [c.shape[1] for c in chunks] == [3, 3, 1]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, **TOL)
+    torch.testing.assert_close(model.decode(q), full, **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eval_mode_batch_of_one(name):
+    model = make_model(name)
+    hr = torch.tensor([[2, 1], [4, R + 2], [0, 0]])
+    with torch.no_grad():
+        batched = model.score_t(hr)
+        singles = torch.cat([model.score_t(hr[i : i + 1]) for i in range(len(hr))])
+        one = model.score_hrt(torch.tensor([[2, 1, 5]]))
+    assert singles.shape == (3, E)
+    torch.testing.assert_close(singles, batched, **TOL)
+    torch.testing.assert_close(one, batched[0, 5:6], **TOL)
+
+
+def _bn_eval(x: torch.Tensor, bn: torch.nn.Module) -> torch.Tensor:
+    """Batch norm with running statistics over the channel dimension 1, written out."""
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    mean, var = bn.running_mean.view(shape), bn.running_var.view(shape)
+    return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight.view(shape) + bn.bias.view(shape)
+
+
+def naive_conve_score(model: ConvE, h: int, r: int, t: int) -> torch.Tensor:
+    """One triple's ConvE score in eval mode, layer by layer, F.conv2d on a single image."""
+    height, width = model.embedding_height, model.embedding_width
+    head = model.entity_embeddings[h].view(height, width)
+    rel = model.relation_embeddings[r].view(height, width)
+    image = torch.cat([head, rel], dim=0).view(1, 1, 2 * height, width)
+    x = _bn_eval(image, model.bn0)
+    x = F.conv2d(x, model.conv.weight, model.conv.bias)
+    x = torch.relu(_bn_eval(x, model.bn1))
+    x = x.reshape(1, -1) @ model.fc.weight.t() + model.fc.bias
+    q = torch.relu(_bn_eval(x, model.bn2))[0]
+    return (q * model.entity_embeddings[t]).sum() + model.entity_bias[t]
+
+
+def test_conve_equals_naive_per_triple_computation():
+    model = make_model("conve")
+    hrt = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R), torch.arange(E))[::5]
+    with torch.no_grad():
+        expected = torch.stack([naive_conve_score(model, h, r, t) for h, r, t in hrt.tolist()])
+        scores = model.score_t(hrt[:, :2])[torch.arange(len(hrt)), hrt[:, 2]]
+        direct = model.score_hrt(hrt)
+    torch.testing.assert_close(scores, expected, **TOL)
+    torch.testing.assert_close(direct, expected, **TOL)
+
+
+def naive_conve_train_query(model: ConvE, hr: torch.Tensor, p_in: float, p_fm: float, p_out: float):
+    """Training-mode query [B, D] layer by layer with nn-style batch norm on the whole batch.
+
+    Draws its dropout masks in the same order and shapes as ConvE does, so with the same
+    seed it sees the same masks; Dropout2d is applied as an explicit channel mask.
+    """
+    height, width = model.embedding_height, model.embedding_width
+    h = model.entity_embeddings[hr[:, 0]].view(-1, 1, height, width)
+    r = model.relation_embeddings[hr[:, 1]].view(-1, 1, height, width)
+    x = torch.cat([h, r], dim=2)  # [B, 1, 2H, W]
+    x = F.batch_norm(x, model.bn0.running_mean, model.bn0.running_var, model.bn0.weight, model.bn0.bias, True)
+    x = F.dropout(x, p_in, True)
+    x = F.conv2d(x, model.conv.weight, model.conv.bias)
+    bn1 = model.bn1
+    x = torch.relu(F.batch_norm(x, bn1.running_mean, bn1.running_var, bn1.weight, bn1.bias, True))
+    keep = x.new_empty(x.shape[0], x.shape[1], 1).bernoulli_(1 - p_fm).div_(1 - p_fm)
+    x = x * keep.unsqueeze(-1)
+    x = F.dropout(model.fc(x.flatten(1)), p_out, True)
+    bn2 = model.bn2
+    return torch.relu(F.batch_norm(x, bn2.running_mean, bn2.running_var, bn2.weight, bn2.bias, True))
+
+
+def _clone(model: ConvE) -> ConvE:
+    twin = make_model("conve", **_conve_dropouts(model))
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _conve_dropouts(model: ConvE) -> dict:
+    return {
+        "input_dropout": model.input_dropout,
+        "feature_map_dropout": model.feature_map_dropout,
+        "output_dropout": model.output_dropout,
+    }
+
+
+@pytest.mark.parametrize("dropouts", [(0.0, 0.0, 0.0), (0.2, 0.5, 0.3)])
+def test_conve_training_mode_matches_layer_by_layer(dropouts):
+    """Folded bn1 + dropout2d equal the layer sequence: outputs, gradients, running stats."""
+    p_in, p_fm, p_out = dropouts
+    model = make_model("conve", input_dropout=p_in, feature_map_dropout=p_fm, output_dropout=p_out).train()
+    reference = _clone(model).train()
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    torch.manual_seed(1)
+    q = model.encode_query(hr)
+    torch.manual_seed(1)
+    q_ref = naive_conve_train_query(reference, hr, p_in, p_fm, p_out)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    weights = torch.randn_like(q)
+    (q * weights).sum().backward()
+    (q_ref * weights).sum().backward()
+    for (name, param), ref_param in zip(model.named_parameters(), reference.parameters()):
+        expected = ref_param.grad if ref_param.grad is not None else torch.zeros_like(ref_param)
+        actual = param.grad if param.grad is not None else torch.zeros_like(param)
+        # bn1 cancels conv.bias exactly; the reference keeps rounding noise there.
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-10, msg=name)
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(model.bn1, name), getattr(reference.bn1, name), **TOL)
+    assert int(model.bn1.num_batches_tracked) == 1
+
+
+def test_conve_without_batch_norm_equals_naive():
+    model = make_model("conve", apply_batch_normalization=False, input_dropout=0.0)
+    assert model.bn0 is None and model.bn1 is None and model.bn2 is None
+    hr = torch.tensor([[1, 2], [3, R], [6, 2 * R - 1]])
+    height, width = model.embedding_height, model.embedding_width
+    with torch.no_grad():
+        image = torch.cat([model.entity_embeddings[hr[:, 0]], model.relation_embeddings[hr[:, 1]]], dim=1)
+        x = torch.relu(F.conv2d(image.view(-1, 1, 2 * height, width), model.conv.weight, model.conv.bias))
+        q = torch.relu(model.fc(x.flatten(1)))
+        expected = q @ model.entity_embeddings.t() + model.entity_bias
+        torch.testing.assert_close(model.score_t(hr), expected, **TOL)
+
+
+def test_complex_inverse_equals_conjugate_formula():
+    model = make_model("complex")
+    dim = model.embedding_dim
+    ent = torch.complex(model.entity_embeddings[:, :dim], model.entity_embeddings[:, dim:])  # [E, D]
+    rel = torch.complex(model.relation_embeddings[:, :dim], model.relation_embeddings[:, dim:])  # [R, D]
+    # score(h, r, t) = Re(sum_d h_d r_d conj(t_d)) for every (h, r, t): [E, R, E]
+    naive = torch.einsum("hd,rd,td->hrt", ent, rel, ent.conj()).real
+    with torch.no_grad():
+        for r in range(R):
+            for t in range(E):
+                heads = model.score_t(torch.tensor([[t, r + R]]))[0]
+                torch.testing.assert_close(heads, naive[:, r, t], **TOL)
+            tails = model.score_t(torch.stack([torch.arange(E), torch.full((E,), r)], dim=1))
+            torch.testing.assert_close(tails, naive[:, r, :], **TOL)
+
+
+def test_distmult_inverse_reuses_the_relation():
+    model = make_model("distmult")
+    naive = torch.einsum("hd,rd,td->hrt", model.entity_embeddings, model.relation_embeddings, model.entity_embeddings)
+    with torch.no_grad():
+        heads = model.score_t(torch.tensor([[4, 1 + R]]))[0]
+    torch.testing.assert_close(heads, naive[:, 1, 4], **TOL)
+
+
+def test_build_model_returns_configured_models():
+    conve = build_model("conve", E, R, embedding_dim=12, embedding_height=3, output_channels=5)
+    assert isinstance(conve, ConvE)
+    assert (conve.embedding_height, conve.embedding_width, conve.conv.out_channels) == (3, 4, 5)
+    assert isinstance(build_model("distmult", E, R), DistMult)
+    assert build_model("complex", E, R, embedding_dim=5).entity_embeddings.shape == (E, 10)
+    assert MODELS == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx}
+
+
+def test_build_model_rejects_unknown_name():
+    with pytest.raises(ConfigError) as info:
+        build_model("transe", E, R)
+    assert "transe" in str(info.value) and "conve" in str(info.value)
+
+
+def test_build_model_lists_unknown_keys_and_bad_values_together():
+    with pytest.raises(ConfigError) as info:
+        build_model("conve", E, R, embedding_dim=10, embedding_height=3, input_dropout=1.0, kernal_width=3)
+    problems = info.value.problems
+    assert len(problems) == 3
+    unknown = next(p for p in problems if p.startswith("kernal_width=3"))
+    assert "kernel_width" in unknown and "embedding_dim" in unknown  # lists the valid keys
+    assert any(p.startswith("embedding_height=3") and "[1, 2, 5, 10]" in p for p in problems)
+    assert any(p.startswith("input_dropout=1.0") for p in problems)
+
+
+def test_conve_reports_every_bad_hyperparameter():
+    with pytest.raises(ConfigError) as info:
+        ConvE(
+            0,
+            R,
+            embedding_dim=8,
+            embedding_height=2,
+            kernel_height=5,
+            kernel_width=5,
+            feature_map_dropout=-0.1,
+            output_dropout=1,
+            output_channels=0,
+            apply_batch_normalization="yes",
+        )
+    keys = [p.split("=")[0] for p in info.value.problems]
+    assert sorted(keys) == sorted(
+        [
+            "num_entities",
+            "output_channels",
+            "feature_map_dropout",
+            "output_dropout",
+            "apply_batch_normalization",
+            "kernel_height",
+            "kernel_width",
+        ]
+    )
+    assert all("fix:" in p for p in info.value.problems)
+
+
+@pytest.mark.parametrize("model_class", [DistMult, ComplEx])
+def test_bilinear_models_validate_sizes(model_class):
+    with pytest.raises(ConfigError) as info:
+        model_class(E, 0, embedding_dim=True)
+    assert [p.split("=")[0] for p in info.value.problems] == ["num_relations", "embedding_dim"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_run_on_cuda(name):
+    model = make_model(name).float()
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    with torch.no_grad():
+        expected = model.score_t(hr)
+        actual = model.cuda().score_t(hr.cuda()).cpu()
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    model.train()
+    model.score_t(hr.cuda()).sum().backward()
