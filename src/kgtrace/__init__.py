@@ -1,3 +1,26 @@
-"""kgtrace: link prediction on knowledge graphs that shows why."""
+"""kgtrace: link prediction on knowledge graphs that shows why.
+
+The public API, re-exported from the packages that own it::
+
+    kgtrace.TrainConfig, kgtrace.train, kgtrace.resume    training into a run folder
+    kgtrace.load_run                                      model + dataset + checkpoints of a run
+    kgtrace.evaluate                                      filtered rank metrics of any scorer
+    kgtrace.load_dataset, kgtrace.prepare                 datasets
+    kgtrace.MODELS, kgtrace.build_model                   the model registry
+"""
+
+from kgtrace.config import TrainConfig
+from kgtrace.data.dataset import Dataset, load_dataset
+from kgtrace.data.prepare import prepare
+from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.evaluation.evaluate import evaluate
+from kgtrace.models import MODELS, build_model
+from kgtrace.run import Run, load_run
+from kgtrace.training.loop import resume, train
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "Run", "TrainConfig", "build_model",
+    "evaluate", "load_dataset", "load_run", "prepare", "resume", "train",
+]

@@ -1,0 +1,239 @@
+"""The ``kgtrace`` command: one subcommand, one function; the work lives in the packages.
+
+Errors a user can fix print as one message and exit with status 2; an
+unexpected error prints one line too (set KGTRACE_DEBUG=1 for its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kgtrace.config import TrainConfig, parse_size
+from kgtrace.errors import ConfigError, KgtraceError
+
+TRAIN_HELP = {
+    "dataset": "bundled dataset (umls, kinships, nations) or a dataset folder",
+    "model": "model: conve, distmult or complex",
+    "epochs": "number of epochs",
+    "batch_size": "queries per optimizer step",
+    "lr": "Adam learning rate",
+    "lr_decay": "multiply the learning rate by this after each epoch (1.0: constant)",
+    "weight_decay": "Adam weight decay",
+    "label_smoothing": "label smoothing of the 1-N BCE loss",
+    "training": "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)",
+    "entity_chunk": "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)",
+    "seed": "random seed (weights, query order, dropout)",
+    "device": "auto (CUDA when available), cpu or cuda",
+    "precision": "fp32, bf16 (autocast) or fp16 (autocast with a gradient scaler, CUDA only)",
+    "checkpoint_every": "save a checkpoint every K epochs (the last epoch is always saved)",
+    "eval_every": "validate every K epochs (0: never)",
+    "patience": "stop after this many validations without improvement (0: never)",
+    "threads": "CPU threads for torch (0: torch's default)",
+    "memory_budget": "memory for ranking during validation, e.g. 2GB",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "command"):
+        parser.print_help()
+        return 2
+    try:
+        return args.command(args) or 0
+    except KgtraceError as e:
+        print(f"kgtrace {args.subcommand}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"kgtrace {args.subcommand}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug, not a user error: one line unless asked for more
+        if os.environ.get("KGTRACE_DEBUG"):
+            raise
+        print(f"kgtrace {args.subcommand}: internal error: {type(e).__name__}: {e} "
+              "(set KGTRACE_DEBUG=1 to see the traceback, and please report it)", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kgtrace", description="Link prediction on knowledge graphs that shows why.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, add, function, summary in (
+        ("prepare", add_prepare_args, cmd_prepare, "write a dataset folder from labelled triples or KGX files"),
+        ("train", add_train_args, cmd_train, "train a model into a run folder and report filtered test metrics"),
+        ("evaluate", add_evaluate_args, cmd_evaluate, "filtered rank metrics of a run on its test or valid split"),
+    ):
+        sub = commands.add_parser(name, help=summary, description=summary,
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add(sub)
+        sub.set_defaults(command=function, subcommand=name)
+    return parser
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def add_prepare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="dataset folder to write (must not exist or be empty)")
+    p.add_argument("--triples", help="labelled triples, head<TAB>relation<TAB>tail (alternative to --nodes/--edges)")
+    p.add_argument("--nodes", help="KGX nodes file (.tsv or .jsonl, optionally .gz)")
+    p.add_argument("--edges", help="KGX edges file (.tsv or .jsonl, optionally .gz)")
+    p.add_argument("--category-pair", action="append", default=[], metavar="CAT1,CAT2",
+                   help="keep only edges between these node categories, either direction (repeatable)")
+    p.add_argument("--drop-predicate", action="append", default=[], metavar="PREDICATE",
+                   help="drop edges with this predicate, e.g. biolink:subclass_of (repeatable)")
+    p.add_argument("--no-fold-qualifiers", dest="fold_qualifiers", action="store_false",
+                   help="use the bare predicate as relation instead of folding qualifiers into it")
+    p.add_argument("--split", choices=("random", "predicate"), default="random",
+                   help="random train/valid/test split, or hold out the edges of --holdout-predicate as test")
+    p.add_argument("--fractions", default="0.8,0.1,0.1", help="train,valid,test fractions for --split random")
+    p.add_argument("--holdout-predicate", help="relation whose edges become the test split (--split predicate)")
+    p.add_argument("--names", help="node-name file (name<TAB>id or id<TAB>name) for --triples input")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the split")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from kgtrace.data.prepare import prepare
+
+    pairs, problems = [], []
+    for text in args.category_pair:
+        parts = [x.strip() for x in text.split(",")]
+        if len(parts) != 2 or not all(parts):
+            problems.append(f"--category-pair {text!r}: write two categories separated by a comma, "
+                            "e.g. biolink:ChemicalEntity,biolink:Disease")
+        pairs.append(tuple(parts))
+    try:
+        fractions = tuple(float(x) for x in args.fractions.split(","))
+    except ValueError:
+        problems.append(f"--fractions {args.fractions!r}: write three numbers, e.g. 0.8,0.1,0.1")
+        fractions = ()
+    if problems:
+        raise ConfigError(problems)
+    report = prepare(args.out, triples=args.triples, nodes=args.nodes, edges=args.edges, category_pairs=pairs,
+                     drop_predicates=args.drop_predicate, fold_qualifiers=args.fold_qualifiers, split=args.split,
+                     fractions=fractions, holdout_predicate=args.holdout_predicate, names=args.names,
+                     seed=args.seed, overwrite=args.overwrite)
+    print(report.summary())
+    return 0
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        if f.name == "model_args":
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
+                       help=f"{TRAIN_HELP[f.name]} (default: {getattr(defaults, f.name)})")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model constructor argument, e.g. embedding_dim=200 (repeatable; values parsed as YAML)")
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--config", help="YAML file of settings; command-line options override it")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its latest checkpoint (only --epochs, --patience, "
+                        "--device and --threads may change)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
+
+
+def model_args(pairs: list[str]) -> dict[str, Any]:
+    parsed, problems = {}, []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            problems.append(f"--model-arg {pair!r}: write KEY=VALUE, e.g. embedding_dim=200")
+            continue
+        parsed[key.strip()] = yaml.safe_load(value)
+    if problems:
+        raise ConfigError(problems)
+    return parsed
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from kgtrace.config import from_sources
+    from kgtrace.training.loop import resume, train
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
+    if args.resume:
+        result = resume(args.out, progress=args.progress, **overrides)
+    else:
+        if args.model_arg:
+            overrides["model_args"] = model_args(args.model_arg)
+        config = from_sources(TrainConfig, args.config, overrides)
+        print("config:", json.dumps(config.to_dict()))
+        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress)
+    print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
+          + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
+             if result.best_epoch else ""))
+    metrics = evaluate_run(result.run_dir, None, "test", "2GB")
+    write_json(metrics, Path(result.run_dir) / "test_metrics.json")
+    print_metrics(metrics, "test")
+    return 0
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--checkpoint", default=None, help="best, last, or a checkpoint file (default: best)")
+    p.add_argument("--split", choices=("test", "valid"), default="test", help="which split to rank")
+    p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+    p.add_argument("--out", help="write the metrics as JSON to this file")
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str | None, split: str, memory_budget: str,
+                 device: str = "auto") -> dict:
+    """Filtered metrics of a run's split: test is filtered by train+valid+test, valid by train+valid."""
+    import torch
+
+    from kgtrace.evaluation.evaluate import evaluate
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    try:
+        budget = parse_size(memory_budget)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+    run = load_run(run_dir, checkpoint, device=resolve_device(device))
+    ds = run.dataset
+    known = [ds.train, ds.valid] + ([ds.test] if split == "test" else [])
+    return evaluate(run.model, getattr(ds, split), known=torch.cat(known), memory_budget=budget)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    metrics = evaluate_run(args.run_dir, args.checkpoint, args.split, args.memory_budget, args.device)
+    if args.out:
+        write_json(metrics, args.out)
+    print_metrics(metrics, args.split)
+    return 0
+
+
+def write_json(data: dict, path: str | Path) -> None:
+    from kgtrace.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def print_metrics(metrics: dict, split: str) -> None:
+    """A small table: filtered realistic MRR and Hits@k per side."""
+    print(f"filtered {split} metrics ({metrics['num_queries']} triples, realistic ties, candidates: "
+          f"{metrics['candidates']})")
+    print(f"{'side':<6} {'MRR':>7} {'MR':>8} {'H@1':>7} {'H@3':>7} {'H@10':>7}")
+    for side in ("head", "tail", "both"):
+        m = metrics[side]["realistic"]
+        print(f"{side:<6} {m['mrr']:7.4f} {m['mr']:8.2f} {m['hits_at_1']:7.4f} {m['hits_at_3']:7.4f} "
+              f"{m['hits_at_10']:7.4f}")

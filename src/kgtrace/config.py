@@ -1,0 +1,132 @@
+"""Configuration as frozen dataclasses that validate themselves.
+
+A config is built from defaults, then a YAML file, then command-line flags (each
+layer overriding the last); ``validate`` collects every problem and raises once.
+The resolved config is written into the run folder, so a run can always be
+reproduced and reloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kgtrace.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+TRAINING_MODES = ("kvsall", "1vsall")
+DEVICES = ("auto", "cpu", "cuda")
+MODEL_NAMES = ("conve", "distmult", "complex")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run."""
+
+    dataset: str = "umls"  # bundled name (umls, kinships, nations) or a dataset folder
+    model: str = "conve"  # conve | distmult | complex
+    model_args: dict[str, Any] = field(default_factory=dict)  # constructor keywords of the model
+    epochs: int = 100
+    batch_size: int = 128
+    lr: float = 1e-3  # Adam learning rate
+    lr_decay: float = 1.0  # multiply the learning rate by this after every epoch (1.0: constant)
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    training: str = "kvsall"  # kvsall: all known answers of a query are positives; 1vsall: one per triple
+    entity_chunk: int = 0  # >0: compute the KvsAll loss over entity chunks of this size (bounded memory)
+    seed: int = 0
+    device: str = "auto"  # auto picks cuda when available
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler; CUDA only)
+    checkpoint_every: int = 5  # epochs between checkpoints (the last epoch is always saved)
+    eval_every: int = 5  # epochs between validation runs (0: never)
+    patience: int = 0  # stop after this many validations without improvement (0: never stop early)
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    memory_budget: str = "2GB"  # for validation ranking
+
+    def validate(self) -> "TrainConfig":
+        """Return self, or raise ConfigError listing every invalid setting."""
+        problems = []
+        positive = ("epochs", "batch_size", "checkpoint_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        for name in ("eval_every", "patience", "threads", "entity_chunk", "seed"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)}: must be 0 or more")
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr}: must be positive, e.g. 0.001")
+        if not 0 < self.lr_decay <= 1:
+            problems.append(f"lr_decay={self.lr_decay}: must be in (0, 1]; 1.0 keeps the rate constant")
+        if not 0 <= self.label_smoothing < 1:
+            problems.append(f"label_smoothing={self.label_smoothing}: must be in [0, 1), e.g. 0.1")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay}: must be 0 or more")
+        problems += choice_problems(self, "model", MODEL_NAMES)
+        problems += choice_problems(self, "precision", PRECISIONS)
+        problems += choice_problems(self, "training", TRAINING_MODES)
+        problems += choice_problems(self, "device", DEVICES)
+        if self.entity_chunk and self.training != "kvsall":
+            problems.append(f"entity_chunk={self.entity_chunk}: only applies to training=kvsall; set it to 0")
+        try:
+            parse_size(self.memory_budget)
+        except ValueError as e:
+            problems.append(str(e))
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def choice_problems(config: Any, key: str, choices: tuple[str, ...]) -> list[str]:
+    value = getattr(config, key)
+    return [] if value in choices else [f"{key}={value!r}: must be one of {', '.join(choices)}"]
+
+
+def parse_size(text: str | int) -> int:
+    """'2GB', '512MB', '1.5GiB' or a byte count -> bytes (powers of 1024, as memory is counted)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"memory_budget={text!r}: not a size; write e.g. 2GB, 512MB or a byte count")
+    number, unit = float(match.group(1)), (match.group(2) or "b").lower().rstrip("b").rstrip("i")
+    return int(number * 1024 ** "_kmgt".index(unit or "_"))
+
+
+def from_sources(cls: type, file: str | Path | None, overrides: dict[str, Any]):
+    """Build ``cls`` from defaults <- YAML ``file`` <- ``overrides`` (None values skipped), validated."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        values.update(read_yaml(file))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError([f"{k}: unknown setting; valid settings are {', '.join(sorted(known))}" for k in unknown])
+    return cls(**values).validate()
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"config={path}: no such file; give a YAML file of settings"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"config={path}: not valid YAML ({e}); fix the file's syntax"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"config={path}: must be a mapping of setting: value"])
+    return data
+
+
+def write_yaml(data: dict[str, Any], path: str | Path) -> None:
+    from kgtrace.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))

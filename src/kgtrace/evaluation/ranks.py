@@ -1,0 +1,102 @@
+"""Ranks with ties handled three ways, and the metrics computed from them.
+
+For a query whose true answer scores s, among n candidates (the true answer
+included, filtered entries excluded), with g candidates scoring higher and e
+other candidates scoring exactly s:
+
+    optimistic  = 1 + g            (ties broken in the true answer's favour)
+    pessimistic = 1 + g + e        (ties broken against it)
+    realistic   = 1 + g + e / 2    (the expected rank under random tie-breaking)
+
+These match PyKEEN's RankBasedEvaluator. Adjusted metrics follow Berrendorf et al.
+(2020/2022): each metric is compared with its expectation under uniformly random
+scores over the same candidate-set sizes, so results over different n compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+TIES = ("realistic", "optimistic", "pessimistic")
+
+
+@dataclass(frozen=True)
+class RankCounts:
+    """Per-query counts from which all three ranks follow. All tensors [Q]."""
+
+    greater: Tensor  # candidates scoring strictly higher than the true answer (long)
+    equal: Tensor  # other candidates scoring exactly as high (long)
+    num_candidates: Tensor  # candidates after filtering, the true answer included (long)
+
+    def rank(self, ties: str) -> Tensor:
+        """Float ranks [Q] for one tie policy."""
+        g, e = self.greater.double(), self.equal.double()
+        if ties == "optimistic":
+            return 1.0 + g
+        if ties == "pessimistic":
+            return 1.0 + g + e
+        if ties == "realistic":
+            return 1.0 + g + e / 2.0
+        raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+
+    @staticmethod
+    def cat(parts: list["RankCounts"]) -> "RankCounts":
+        return RankCounts(
+            torch.cat([p.greater for p in parts]),
+            torch.cat([p.equal for p in parts]),
+            torch.cat([p.num_candidates for p in parts]),
+        )
+
+
+def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_cols: Tensor) -> RankCounts:
+    """Rank counts of one chunk of queries against all their candidates.
+
+    scores: [B, C] float; true_cols: [B] column of each true answer; (filter_rows,
+    filter_cols): [P] known answers to exclude (the true answer may be among them;
+    it is never excluded from its own ranking). Modifies ``scores`` in place.
+    """
+    rows = torch.arange(len(true_cols), device=scores.device)
+    true_scores = scores[rows, true_cols].clone()  # [B]
+    is_other = filter_cols != true_cols[filter_rows]
+    # -inf can never beat or tie a finite true score, so filtered entries drop out.
+    scores[filter_rows[is_other], filter_cols[is_other]] = float("-inf")
+    scores[rows, true_cols] = float("-inf")
+    column = true_scores.unsqueeze(1)  # [B, 1]
+    greater = (scores > column).sum(1)
+    equal = (scores == column).sum(1)
+    filtered = torch.bincount(filter_rows[is_other], minlength=len(true_cols))
+    return RankCounts(greater.cpu(), equal.cpu(), (scores.shape[1] - filtered).cpu())
+
+
+def harmonic(n: Tensor) -> Tensor:
+    """Harmonic numbers H_n for a float64 tensor of positive integers (exact sum, via digamma)."""
+    return torch.special.digamma(n + 1.0) + 0.5772156649015329
+
+
+def summarize(counts: RankCounts, ks: tuple[int, ...] = (1, 3, 10)) -> dict[str, dict[str, float]]:
+    """Metrics for each tie policy: {"realistic": {"mrr", "mr", "hits_at_k", "amr", "amri", ...}, ...}."""
+    n = counts.num_candidates.double()
+    expected_rank = (n + 1.0) / 2.0
+    expected_rr = harmonic(n) / n
+    out: dict[str, dict[str, float]] = {}
+    for ties in TIES:
+        ranks = counts.rank(ties)
+        mr, mrr = ranks.mean(), (1.0 / ranks).mean()
+        e_mr, e_mrr = expected_rank.mean(), expected_rr.mean()
+        metrics = {
+            "mrr": mrr,
+            "mr": mr,
+            "amr": mr / e_mr,
+            "amri": 1.0 - (mr - 1.0) / (e_mr - 1.0),
+            "adjusted_mrr": (mrr - e_mrr) / (1.0 - e_mrr),
+        }
+        for k in ks:
+            hits = (ranks <= k).double().mean()
+            e_hits = (torch.clamp(n, max=k) / n).mean()
+            metrics[f"hits_at_{k}"] = hits
+            metrics[f"adjusted_hits_at_{k}"] = (hits - e_hits) / (1.0 - e_hits)
+        out[ties] = {name: float(value) for name, value in metrics.items()}
+    return out

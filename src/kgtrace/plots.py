@@ -1,0 +1,35 @@
+"""Figures written as PNG files (matplotlib's Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from kgtrace.io import atomic_open  # noqa: E402
+
+
+def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
+    """Loss per epoch (left axis) and validation MRR where measured (right axis)."""
+    fig, loss_ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    loss_ax.plot([r["epoch"] for r in records], [r["loss"] for r in records], color="tab:blue", label="training loss")
+    loss_ax.set_xlabel("epoch")
+    loss_ax.set_ylabel("training loss", color="tab:blue")
+    valid = [r for r in records if "valid_mrr" in r]
+    if valid:
+        mrr_ax = loss_ax.twinx()
+        mrr_ax.plot([r["epoch"] for r in valid], [r["valid_mrr"] for r in valid], "o-", color="tab:orange")
+        mrr_ax.set_ylabel("validation MRR (filtered)", color="tab:orange")
+        mrr_ax.set_ylim(0, 1)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> None:
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png")
+    plt.close(fig)

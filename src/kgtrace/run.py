@@ -1,0 +1,79 @@
+"""A run folder, reloaded in one call: model, dataset with its id maps and names, checkpoints.
+
+Layout written by training::
+
+    config.yaml            the resolved TrainConfig
+    node_dict, rel_dict    the id maps the model was trained with (label<TAB>id)
+    checkpoints/           epoch-NNNN.pt every checkpoint_every epochs, best.pt
+    metrics.jsonl          one record per epoch (loss, lr, seconds, validation metrics)
+    training_curve.png
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from kgtrace.config import TrainConfig, read_yaml
+from kgtrace.data.dataset import Dataset, load_dataset
+from kgtrace.data.vocab import read_vocab
+from kgtrace.errors import KgtraceError
+from kgtrace.models import build_model
+from kgtrace.training.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
+                                         load_checkpoint)
+
+
+@dataclass
+class Run:
+    """A trained run: its folder, config, dataset, the loaded model and every epoch checkpoint."""
+
+    path: Path
+    config: TrainConfig
+    dataset: Dataset
+    model: nn.Module  # in eval mode, weights of ``checkpoint``
+    checkpoint: Path  # the file the model's weights came from
+    checkpoints: list[CheckpointInfo]  # epoch checkpoints with their learning rates, oldest first
+
+
+def model_from_checkpoint(state: dict[str, Any], device: torch.device | str = "cpu") -> nn.Module:
+    """Build the checkpoint's model and load its weights; returned in eval mode."""
+    spec = state["model"]
+    model = build_model(spec["name"], spec["num_entities"], spec["num_relations"], **spec["args"])
+    model.load_state_dict(state["model_state"])
+    return model.to(device).eval()
+
+
+def resolve_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
+    """None or 'best' -> best.pt (else the latest epoch); 'last' -> the latest epoch; else a path."""
+    folder = run_dir / "checkpoints"
+    if checkpoint in (None, "best") and (folder / "best.pt").is_file():
+        return folder / "best.pt"
+    if checkpoint in (None, "best", "last"):
+        latest = latest_checkpoint(folder)
+        if latest is None:
+            raise KgtraceError(f"{run_dir}: the run has no checkpoint yet. Fix: train it (kgtrace train --resume)")
+        return latest
+    path = Path(checkpoint)
+    return path if path.is_absolute() or path.exists() else folder / path
+
+
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: torch.device | str = "cpu") -> Run:
+    """Reload a run: the dataset with the run's own id maps, and the model of ``checkpoint``.
+
+    checkpoint: None/'best' (best validation MRR, else latest), 'last', or a file.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise KgtraceError(f"{run_dir}: not a kgtrace run (no config.yaml). Fix: pass the --out folder of kgtrace train")
+    config = TrainConfig(**read_yaml(run_dir / "config.yaml")).validate()
+    dataset = load_dataset(config.dataset, entities=read_vocab(run_dir / "node_dict"),
+                           relations=read_vocab(run_dir / "rel_dict"))
+    path = resolve_checkpoint(run_dir, checkpoint)
+    state = load_checkpoint(path)
+    check_digests(state, dataset.entities.digest(), dataset.relations.digest(), path)
+    model = model_from_checkpoint(state, device)
+    return Run(run_dir, config, dataset, model, path, list_checkpoints(run_dir / "checkpoints"))

@@ -1,0 +1,91 @@
+"""One self-describing checkpoint dict, written atomically, read with weights_only=True.
+
+Keys: format, version, model ({"name", "args", "num_entities", "num_relations"}),
+entity_digest / relation_digest (sha256 of the id maps: a checkpoint is refused
+against data whose ids differ), model_state, optimizer_state, scheduler_state,
+scaler_state, epoch (epochs completed), step (optimizer steps), lr (the learning
+rate used during that last epoch: TracIn weighs each checkpoint by it),
+rng ({"torch", "shuffle"} generator states), config (the resolved TrainConfig),
+early_stopping ({"best_mrr", "best_epoch", "bad_validations"}).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kgtrace.errors import KgtraceError
+from kgtrace.io import atomic_open
+
+FORMAT = "kgtrace-checkpoint"
+VERSION = 1
+EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt")
+
+
+def epoch_path(folder: Path, epoch: int) -> Path:
+    return folder / f"epoch-{epoch:04d}.pt"
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write ``state`` to ``path`` via a temporary file and an atomic rename."""
+    with atomic_open(path, "wb") as f:
+        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """Read a kgtrace checkpoint with ``weights_only=True`` (no code runs on load).
+
+    mmap=True maps the file instead of reading it, for when only a few keys are needed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise KgtraceError(f"{path}: no such checkpoint. Fix: list the run's checkpoints/ folder and pick one")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # a truncated or foreign file: say which, and what to do
+        raise KgtraceError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e}). "
+                           "Fix: use another checkpoint of the run, or retrain") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise KgtraceError(f"{path}: not a kgtrace checkpoint. Fix: pass a file from a run's checkpoints/ folder")
+    return state
+
+
+def check_digests(state: dict[str, Any], entity_digest: str, relation_digest: str, path: str | Path) -> None:
+    """Refuse a checkpoint whose id maps differ from the data's, naming which differ."""
+    wrong = [name for name, have in (("entity", entity_digest), ("relation", relation_digest))
+             if state[f"{name}_digest"] != have]
+    if wrong:
+        raise KgtraceError(
+            f"{path}: the checkpoint's {' and '.join(wrong)} id map differs from the dataset's, so ids would "
+            "point at the wrong labels. Fix: load the dataset with the run's own id maps (kgtrace.load_run), "
+            "or retrain on this data"
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint file of a run and the learning rate of the epoch that ended in it."""
+
+    path: Path
+    epoch: int
+    lr: float
+
+
+def list_checkpoints(folder: str | Path) -> list[CheckpointInfo]:
+    """The run's epoch checkpoints, oldest first."""
+    found = []
+    for path in Path(folder).glob("epoch-*.pt"):
+        match = EPOCH_FILE.fullmatch(path.name)
+        if match:
+            lr = float(load_checkpoint(path, mmap=True)["lr"])
+            found.append(CheckpointInfo(path, int(match.group(1)), lr))
+    return sorted(found, key=lambda c: c.epoch)
+
+
+def latest_checkpoint(folder: str | Path) -> Path | None:
+    paths = [p for p in Path(folder).glob("epoch-*.pt") if EPOCH_FILE.fullmatch(p.name)]
+    return max(paths, key=lambda p: int(EPOCH_FILE.fullmatch(p.name).group(1)), default=None)

@@ -1,0 +1,129 @@
+"""Training runs: determinism, resume after a kill, run-folder safety, checkpoints."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kgtrace.config import TrainConfig
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.run import load_run
+from kgtrace.training.checkpoint import latest_checkpoint, load_checkpoint
+from kgtrace.training.loop import resume, train
+
+SMALL = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}
+
+
+def small_config(**kw):
+    base = dict(dataset="nations", model="conve", model_args=SMALL, epochs=3, batch_size=64, seed=3,
+                checkpoint_every=1, eval_every=1, threads=1, device="cpu")
+    return TrainConfig(**{**base, **kw})
+
+
+def weights(path):
+    return load_checkpoint(path)["model_state"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_same_seed_same_weights(tmp_path):
+    train(small_config(), tmp_path / "a", progress=False, log=lambda *_: None)
+    train(small_config(), tmp_path / "b", progress=False, log=lambda *_: None)
+    assert_same_weights(weights(tmp_path / "a/checkpoints/epoch-0003.pt"), weights(tmp_path / "b/checkpoints/epoch-0003.pt"))
+
+
+def test_run_folder_contents_and_load_run(tmp_path):
+    result = train(small_config(), tmp_path / "run", progress=False, log=lambda *_: None)
+    out = tmp_path / "run"
+    for name in ("config.yaml", "node_dict", "rel_dict", "metrics.jsonl", "training_curve.png",
+                 "checkpoints/best.pt", "checkpoints/epoch-0001.pt"):
+        assert (out / name).exists(), name
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert all({"loss", "lr", "seconds", "valid_mrr"} <= r.keys() for r in records)
+    run = load_run(out)
+    assert run.dataset.num_entities == 14 and not run.model.training
+    assert [c.epoch for c in run.checkpoints] == [1, 2, 3]
+    assert all(c.lr == pytest.approx(1e-3) for c in run.checkpoints)
+    assert run.checkpoint.name == "best.pt"
+    assert load_checkpoint(run.checkpoint)["epoch"] == result.best_epoch
+
+
+def test_lr_decay_is_recorded_per_checkpoint(tmp_path):
+    train(small_config(lr_decay=0.5, eval_every=0), tmp_path / "run", progress=False, log=lambda *_: None)
+    lrs = [c.lr for c in load_run(tmp_path / "run").checkpoints]
+    assert lrs == pytest.approx([1e-3, 5e-4, 2.5e-4])
+
+
+def test_refuses_non_empty_folder_and_foreign_overwrite(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(KgtraceError, match="not empty"):
+        train(small_config(), tmp_path / "mine", progress=False, log=lambda *_: None)
+    with pytest.raises(KgtraceError, match="no config.yaml"):
+        train(small_config(), tmp_path / "mine", overwrite=True, progress=False, log=lambda *_: None)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    train(small_config(epochs=1), tmp_path / "run", progress=False, log=lambda *_: None)
+    with pytest.raises(ConfigError, match="lr: a resumed run keeps its settings"):
+        resume(tmp_path / "run", lr=0.1, progress=False, log=lambda *_: None)
+
+
+def test_checkpoint_with_other_id_maps_is_refused(tmp_path):
+    train(small_config(epochs=1), tmp_path / "run", progress=False, log=lambda *_: None)
+    lines = (tmp_path / "run" / "node_dict").read_text().splitlines()
+    a, b = lines[0].split("\t"), lines[1].split("\t")
+    lines[0], lines[1] = f"{b[0]}\t{a[1]}", f"{a[0]}\t{b[1]}"  # swap two labels' ids
+    (tmp_path / "run" / "node_dict").write_text("\n".join(lines) + "\n")
+    with pytest.raises(KgtraceError, match="entity id map differs"):
+        load_run(tmp_path / "run")
+
+
+def test_config_collects_every_problem():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(epochs=0, lr=-1.0, precision="fp8", model="transe").validate()
+    text = str(err.value)
+    for key in ("epochs=0", "lr=-1.0", "precision='fp8'", "model='transe'"):
+        assert key in text
+
+
+def test_killed_run_resumes_to_identical_weights(tmp_path):
+    """Kill a CLI training run with SIGKILL after a checkpoint, resume it, compare with an uninterrupted run."""
+    epochs = 40
+    args = ["--dataset", "nations", "--epochs", str(epochs), "--batch-size", "64", "--seed", "3",
+            "--checkpoint-every", "1", "--eval-every", "0", "--threads", "1", "--device", "cpu", "--no-progress",
+            "--model-arg", "embedding_dim=16", "--model-arg", "embedding_height=4", "--model-arg", "output_channels=4"]
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "kgtrace", "train", *args, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "epoch-0002.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended before it could be killed"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    latest = latest_checkpoint(killed / "checkpoints")
+    assert latest is not None and latest.name != f"epoch-{epochs:04d}.pt", "killed too late to test resume"
+    subprocess.run([sys.executable, "-m", "kgtrace", "train", "--resume", "--out", str(killed), "--no-progress"],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    whole = tmp_path / "whole"
+    subprocess.run([sys.executable, "-m", "kgtrace", "train", *args, "--out", str(whole)],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    name = f"checkpoints/epoch-{epochs:04d}.pt"
+    assert_same_weights(weights(killed / name), weights(whole / name))
+    assert load_checkpoint(killed / name)["step"] == load_checkpoint(whole / name)["step"]
+    epochs_logged = [json.loads(x)["epoch"] for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert epochs_logged == list(range(1, epochs + 1))
