@@ -68,3 +68,54 @@ def test_train_then_evaluate(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text()) == metrics
     refused = run_cli("train", "--dataset", "nations", "--out", str(out), "--epochs", "1")
     assert refused.returncode == 2 and "not empty" in refused.stderr
+
+
+def test_config_file_and_flags_layer(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: nations\nmodel: distmult\nepochs: 5\nlr: 0.01\nmodel_args:\n  embedding_dim: 8\n")
+    out = tmp_path / "run"
+    result = run_cli("train", "--config", str(config), "--epochs", "1", "--out", str(out), "--no-progress",
+                     "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    import yaml
+
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["epochs"] == 1 and saved["lr"] == 0.01 and saved["model_args"] == {"embedding_dim": 8}
+
+
+def test_unknown_config_key_is_reported(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("learning_rate: 0.01\n")
+    result = run_cli("train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "learning_rate: unknown setting" in result.stderr
+
+
+def test_prepare_from_kgx_then_train(tmp_path):
+    nodes = tmp_path / "nodes.tsv"
+    edges = tmp_path / "edges.tsv"
+    drugs = [f"CHEBI:{i}" for i in range(6)]
+    diseases = [f"MONDO:{i}" for i in range(6)]
+    nodes.write_text("id\tcategory\tname\n" + "".join(
+        f"{n}\tbiolink:ChemicalEntity|biolink:NamedThing\tdrug {n}\n" for n in drugs) + "".join(
+        f"{n}\tbiolink:Disease\tdisease {n}\n" for n in diseases))
+    rows = ["subject\tpredicate\tobject"]
+    for i, d in enumerate(drugs):
+        for j, s in enumerate(diseases):
+            if (i + j) % 2 == 0:
+                rows.append(f"{d}\tbiolink:treats\t{s}")
+            else:
+                rows.append(f"{s}\tbiolink:has_phenotype\t{d}")
+    rows.append(f"{drugs[0]}\tbiolink:subclass_of\t{drugs[1]}")
+    edges.write_text("\n".join(rows) + "\n")
+    data = tmp_path / "data"
+    result = run_cli("prepare", "--nodes", str(nodes), "--edges", str(edges), "--out", str(data),
+                     "--category-pair", "biolink:ChemicalEntity,biolink:Disease",
+                     "--drop-predicate", "biolink:subclass_of", "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert {"train.txt", "valid.txt", "test.txt", "node_dict", "rel_dict"} <= {p.name for p in data.iterdir()}
+    assert "subclass_of" not in (data / "train.txt").read_text()
+    again = run_cli("prepare", "--nodes", str(nodes), "--edges", str(edges), "--out", str(data))
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    trained = run_cli("train", "--dataset", str(data), "--model", "distmult", "--epochs", "1", "--out",
+                      str(tmp_path / "run"), "--no-progress", "--device", "cpu")
+    assert trained.returncode == 0, trained.stderr

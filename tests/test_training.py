@@ -127,3 +127,33 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     assert load_checkpoint(killed / name)["step"] == load_checkpoint(whole / name)["step"]
     epochs_logged = [json.loads(x)["epoch"] for x in (killed / "metrics.jsonl").read_text().splitlines()]
     assert epochs_logged == list(range(1, epochs + 1))
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    result = train(small_config(precision="bf16", epochs=2), tmp_path / "run", progress=False, log=lambda *_: None)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert result.epochs_completed == 2 and all(r["loss"] == r["loss"] for r in records)  # no NaN
+    assert records[1]["loss"] < records[0]["loss"]
+
+
+def test_fp16_on_cpu_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="fp16"):
+        train(small_config(precision="fp16"), tmp_path / "run", progress=False, log=lambda *_: None)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("mode,chunk", [("1vsall", 0), ("kvsall", 5)])
+def test_other_training_modes_learn(tmp_path, mode, chunk):
+    config = small_config(model="distmult", model_args={"embedding_dim": 16}, training=mode, entity_chunk=chunk,
+                          epochs=4, eval_every=4)
+    result = train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert result.best_valid_mrr > 0.3  # Nations has 14 entities: random ranking gives about 0.25
+
+
+def test_early_stopping_with_patience(tmp_path):
+    config = small_config(epochs=30, eval_every=1, patience=1, lr=0.5)  # a rate this high stops improving
+    result = train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    assert result.stopped_early and result.epochs_completed < 30
+    assert (tmp_path / "run" / f"checkpoints/epoch-{result.epochs_completed:04d}.pt").is_file()
