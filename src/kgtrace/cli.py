@@ -177,7 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
           + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
              if result.best_epoch else ""))
-    metrics = evaluate_run(result.run_dir, None, "test", "2GB")
+    metrics = evaluate_run(result.run_dir, "test")
     write_json(metrics, Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0
@@ -189,37 +189,102 @@ def cmd_train(args: argparse.Namespace) -> int:
 def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
     p.add_argument("--checkpoint", default=None, help="best, last, or a checkpoint file (default: best)")
-    p.add_argument("--split", choices=("test", "valid"), default="test", help="which split to rank")
+    p.add_argument("--split", choices=("test", "valid"), default="test",
+                   help="which split to rank (test is filtered by train+valid+test, valid by train+valid)")
+    p.add_argument("--corruptions", type=int, default=0, metavar="K",
+                   help="rank against K sampled filtered corruptions per query instead of all entities (0: all)")
+    p.add_argument("--modes", default="head,tail", help="sides to rank: head, tail or head,tail")
+    p.add_argument("--restrict", action="append", default=[], metavar="RULE",
+                   help="restrict candidates by node category: 'typed' infers each relation's domain and range "
+                        "from training, or RELATION:tail=CAT1|CAT2 (repeatable)")
+    p.add_argument("--ks", default="1,3,10", help="k of Hits@k, comma-separated")
     p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled corruptions")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="rank eagerly instead of through torch.compile (all-entity ranking only; a failed "
+                        "compilation is an error, never a silent fallback)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+    p.add_argument("--per-query", metavar="FILE", help="write each query's ranks and true score (.tsv or .parquet)")
+    p.add_argument("--histogram", metavar="FILE.png", help="write a histogram of the realistic ranks")
     p.add_argument("--out", help="write the metrics as JSON to this file")
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: str | None, split: str, memory_budget: str,
-                 device: str = "auto") -> dict:
-    """Filtered metrics of a run's split: test is filtered by train+valid+test, valid by train+valid."""
+def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        values = tuple(convert(x) for x in items)
+    except ValueError:
+        raise ConfigError([f"{key} {text!r}: write comma-separated values, e.g. 1,3,10"]) from None
+    bad = [v for v in values if allowed and v not in allowed]
+    if not values or bad:
+        raise ConfigError([f"{key} {text!r}: each value must be one of {', '.join(map(str, allowed))}"])
+    return values
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from kgtrace.evaluation.evaluate import Candidates, metrics_of, rank_queries
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    sides = parse_list(args.modes, "--modes", allowed=("head", "tail"))
+    ks = parse_list(args.ks, "--ks", int)
+    problems = [f"--corruptions {args.corruptions}: must be 0 (all entities) or more"] if args.corruptions < 0 else []
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise ConfigError(problems)
+    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    ds = run.dataset
+    candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), args.compile)
+    known = torch.cat([ds.train, ds.valid] + ([ds.test] if args.split == "test" else []))
+    ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
+                         memory_budget=budget)
+    metrics = metrics_of(ranks, ks)
+    write_outputs(args, run, ranks, metrics)
+    print_metrics(metrics, args.split)
+    return 0
+
+
+def restriction_of(dataset, rules: list[str]):
+    """None, the inferred ('typed') restriction, or explicit RELATION:side=CATS rules."""
+    if not rules:
+        return None
+    from kgtrace.evaluation import candidates as cand
+
+    if rules == ["typed"]:
+        return cand.infer_restriction(dataset)
+    return cand.explicit_restriction(dataset, cand.parse_restrict(rules))
+
+
+def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
+    if args.out:
+        write_json(metrics, args.out)
+    if args.per_query:
+        from kgtrace.evaluation.output import query_table, write_query_table
+
+        write_query_table(query_table(ranks, run.model, run.dataset.entities, run.dataset.relations), args.per_query)
+    if args.histogram:
+        from kgtrace.plots import rank_histogram
+
+        rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
+                       title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+
+
+def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30) -> dict:
+    """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports."""
     import torch
 
     from kgtrace.evaluation.evaluate import evaluate
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
 
-    try:
-        budget = parse_size(memory_budget)
-    except ValueError as e:
-        raise ConfigError([str(e)]) from None
-    run = load_run(run_dir, checkpoint, device=resolve_device(device))
+    run = load_run(run_dir)
     ds = run.dataset
     known = [ds.train, ds.valid] + ([ds.test] if split == "test" else [])
-    return evaluate(run.model, getattr(ds, split), known=torch.cat(known), memory_budget=budget)
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    metrics = evaluate_run(args.run_dir, args.checkpoint, args.split, args.memory_budget, args.device)
-    if args.out:
-        write_json(metrics, args.out)
-    print_metrics(metrics, args.split)
-    return 0
+    return evaluate(run.model, getattr(ds, split), known=torch.cat(known), memory_budget=memory_budget)
 
 
 def write_json(data: dict, path: str | Path) -> None:

@@ -72,6 +72,9 @@ class TrainConfig:
         problems += choice_problems(self, "device", DEVICES)
         if self.entity_chunk and self.training != "kvsall":
             problems.append(f"entity_chunk={self.entity_chunk}: only applies to training=kvsall; set it to 0")
+        if self.entity_chunk and self.precision == "fp16":
+            problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which the fp16 "
+                            "gradient scaler cannot scale; use precision bf16 or fp32, or entity_chunk 0")
         try:
             parse_size(self.memory_budget)
         except ValueError as e:

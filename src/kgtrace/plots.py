@@ -33,3 +33,21 @@ def save_figure(fig, path: str | Path) -> None:
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png")
     plt.close(fig)
+
+
+def rank_histogram(ranks_by_side: dict[str, "np.ndarray"], path: str | Path, title: str = "") -> None:
+    """Histogram of realistic filtered ranks per side, on logarithmic bins (rank 1 has its own bin)."""
+    import numpy as np
+
+    largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
+    edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.hist(list(ranks_by_side.values()), bins=edges, label=list(ranks_by_side), alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("filtered rank (realistic)")
+    ax.set_ylabel("queries")
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    save_figure(fig, path)

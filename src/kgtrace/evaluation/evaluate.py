@@ -7,6 +7,7 @@ during training, so reported numbers never depend on which door was used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -15,6 +16,9 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.ranks import RankCounts, count_ranks, summarize
 from kgtrace.models.base import Scorer
+
+if TYPE_CHECKING:
+    from kgtrace.evaluation.candidates import CandidateRestriction
 
 SIDES = ("head", "tail")
 # Bytes per candidate score kept alive while ranking one chunk: the float32
@@ -73,6 +77,98 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
     return RankCounts.cat(parts)
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """Against what each true answer is ranked.
+
+    corruptions: 0 ranks against all entities; K > 0 against K sampled filtered
+    corruptions per query (deterministic given ``seed``). restriction: only entities
+    of allowed categories may answer (None: all). compile: run the all-entity path
+    through torch.compile (sampled and restricted ranking run eagerly).
+    """
+
+    corruptions: int = 0
+    seed: int = 0
+    restriction: "CandidateRestriction | None" = None
+    compile: bool = False
+
+    def describe(self) -> str | int:
+        return self.corruptions if self.corruptions else "all"
+
+
+@dataclass(frozen=True)
+class QueryRanks:
+    """Per-query results of one evaluation: rank counts per side, in the order of the triples."""
+
+    triples: Tensor  # [n, 3] the ranked triples
+    counts: dict[str, RankCounts]  # side -> counts [n]
+    candidates: Candidates
+
+
+def rank_side_with(model: Scorer, sq: SideQueries, known: AnswerIndex, candidates: Candidates, *,
+                   memory_budget: int, device: torch.device) -> RankCounts:
+    """Rank one side against the chosen candidates."""
+    # Imported here: those modules build on this one.
+    if candidates.corruptions:
+        from kgtrace.evaluation import candidates as cand
+
+        return cand.rank_side_sampled(model, sq, known, num_corruptions=candidates.corruptions,
+                                      seed=candidates.seed, memory_budget=memory_budget, device=device,
+                                      allowed=candidates.restriction)
+    if candidates.restriction is not None:
+        from kgtrace.evaluation import candidates as cand
+
+        return cand.rank_side_restricted(model, sq, known, candidates.restriction, memory_budget=memory_budget,
+                                         device=device)
+    if candidates.compile:
+        from kgtrace.evaluation.compiled import rank_side_compiled
+
+        return rank_side_compiled(model, sq, known, memory_budget=memory_budget, device=device)
+    return rank_side(model, sq, known, memory_budget=memory_budget, device=device)
+
+
+def rank_queries(
+    model: Scorer,
+    triples: Tensor,
+    *,
+    known: Tensor | AnswerIndex | None = None,
+    sides: tuple[str, ...] = SIDES,
+    candidates: Candidates = Candidates(),
+    memory_budget: int = 2 << 30,
+    device: torch.device | str | None = None,
+) -> QueryRanks:
+    """Filtered rank counts of every query of ``triples`` [n, 3]; see :func:`evaluate`."""
+    device = model_device(model) if device is None else torch.device(device)
+    if not isinstance(known, AnswerIndex):
+        known = AnswerIndex.build(known if known is not None else triples[:0], model.num_relations)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()  # BatchNorm on running statistics, no dropout
+    try:
+        counts = {side: rank_side_with(model, side_queries(triples, model.num_relations, side), known, candidates,
+                                       memory_budget=memory_budget, device=device) for side in sides}
+    finally:
+        if was_training:
+            model.train()
+    return QueryRanks(triples, counts, candidates)
+
+
+def model_device(model: Scorer) -> torch.device:
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if parameters else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> dict:
+    """The JSON-shaped metrics of per-query ranks; see :func:`evaluate`."""
+    result: dict = {side: summarize(c, ks) for side, c in ranks.counts.items()}
+    result["both"] = summarize(RankCounts.cat(list(ranks.counts.values())), ks)
+    result["num_queries"] = len(ranks.triples)
+    result["candidates"] = ranks.candidates.describe()
+    result["restricted"] = ranks.candidates.restriction is not None
+    return result
+
+
 def evaluate(
     model: Scorer,
     triples: Tensor,
@@ -80,33 +176,19 @@ def evaluate(
     known: Tensor | AnswerIndex | None = None,
     sides: tuple[str, ...] = SIDES,
     ks: tuple[int, ...] = (1, 3, 10),
+    candidates: Candidates = Candidates(),
     memory_budget: int = 2 << 30,
     device: torch.device | str | None = None,
 ) -> dict:
-    """Filtered rank metrics of ``triples`` [n, 3] against all entities.
+    """Filtered rank metrics of ``triples`` [n, 3].
 
     known: triples (or a prebuilt index) whose other answers are filtered out; the
     caller decides (train+valid+test for test, train+valid for validation); None
-    ranks unfiltered. Returns {"both"|"head"|"tail": {"realistic"|"optimistic"|
-    "pessimistic": {metric: value}}, "num_queries": n, "candidates": "all"}.
+    ranks unfiltered. candidates: all entities (default), K sampled corruptions, a
+    type restriction, compiled or eager. Returns {"both"|"head"|"tail":
+    {"realistic"|"optimistic"|"pessimistic": {metric: value}}, "num_queries": n,
+    "candidates": "all" or K, "restricted": bool}.
     """
-    if device is None:
-        device = next(iter(model.parameters())).device if hasattr(model, "parameters") else torch.device("cpu")
-    device = torch.device(device)
-    if not isinstance(known, AnswerIndex):
-        filter_triples = known if known is not None else triples[:0]
-        known = AnswerIndex.build(filter_triples, model.num_relations)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        counts = {s: rank_side(model, side_queries(triples, model.num_relations, s), known,
-                               memory_budget=memory_budget, device=device) for s in sides}
-    finally:
-        if was_training:
-            model.train()
-    result: dict = {s: summarize(c, ks) for s, c in counts.items()}
-    result["both"] = summarize(RankCounts.cat(list(counts.values())), ks)
-    result["num_queries"] = len(triples)
-    result["candidates"] = "all"
-    return result
+    ranks = rank_queries(model, triples, known=known, sides=sides, candidates=candidates,
+                         memory_budget=memory_budget, device=device)
+    return metrics_of(ranks, ks)

@@ -1,0 +1,81 @@
+"""Our filtered evaluation equals PyKEEN's RankBasedEvaluator on the same weights (to 1e-6).
+
+PyKEEN is an optional extra (`pip install -e .[pykeen]`); CI installs it, so these tests run there.
+"""
+
+import pytest
+import torch
+
+pykeen = pytest.importorskip("pykeen", reason="PyKEEN is not installed: pip install -e '.[pykeen]'")
+
+from pykeen.evaluation import RankBasedEvaluator  # noqa: E402
+from pykeen.models import ConvE as PyKEENConvE  # noqa: E402
+from pykeen.models import DistMult as PyKEENDistMult  # noqa: E402
+from pykeen.triples import CoreTriplesFactory  # noqa: E402
+
+from kgtrace.data.dataset import load_dataset  # noqa: E402
+from kgtrace.evaluation.evaluate import Candidates, evaluate  # noqa: E402
+from kgtrace.models import build_model  # noqa: E402
+
+METRICS = {"mrr": "inverse_harmonic_mean_rank", "mr": "arithmetic_mean_rank", "hits_at_1": "hits_at_1",
+           "hits_at_3": "hits_at_3", "hits_at_10": "hits_at_10"}
+
+
+def factory(triples, ds, inverse):
+    return CoreTriplesFactory.create(mapped_triples=triples, num_entities=ds.num_entities,
+                                     num_relations=ds.num_relations, create_inverse_triples=inverse)
+
+
+def pykeen_metrics(model, ds):
+    evaluator = RankBasedEvaluator(filtered=True)
+    result = evaluator.evaluate(model, ds.test, additional_filter_triples=[ds.train, ds.valid], batch_size=64,
+                                use_tqdm=False)
+    return {side: {tie: {ours: result.get_metric(f"{side}.{tie}.{theirs}") for ours, theirs in METRICS.items()}
+                   for tie in ("realistic", "optimistic", "pessimistic")} for side in ("head", "tail", "both")}
+
+
+def assert_same(ours, theirs):
+    for side in ("head", "tail", "both"):
+        for tie in ("realistic", "optimistic", "pessimistic"):
+            for metric, value in theirs[side][tie].items():
+                assert ours[side][tie][metric] == pytest.approx(value, rel=1e-6, abs=1e-6), (side, tie, metric)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_distmult_matches_pykeen(compile):
+    ds = load_dataset("nations")
+    torch.manual_seed(0)
+    ours = build_model("distmult", ds.num_entities, ds.num_relations, embedding_dim=32).eval()
+    theirs = PyKEENDistMult(triples_factory=factory(ds.train, ds, False), embedding_dim=32, random_seed=0)
+    with torch.no_grad():
+        theirs.entity_representations[0]._embeddings.weight.copy_(ours.entity_embeddings)
+        theirs.relation_representations[0]._embeddings.weight.copy_(ours.relation_embeddings)
+    metrics = evaluate(ours, ds.test, known=ds.all_triples(), candidates=Candidates(compile=compile))
+    assert_same(metrics, pykeen_metrics(theirs.eval(), ds))
+
+
+def test_conve_matches_pykeen():
+    ds = load_dataset("umls")
+    torch.manual_seed(0)
+    ours = build_model("conve", ds.num_entities, ds.num_relations, embedding_dim=200).eval()
+    theirs = PyKEENConvE(triples_factory=factory(ds.train, ds, True), embedding_dim=200, random_seed=0)
+    with torch.no_grad():
+        # Give batch norm non-trivial running statistics so that eval mode is really exercised.
+        for bn in (ours.bn0, ours.bn1, ours.bn2):
+            bn.running_mean.uniform_(-0.1, 0.1)
+            bn.running_var.uniform_(0.5, 1.5)
+        state = theirs.state_dict()
+        state["entity_representations.0._embeddings.weight"] = ours.entity_embeddings.clone()
+        state["entity_representations.1._embeddings.weight"] = ours.entity_bias.clone().unsqueeze(1)
+        # PyKEEN interleaves relations and their inverses (2r, 2r + 1); kgtrace keeps two blocks.
+        rel = torch.empty_like(ours.relation_embeddings)
+        rel[0::2], rel[1::2] = ours.relation_embeddings[: ds.num_relations], ours.relation_embeddings[ds.num_relations:]
+        state["relation_representations.0._embeddings.weight"] = rel
+        for theirs_name, module in (("interaction.hr2d.0", ours.bn0), ("interaction.hr2d.2", ours.conv),
+                                    ("interaction.hr2d.3", ours.bn1), ("interaction.hr1d.0", ours.fc),
+                                    ("interaction.hr1d.2", ours.bn2)):
+            for key, value in module.state_dict().items():
+                state[f"{theirs_name}.{key}"] = value.clone()
+        theirs.load_state_dict(state)
+    metrics = evaluate(ours, ds.test, known=ds.all_triples())
+    assert_same(metrics, pykeen_metrics(theirs.eval(), ds))
