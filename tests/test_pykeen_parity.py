@@ -15,6 +15,7 @@ from pykeen.triples import CoreTriplesFactory  # noqa: E402
 
 from kgtrace.data.dataset import load_dataset  # noqa: E402
 from kgtrace.evaluation.evaluate import Candidates, evaluate  # noqa: E402
+from kgtrace.interop.pykeen import pykeen_state_dict  # noqa: E402
 from kgtrace.models import build_model  # noqa: E402
 
 METRICS = {"mrr": "inverse_harmonic_mean_rank", "mr": "arithmetic_mean_rank", "hits_at_1": "hits_at_1",
@@ -47,9 +48,7 @@ def test_distmult_matches_pykeen(compile):
     torch.manual_seed(0)
     ours = build_model("distmult", ds.num_entities, ds.num_relations, embedding_dim=32).eval()
     theirs = PyKEENDistMult(triples_factory=factory(ds.train, ds, False), embedding_dim=32, random_seed=0)
-    with torch.no_grad():
-        theirs.entity_representations[0]._embeddings.weight.copy_(ours.entity_embeddings)
-        theirs.relation_representations[0]._embeddings.weight.copy_(ours.relation_embeddings)
+    theirs.load_state_dict(pykeen_state_dict(ours, theirs.state_dict()))
     metrics = evaluate(ours, ds.test, known=ds.all_triples(), candidates=Candidates(compile=compile))
     assert_same(metrics, pykeen_metrics(theirs.eval(), ds))
 
@@ -64,18 +63,6 @@ def test_conve_matches_pykeen():
         for bn in (ours.bn0, ours.bn1, ours.bn2):
             bn.running_mean.uniform_(-0.1, 0.1)
             bn.running_var.uniform_(0.5, 1.5)
-        state = theirs.state_dict()
-        state["entity_representations.0._embeddings.weight"] = ours.entity_embeddings.clone()
-        state["entity_representations.1._embeddings.weight"] = ours.entity_bias.clone().unsqueeze(1)
-        # PyKEEN interleaves relations and their inverses (2r, 2r + 1); kgtrace keeps two blocks.
-        rel = torch.empty_like(ours.relation_embeddings)
-        rel[0::2], rel[1::2] = ours.relation_embeddings[: ds.num_relations], ours.relation_embeddings[ds.num_relations:]
-        state["relation_representations.0._embeddings.weight"] = rel
-        for theirs_name, module in (("interaction.hr2d.0", ours.bn0), ("interaction.hr2d.2", ours.conv),
-                                    ("interaction.hr2d.3", ours.bn1), ("interaction.hr1d.0", ours.fc),
-                                    ("interaction.hr1d.2", ours.bn2)):
-            for key, value in module.state_dict().items():
-                state[f"{theirs_name}.{key}"] = value.clone()
-        theirs.load_state_dict(state)
+    theirs.load_state_dict(pykeen_state_dict(ours, theirs.state_dict()))
     metrics = evaluate(ours, ds.test, known=ds.all_triples())
     assert_same(metrics, pykeen_metrics(theirs.eval(), ds))

@@ -1,0 +1,1 @@
+"""Converting weights to and from other tools (PyKEEN)."""
