@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -35,10 +36,8 @@ def save_figure(fig, path: str | Path) -> None:
     plt.close(fig)
 
 
-def rank_histogram(ranks_by_side: dict[str, "np.ndarray"], path: str | Path, title: str = "") -> None:
+def rank_histogram(ranks_by_side: dict[str, np.ndarray], path: str | Path, title: str = "") -> None:
     """Histogram of realistic filtered ranks per side, on logarithmic bins (rank 1 has its own bin)."""
-    import numpy as np
-
     largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
     edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
