@@ -77,3 +77,17 @@ def test_holdout_predicate():
     assert entities(test) <= entities(train)
     with pytest.raises(ConfigError, match="not a relation"):
         holdout_predicate(t, "nope")
+
+
+def test_holdout_fraction_keeps_part_of_the_predicate_for_training():
+    import numpy as np
+
+    from kgtrace.data.splits import holdout_predicate
+
+    rows = [(f"d{i}", "treats", f"s{i % 5}") for i in range(20)] + [(f"d{i}", "binds", f"s{i % 5}") for i in range(20)]
+    triples = np.array(rows, dtype=object)
+    train, valid, test, _ = holdout_predicate(triples, "treats", valid_fraction=0.0, seed=1, test_fraction=0.25)
+    assert len(test) == 5 and set(test[:, 1]) == {"treats"}
+    assert (train[:, 1] == "treats").sum() == 15  # the relation can be learned
+    again = holdout_predicate(triples, "treats", valid_fraction=0.0, seed=1, test_fraction=0.25)[2]
+    assert (again == test).all()

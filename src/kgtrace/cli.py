@@ -96,6 +96,9 @@ def add_prepare_args(p: argparse.ArgumentParser) -> None:
                    help="random train/valid/test split, or hold out the edges of --holdout-predicate as test")
     p.add_argument("--fractions", default="0.8,0.1,0.1", help="train,valid,test fractions for --split random")
     p.add_argument("--holdout-predicate", help="relation whose edges become the test split (--split predicate)")
+    p.add_argument("--holdout-fraction", type=float, default=1.0,
+                   help="fraction of --holdout-predicate's edges put in test; the rest stay in train so the "
+                        "model can learn the relation (1.0: all of them)")
     p.add_argument("--names", help="node-name file (name<TAB>id or id<TAB>name) for --triples input")
     p.add_argument("--seed", type=int, default=0, help="random seed of the split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
@@ -120,7 +123,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     report = prepare(args.out, triples=args.triples, nodes=args.nodes, edges=args.edges, category_pairs=pairs,
                      drop_predicates=args.drop_predicate, fold_qualifiers=args.fold_qualifiers, split=args.split,
-                     fractions=fractions, holdout_predicate=args.holdout_predicate, names=args.names,
+                     fractions=fractions, holdout_predicate=args.holdout_predicate,
+                     holdout_fraction=args.holdout_fraction, names=args.names,
                      seed=args.seed, overwrite=args.overwrite)
     print(report.summary())
     return 0

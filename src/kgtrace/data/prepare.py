@@ -85,6 +85,7 @@ def prepare(
     split: str = "random",
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
     holdout_predicate: str | None = None,
+    holdout_fraction: float = 1.0,
     names: str | None = None,
     seed: int = 0,
     overwrite: bool = False,
@@ -117,7 +118,7 @@ def prepare(
     else:
         assert holdout_predicate is not None
         held = _held_relations(cut, holdout_predicate) or [holdout_predicate]
-        train, valid, test, report = holdout_relations(cut.triples, held, fractions[1], seed)
+        train, valid, test, report = holdout_relations(cut.triples, held, fractions[1], seed, holdout_fraction)
     ds = _dataset(out, train, valid, test, cut, names)
     _write_folder(ds, out)
     return _report(out, "triples" if triples is not None else "kgx", cut, split, report, ds)

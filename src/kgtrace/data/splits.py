@@ -47,19 +47,22 @@ def random_split(
 
 
 def holdout_predicate(
-    triples: np.ndarray, predicate: str, valid_fraction: float = 0.1, seed: int = 0
+    triples: np.ndarray, predicate: str, valid_fraction: float = 0.1, seed: int = 0, test_fraction: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
-    """Test = every triple of ``predicate``; valid = ``valid_fraction`` of the others; train = the rest.
+    """Test = ``test_fraction`` of the triples of ``predicate`` (default all of them); valid =
+    ``valid_fraction`` of the others; train = the rest.
 
     Test triples with an entity unseen in train are dropped (moving them would leak the
     held-out predicate into train). The held-out relation itself is exempt from the check:
-    by construction it never occurs in train.
+    with test_fraction 1 it never occurs in train, so a model cannot learn it; a fraction
+    below 1 keeps the rest of its edges for training (e.g. 0.2 to predict new 'treats' edges).
     """
-    return holdout_relations(triples, (predicate,), valid_fraction, seed)
+    return holdout_relations(triples, (predicate,), valid_fraction, seed, test_fraction)
 
 
 def holdout_relations(
-    triples: np.ndarray, relations: Collection[str], valid_fraction: float = 0.1, seed: int = 0
+    triples: np.ndarray, relations: Collection[str], valid_fraction: float = 0.1, seed: int = 0,
+    test_fraction: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
     """:func:`holdout_predicate` for several relation labels at once (e.g. one predicate folded
     with different qualifiers into ``predicate:3``, ``predicate:7``)."""
@@ -70,10 +73,16 @@ def holdout_relations(
                         "of the triples; use one of the relation labels (or KGX predicates) in the input")
     if not 0 <= valid_fraction < 1:
         problems.append(f"valid fraction: {valid_fraction!r} must be in [0, 1)")
+    if not 0 < test_fraction <= 1:
+        problems.append(f"holdout fraction: {test_fraction!r} must be in (0, 1]; 1 holds out every edge")
     if problems:
         raise ConfigError(problems)
+    rng = np.random.default_rng(seed)
+    held_rows = np.flatnonzero(held)
+    kept = rng.permutation(len(held_rows))[max(1, round(test_fraction * len(held_rows))):]
+    held[held_rows[kept]] = False  # the held-out predicate's edges not in test go back to the pool
     rest = triples[~held]
-    order = np.random.default_rng(seed).permutation(len(rest))
+    order = rng.permutation(len(rest))
     n_valid = round(valid_fraction * len(rest))
     valid, train = rest[np.sort(order[:n_valid])], rest[np.sort(order[n_valid:])]
     return ensure_seen(train, valid, triples[held], policy="drop", exempt_relations=relations)
