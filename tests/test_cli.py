@@ -119,3 +119,23 @@ def test_prepare_from_kgx_then_train(tmp_path):
     trained = run_cli("train", "--dataset", str(data), "--model", "distmult", "--epochs", "1", "--out",
                       str(tmp_path / "run"), "--no-progress", "--device", "cpu")
     assert trained.returncode == 0, trained.stderr
+
+
+def test_evaluate_options_per_query_histogram_and_compile(tmp_path):
+    out = tmp_path / "run"
+    trained = run_cli("train", "--dataset", "nations", "--model", "distmult", "--epochs", "1", "--out", str(out),
+                      "--no-progress", "--device", "cpu", "--model-arg", "embedding_dim=8")
+    assert trained.returncode == 0, trained.stderr
+    eager = run_cli("evaluate", str(out), "--no-compile", "--out", str(tmp_path / "eager.json"),
+                    "--per-query", str(tmp_path / "q.tsv"), "--histogram", str(tmp_path / "h.png"))
+    assert eager.returncode == 0, eager.stderr
+    compiled = run_cli("evaluate", str(out), "--compile", "--out", str(tmp_path / "compiled.json"))
+    assert compiled.returncode == 0, compiled.stderr
+    assert json.loads((tmp_path / "eager.json").read_text()) == json.loads((tmp_path / "compiled.json").read_text())
+    rows = (tmp_path / "q.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == ["index", "head", "relation", "tail", "side", "rank_optimistic", "rank_pessimistic",
+                                   "rank_realistic", "true_score", "num_candidates"]
+    assert len(rows) == 1 + 2 * 201
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run_cli("evaluate", str(out), "--per-query", str(tmp_path / "q.csv"), "--modes", "up")
+    assert bad.returncode == 2 and "--modes" in bad.stderr and "Traceback" not in bad.stderr

@@ -204,9 +204,11 @@ def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default="1,3,10", help="k of Hits@k, comma-separated")
     p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled corruptions")
-    p.add_argument("--no-compile", dest="compile", action="store_false",
-                   help="rank eagerly instead of through torch.compile (all-entity ranking only; a failed "
-                        "compilation is an error, never a silent fallback)")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="rank all entities through torch.compile with static buffers (default: on CUDA only; "
+                        "on a CPU it costs seconds of compiling for no gain). A failed compilation is an error, "
+                        "never a silent fallback")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="rank eagerly")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
     p.add_argument("--per-query", metavar="FILE", help="write each query's ranks and true score (.tsv or .parquet)")
     p.add_argument("--histogram", metavar="FILE.png", help="write a histogram of the realistic ranks")
@@ -241,9 +243,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         problems.append(str(e))
     if problems:
         raise ConfigError(problems)
-    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, args.checkpoint, device=device)
     ds = run.dataset
-    candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), args.compile)
+    compile_ = device.type == "cuda" if args.compile is None else args.compile
+    candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = torch.cat([ds.train, ds.valid] + ([ds.test] if args.split == "test" else []))
     ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
                          memory_budget=budget)

@@ -85,6 +85,7 @@ def filter_mask(known: AnswerIndex, queries: Tensor, num_entities: int, device: 
     return mask
 
 
+@torch.inference_mode()  # as the eager path; the compiled graph is guarded on it, so always the same
 def rank_side_compiled(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int,
                        device: torch.device, batch_size: int | None = None) -> RankCounts:
     """Filtered rank counts of every query of one side, as ``rank_side``, scored under torch.compile.
@@ -104,19 +105,18 @@ def rank_side_compiled(model: Scorer, sq: SideQueries, known: AnswerIndex, *, me
         batch_size = balanced_batch(num_queries, query_chunk_size(num_entities, memory_budget))
     call = compiled_ranker(model, batch_size, device)
     parts = []
-    with torch.no_grad():
-        for start in range(0, num_queries, batch_size):
-            queries = sq.queries[start : start + batch_size]
-            greater, equal, num_candidates, nonfinite = call(
-                model,
-                queries=queries.to(device),
-                answers=sq.answers[start : start + batch_size].to(device),
-                filtered=filter_mask(known, queries, num_entities, device),
-            )
-            if bool(nonfinite.any()):
-                # check_finite reads only whether each row is finite: NaN marks the bad rows.
-                check_finite(torch.where(nonfinite, float("nan"), 0.0).unsqueeze(1), sq, start)
-            parts.append(RankCounts(greater.cpu(), equal.cpu(), num_candidates.cpu()))
+    for start in range(0, num_queries, batch_size):
+        queries = sq.queries[start : start + batch_size]
+        greater, equal, num_candidates, nonfinite = call(
+            model,
+            queries=queries,  # copied into the device's static buffers
+            answers=sq.answers[start : start + batch_size],
+            filtered=filter_mask(known, queries, num_entities, device),
+        )
+        if bool(nonfinite.any()):
+            # check_finite reads only whether each row is finite: NaN marks the bad rows.
+            check_finite(torch.where(nonfinite, float("nan"), 0.0).unsqueeze(1), sq, start)
+        parts.append(RankCounts(greater.cpu(), equal.cpu(), num_candidates.cpu()))
     if not parts:
         empty = torch.zeros(0, dtype=torch.long)
         return RankCounts(empty, empty, empty)
