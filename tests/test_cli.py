@@ -137,5 +137,11 @@ def test_evaluate_options_per_query_histogram_and_compile(tmp_path):
                                    "rank_realistic", "true_score", "num_candidates"]
     assert len(rows) == 1 + 2 * 201
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sampled = run_cli("evaluate", str(out), "--corruptions", "5", "--modes", "tail", "--out", str(tmp_path / "s.json"))
+    assert sampled.returncode == 0, sampled.stderr
+    metrics = json.loads((tmp_path / "s.json").read_text())
+    assert metrics["candidates"] == 5 and "head" not in metrics and metrics["tail"]["realistic"]["mr"] <= 6
+    untyped = run_cli("evaluate", str(out), "--restrict", "typed")
+    assert untyped.returncode == 2 and "categor" in untyped.stderr  # Nations has no node categories
     bad = run_cli("evaluate", str(out), "--per-query", str(tmp_path / "q.csv"), "--modes", "up")
     assert bad.returncode == 2 and "--modes" in bad.stderr and "Traceback" not in bad.stderr
