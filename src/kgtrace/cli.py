@@ -306,7 +306,7 @@ def print_metrics(metrics: dict, split: str) -> None:
     print(f"filtered {split} metrics ({metrics['num_queries']} triples, realistic ties, candidates: "
           f"{metrics['candidates']})")
     print(f"{'side':<6} {'MRR':>7} {'MR':>8} {'H@1':>7} {'H@3':>7} {'H@10':>7}")
-    for side in ("head", "tail", "both"):
+    for side in (side for side in ("head", "tail", "both") if side in metrics):
         m = metrics[side]["realistic"]
         print(f"{side:<6} {m['mrr']:7.4f} {m['mr']:8.2f} {m['hits_at_1']:7.4f} {m['hits_at_3']:7.4f} "
               f"{m['hits_at_10']:7.4f}")
