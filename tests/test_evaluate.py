@@ -52,7 +52,7 @@ def test_matches_naive_loop_with_ties_and_filtering():
     triples = torch.tensor([[0, 0, 1], [2, 1, 3], [4, 0, 5], [1, 1, 0]])
     known = torch.cat([triples, torch.tensor([[0, 0, 2], [0, 0, 3], [5, 1, 3]])])
     ranks = naive_realistic_ranks(scorer, triples, known)
-    for budget in (1, 10**9):  # one query per chunk, and all at once
+    for budget in (6 * 16, 10**9):  # one query (6 entities x 16 bytes) per chunk, and all at once
         result = evaluate(scorer, triples, known=known, memory_budget=budget)
         assert result["both"]["realistic"]["mr"] == pytest.approx(sum(ranks) / len(ranks))
         assert result["both"]["realistic"]["mrr"] == pytest.approx(sum(1 / r for r in ranks) / len(ranks))
@@ -66,3 +66,32 @@ def test_nan_score_names_the_query():
     table[1, 2, 0] = float("nan")  # head query of (0, r0, 2): anchor 2, inverse relation 1
     with pytest.raises(KgtraceError, match=r"head query #1 \(anchor entity id 2, relation id 1\)"):
         evaluate(TableScorer(table), torch.tensor([[1, 0, 1], [0, 0, 2]]), known=None)
+
+
+@pytest.mark.parametrize("name,kwargs", [("distmult", {"embedding_dim": 8}),
+                                         ("conve", {"embedding_dim": 8, "embedding_height": 2, "output_channels": 3})])
+def test_entity_chunked_ranking_equals_whole_rows(name, kwargs):
+    from kgtrace.data.answers import AnswerIndex
+    from kgtrace.evaluation.evaluate import rank_side, side_queries
+    from kgtrace.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(name, 23, 3, **kwargs).eval()
+    with torch.no_grad():  # duplicate entities create exact ties across chunk borders
+        model.entity_embeddings[5:9] = model.entity_embeddings[0]
+    triples = torch.stack([torch.randint(0, 23, (40,)), torch.randint(0, 3, (40,)), torch.randint(0, 23, (40,))], 1)
+    known = AnswerIndex.build(triples, 3)
+    for side in ("head", "tail"):
+        sq = side_queries(triples[:25], 3, side)
+        whole = rank_side(model, sq, known, memory_budget=1 << 30, device=torch.device("cpu"))
+        for chunk in (1, 4, 7, 23):
+            parts = rank_side(model, sq, known, memory_budget=1 << 30, device=torch.device("cpu"), entity_chunk=chunk)
+            assert torch.equal(parts.greater, whole.greater) and torch.equal(parts.equal, whole.equal)
+            assert torch.equal(parts.num_candidates, whole.num_candidates)
+        tiny = rank_side(model, sq, known, memory_budget=100, device=torch.device("cpu"))  # not one row fits
+        assert torch.equal(tiny.greater, whole.greater)
+
+
+def test_budget_below_one_row_without_entity_chunks_is_an_error():
+    with pytest.raises(KgtraceError, match="raise --memory-budget"):
+        evaluate(TableScorer(torch.zeros(2, 3, 3)), torch.tensor([[0, 0, 1]]), memory_budget=10)

@@ -15,7 +15,7 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.ranks import RankCounts, count_ranks, summarize
-from kgtrace.models.base import Scorer
+from kgtrace.models.base import FactorisedScorer, Scorer
 
 if TYPE_CHECKING:
     from kgtrace.evaluation.candidates import CandidateRestriction
@@ -66,8 +66,19 @@ def check_finite(scores: Tensor, sq: SideQueries, start: int) -> None:
 
 
 @torch.inference_mode()
-def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int, device: torch.device) -> RankCounts:
-    """Filtered rank counts of every query of one side, scored against all entities."""
+def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int, device: torch.device,
+              entity_chunk: int = 0) -> RankCounts:
+    """Filtered rank counts of every query of one side, scored against all entities.
+
+    Queries are chunked so that their [B, E] scores fit ``memory_budget``; when not even one
+    row fits (or ``entity_chunk`` is given), entities are chunked too (see rank_entity_chunked).
+    """
+    if entity_chunk or model.num_entities * BYTES_PER_SCORE > memory_budget:
+        if not isinstance(model, FactorisedScorer):
+            raise KgtraceError(f"memory_budget={memory_budget} bytes cannot hold one query's {model.num_entities} "
+                               "scores, and this model cannot score entities in chunks. Fix: raise --memory-budget")
+        return rank_entity_chunked(model, sq, known, memory_budget=memory_budget, device=device,
+                                   entity_chunk=entity_chunk)
     chunk = query_chunk_size(model.num_entities, memory_budget)
     parts = []
     for start in range(0, len(sq.answers), chunk):
@@ -76,6 +87,48 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
         check_finite(scores, sq, start)
         rows, cols = known.lookup(queries)
         parts.append(count_ranks(scores, sq.answers[start : start + chunk].to(device), rows.to(device), cols.to(device)))
+    return RankCounts.cat(parts)
+
+
+def rank_entity_chunked(model: FactorisedScorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int,
+                        device: torch.device, entity_chunk: int = 0, query_chunk: int = 256) -> RankCounts:
+    """All-entity ranking for graphs where one query's scores exceed the budget.
+
+    Each query chunk is encoded once and decoded entity chunk by entity chunk, twice: the
+    first pass reads each true answer's score from the chunk that holds it, the second
+    counts higher and tied candidates. Both passes decode the same chunks, so the true
+    score is compared with candidates computed by exactly the same arithmetic.
+    """
+    num_entities = model.num_entities
+    entity_chunk = entity_chunk or max(1, memory_budget // (query_chunk * BYTES_PER_SCORE))
+    bounds = list(range(0, num_entities, entity_chunk)) + [num_entities]
+    parts = []
+    for start in range(0, len(sq.answers), query_chunk):
+        queries = sq.queries[start : start + query_chunk]
+        answers = sq.answers[start : start + query_chunk].to(device)
+        q = model.encode_query(queries.to(device))  # [B, D]
+        rows, cols = (x.to(device) for x in known.lookup(queries))
+        other = cols != answers[rows]  # known answers other than the true one are filtered
+        rows, cols = rows[other], cols[other]
+        true_scores = torch.empty(len(answers), device=device)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            scores = model.decode(q, lo, hi).float()  # [B, hi - lo]
+            check_finite(scores, sq, start)
+            inside = (answers >= lo) & (answers < hi)
+            true_scores[inside] = scores[inside, answers[inside] - lo]
+        greater = torch.zeros(len(answers), dtype=torch.long, device=device)
+        equal = torch.zeros_like(greater)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            scores = model.decode(q, lo, hi).float()  # [B, hi - lo]
+            drop = (cols >= lo) & (cols < hi)
+            scores[rows[drop], cols[drop] - lo] = float("-inf")
+            inside = torch.nonzero((answers >= lo) & (answers < hi)).squeeze(1)
+            scores[inside, answers[inside] - lo] = float("-inf")  # the true answer does not rank against itself
+            column = true_scores.unsqueeze(1)  # [B, 1]
+            greater += (scores > column).sum(1)
+            equal += (scores == column).sum(1)
+        filtered = torch.bincount(rows, minlength=len(answers))
+        parts.append(RankCounts(greater.cpu(), equal.cpu(), (num_entities - filtered).cpu()))
     return RankCounts.cat(parts)
 
 
