@@ -5,7 +5,6 @@ import time
 
 import pytest
 import torch
-from torch import nn
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset
@@ -24,26 +23,10 @@ from kgtrace.evaluation.candidates import (
 from kgtrace.evaluation.evaluate import SideQueries, rank_side, side_queries
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models import build_model
+from scorers import TableScorer
 
 CPU = torch.device("cpu")
 BIG = 1 << 30
-
-
-class TableScorer(nn.Module):
-    """Scores from a fixed table: score_t([a, r]) = table[r, a]; relations r >= R are inverses."""
-
-    def __init__(self, table: torch.Tensor):
-        super().__init__()
-        self.table = nn.Parameter(table)  # [2R, E, E]
-        self.num_relations = table.shape[0] // 2
-        self.num_entities = table.shape[1]
-
-    def score_t(self, hr):
-        return self.table[hr[:, 1], hr[:, 0]]
-
-    def score_hrt(self, hrt):
-        # (h, r, t) is the tail query (h, r) answered by t; the table's head rows must agree.
-        return self.table[hrt[:, 1], hrt[:, 0], hrt[:, 2]]
 
 
 class HrtOnly:

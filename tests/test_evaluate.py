@@ -2,29 +2,10 @@
 
 import pytest
 import torch
-from torch import nn
 
 from kgtrace.errors import KgtraceError
+from scorers import TableScorer
 from kgtrace.evaluation.evaluate import evaluate
-
-
-class TableScorer(nn.Module):
-    """Scores from a fixed table: score_t([a, r]) = table[r, a]; relations r >= R are inverses."""
-
-    def __init__(self, table: torch.Tensor):
-        super().__init__()
-        self.table = nn.Parameter(table)  # [2R, E, E]
-        self.num_relations = table.shape[0] // 2
-        self.num_entities = table.shape[1]
-
-    def score_t(self, hr):
-        return self.table[hr[:, 1], hr[:, 0]]
-
-    def score_h(self, rt):
-        return self.score_t(torch.stack([rt[:, 1], rt[:, 0] + self.num_relations], 1))
-
-    def score_hrt(self, hrt):
-        return self.table[hrt[:, 1], hrt[:, 0], hrt[:, 2]]
 
 
 def naive_realistic_ranks(scorer, triples, known):
