@@ -336,10 +336,11 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
             stopped_early = bool(config.patience) and state.bad_validations >= config.patience
             if record["valid_improved"]:
                 save_checkpoint(state_dict(state, config, dataset, lr), out / "checkpoints" / "best.pt")
+        # The record first: a kill between the two leaves a record that resume truncates, never a gap.
+        append_metrics(out, record)
         last = state.epoch == config.epochs or stopped_early
         if state.epoch % config.checkpoint_every == 0 or last:
             save_checkpoint(state_dict(state, config, dataset, lr), epoch_path(out / "checkpoints", state.epoch))
-        append_metrics(out, record)
         log(format_record(record))
     plot_training_curve(out)
     return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early)
