@@ -47,6 +47,6 @@ def reference_influence(
         work.to(dtype)
         work.eval()
         g_test = torch.stack([triple_gradient(work, z, names) for z in test])
-        g_train = torch.stack([triple_gradient(work, z, names) for z in train])
-        total += lr * (g_test @ g_train.T)
+        for j, z in enumerate(train):  # one training gradient at a time: memory [n_test + 1, P]
+            total[:, j] += lr * (g_test @ triple_gradient(work, z, names))
     return total
