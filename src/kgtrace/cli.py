@@ -192,7 +192,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
-    p.add_argument("--checkpoint", default=None, help="best, last, or a checkpoint file (default: best)")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
     p.add_argument("--split", choices=("test", "valid"), default="test",
                    help="which split to rank (test is filtered by train+valid+test, valid by train+valid)")
     p.add_argument("--corruptions", type=int, default=0, metavar="K",
