@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("prepare", add_prepare_args, cmd_prepare, "write a dataset folder from labelled triples or KGX files"),
         ("train", add_train_args, cmd_train, "train a model into a run folder and report filtered test metrics"),
         ("evaluate", add_evaluate_args, cmd_evaluate, "filtered rank metrics of a run on its test or valid split"),
+        ("explain", add_explain_args, cmd_explain,
+         "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -280,6 +282,89 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
 
         rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
                        title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+def add_explain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--triple", nargs=3, metavar=("HEAD", "REL", "TAIL"),
+                      help="explain one triple, given by labels or integer ids")
+    what.add_argument("--triples", metavar="FILE",
+                      help="explain every triple of a labelled file, head<TAB>relation<TAB>tail per line")
+    what.add_argument("--self", dest="self_influence", action="store_true",
+                      help="rank every training triple by self-influence, highest (most suspicious) first")
+    p.add_argument("--top-k", type=int, default=10,
+                   help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
+    p.add_argument("--params", default="last",
+                   help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")
+    p.add_argument("--checkpoints", default="all",
+                   help="epoch checkpoints summed over, each weighed by its learning rate: all or EPOCH,EPOCH")
+    p.add_argument("--checkpoint", default="best",
+                   help="checkpoint of the model that scores and ranks the triples: best, last or a file")
+    p.add_argument("--out", metavar="FILE.json",
+                   help="JSON to write; a TSV with every row goes beside it (default: RUN_DIR/explain.json, "
+                        "or RUN_DIR/self_influence.json with --self)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to compute (auto: CUDA when available)")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kgtrace.attribution import TracIn, report
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    if args.top_k < 1:
+        raise ConfigError([f"--top-k {args.top_k}: must be at least 1"])
+    params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
+    checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
+    out = Path(args.out) if args.out else Path(args.run_dir) / (
+        "self_influence.json" if args.self_influence else "explain.json")
+    report.check_path(out)
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, args.checkpoint, device=device)
+    tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device)
+    if args.self_influence:
+        ranking = report.self_influence_ranking(run, tracin, args.top_k)
+        tsv = report.write_self_influence(ranking, out)
+        print_self_influence(ranking)
+    else:
+        if args.triple:
+            test = report.parse_triple(run.dataset, *args.triple).view(1, 3)
+        else:
+            from kgtrace.data.triples import encode_triples, read_labeled_triples
+
+            test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
+                                  args.triples)
+            if len(test) == 0:
+                raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+        items = report.explain_triples(run, tracin, test, args.top_k)
+        tsv = report.write_explanations(items, out)
+        print_explanations(items)
+    print(f"wrote {out} and {tsv}")
+    return 0
+
+
+def print_explanations(items: list[dict], shown: int = 5) -> None:
+    """Per test triple: names, score and ranks, then the strongest proponents and opponents."""
+    for item in items:
+        t = item["test"]
+        print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f}   "
+              f"filtered rank: tail {item['rank']['tail']:g}, head {item['rank']['head']:g}")
+        for kind in ("proponents", "opponents"):
+            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}):")
+            for e in item[kind][:shown]:
+                print(f"    {e['influence']:+.4e}  #{e['train_index']:<6} {e['head_name']} --{e['relation_name']}--> "
+                      f"{e['tail_name']}")
+
+
+def print_self_influence(ranking: dict) -> None:
+    print(f"most self-influential training triples (of {len(ranking['all'])}; all of them in the TSV):")
+    for rank, e in enumerate(ranking["top"], 1):
+        print(f"  {rank:>3}. {e['self_influence']:.4e}  #{e['train_index']:<6} {e['head_name']} "
+              f"--{e['relation_name']}--> {e['tail_name']}")
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30) -> dict:

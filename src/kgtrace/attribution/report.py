@@ -1,0 +1,203 @@
+"""Readable TracIn explanations: which training triples support or oppose a prediction.
+
+:func:`explain_triples` turns TracIn influences into JSON-ready dicts (the test triple with
+labels and names, its score and filtered realistic ranks, its strongest proponents and
+opponents with each checkpoint's share of their influence); :func:`self_influence_ranking`
+ranks training triples by self-influence (high: hard to fit, e.g. a mislabelled edge);
+:func:`write_explanations` / :func:`write_self_influence` write JSON and a TSV beside it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kgtrace.attribution.tracin import TracIn
+from kgtrace.data.dataset import Dataset
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.evaluation.evaluate import rank_queries
+from kgtrace.io import atomic_write_text
+from kgtrace.run import Run
+
+__all__ = ["explain_triples", "parse_triple", "self_influence_ranking", "write_explanations",
+           "write_self_influence"]
+
+EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "kind", "rank", "train_index", "head",
+                   "relation", "tail", "head_name", "relation_name", "tail_name", "influence")
+SELF_COLUMNS = ("rank", "train_index", "head", "relation", "tail", "head_name", "relation_name", "tail_name",
+                "self_influence")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_triple(dataset: Dataset, h: str | int, r: str | int, t: str | int) -> Tensor:
+    """Labels (or integer ids) -> LongTensor [3]; a label wins over an id of the same spelling.
+
+    An unknown label is a KgtraceError naming it and suggesting close labels.
+    """
+    problems, ids = [], []
+    for role, value, vocab in (("head", h, dataset.entities), ("relation", r, dataset.relations),
+                               ("tail", t, dataset.entities)):
+        kind = "relation" if role == "relation" else "entity"
+        text = str(value)
+        if text in vocab.to_id:
+            ids.append(vocab.to_id[text])
+            continue
+        if text.strip().isdigit() and int(text) < len(vocab):
+            ids.append(int(text))
+            continue
+        close = difflib.get_close_matches(text, vocab.labels, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else \
+            f"use a label from the run's {'rel_dict' if kind == 'relation' else 'node_dict'} or an id below {len(vocab)}"
+        problems.append(f"{role} {text!r}: unknown {kind}; {hint}")
+    if problems:
+        raise ConfigError(problems)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------- explanations
+
+
+def _triple_dict(ds: Dataset, triple: Sequence[int]) -> dict:
+    h, r, t = (int(x) for x in triple)
+    head, relation, tail = ds.entity_label(h), ds.relation_label(r), ds.entity_label(t)
+    return {"head": head, "relation": relation, "tail": tail, "head_name": ds.entity_name(head),
+            "relation_name": ds.relation_name(relation), "tail_name": ds.entity_name(tail)}
+
+
+def _per_checkpoint(run: Run, tracin: TracIn, train_positions: Tensor, test: Tensor | None) -> Tensor:
+    """Influence [n_checkpoints, n_test, k] (or self-influence [n_checkpoints, k]) of the chosen training rows.
+
+    train_positions index ``tracin.train_indices``; one TracIn per checkpoint, over only those rows.
+    """
+    rows = tracin.train_indices[train_positions]
+    parts = []
+    for info in tracin.checkpoints:
+        one = TracIn(run, params=tracin.names, checkpoints=[info.epoch], device=tracin.device, path=tracin.path,
+                     train_indices=rows, chunk_size=tracin.chunk_size)
+        parts.append(one.self_influence() if test is None else one.influence(test))
+    return torch.stack(parts).double()
+
+
+def _shares(parts: Tensor) -> list[list[float]]:
+    """Each checkpoint's fraction of the total, per column of parts [C, k]; sums to 1 (equal when total is 0)."""
+    total = parts.sum(0, keepdim=True)
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    shares = torch.where(total == 0, torch.full_like(parts, 1.0 / len(parts)), parts / safe)
+    return shares.T.tolist()
+
+
+def explain_triples(run: Run, tracin: TracIn, test: Tensor, top_k: int) -> list[dict]:
+    """Per test triple [n, 3]: the triple, its score and filtered ranks, top-k proponents and opponents.
+
+    Influences are ``tracin.influence(test)``; ``checkpoint_shares`` gives each checkpoint's
+    (``tracin.checkpoints``, oldest first) fraction of an influence (signed, summing to 1).
+    """
+    ds = run.dataset
+    test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
+    if top_k < 1:
+        raise ConfigError([f"top_k={top_k}: must be at least 1"])
+    device = next(run.model.parameters()).device
+    run.model.eval()
+    with torch.no_grad():
+        scores = run.model.score_hrt(test.to(device)).float().cpu()
+    ranks = rank_queries(run.model, test, known=ds.all_triples())
+    realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
+    influence = tracin.influence(test)  # [n, n_train]
+    k = min(int(top_k), influence.shape[1])
+    epochs = [c.epoch for c in tracin.checkpoints]
+    top = torch.topk(influence, k, dim=1, largest=True, sorted=True)
+    bottom = torch.topk(influence, k, dim=1, largest=False, sorted=True)
+    chosen = torch.cat([top.indices, bottom.indices], dim=1)  # [n, 2k] positions in tracin.train_indices
+    union, inverse = torch.unique(chosen, return_inverse=True)
+    parts = _per_checkpoint(run, tracin, union, test)  # [C, n, U]
+    per = torch.gather(parts, 2, inverse.unsqueeze(0).expand(len(parts), -1, -1))  # [C, n, 2k]
+    items = []
+    for i, triple in enumerate(test):
+        shares = _shares(per[:, i, :])
+        item = {"test": {"ids": [int(x) for x in triple], **_triple_dict(ds, triple)},
+                "score": float(scores[i]),
+                "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
+                "checkpoints": epochs}
+        for kind, found, offset in (("proponents", top, 0), ("opponents", bottom, k)):
+            item[kind] = [_influencer(ds, tracin, int(p), float(v), shares[offset + j])
+                          for j, (p, v) in enumerate(zip(found.indices[i], found.values[i]))]
+        items.append(item)
+    return items
+
+
+def _influencer(ds: Dataset, tracin: TracIn, position: int, value: float, shares: list[float],
+                key: str = "influence") -> dict:
+    index = int(tracin.train_indices[position])
+    return {"train_index": index, **_triple_dict(ds, ds.train[index]), key: value, "checkpoint_shares": shares}
+
+
+def self_influence_ranking(run: Run, tracin: TracIn, top_k: int) -> dict:
+    """Training triples by self-influence, highest (most suspicious) first.
+
+    Returns {"checkpoints", "top": top-k dicts with checkpoint shares, "all": every triple, ranked}.
+    """
+    if top_k < 1:
+        raise ConfigError([f"top_k={top_k}: must be at least 1"])
+    ds = run.dataset
+    values = tracin.self_influence()
+    order = torch.argsort(values, descending=True, stable=True)
+    k = min(int(top_k), len(order))
+    shares = _shares(_per_checkpoint(run, tracin, order[:k], None))
+    top = [_influencer(ds, tracin, int(p), float(values[p]), shares[j], "self_influence")
+           for j, p in enumerate(order[:k])]
+    every = [{"train_index": int(tracin.train_indices[p]), **_triple_dict(ds, ds.train[tracin.train_indices[p]]),
+              "self_influence": float(values[p])} for p in order]
+    return {"checkpoints": [c.epoch for c in tracin.checkpoints], "top": top, "all": every}
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _tsv(value) -> str:
+    text = f"{value:.9g}" if isinstance(value, float) else str(value)
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
+def _tsv_path(path_json: str | Path) -> Path:
+    return Path(path_json).with_suffix(".tsv")
+
+
+def write_explanations(items: list[dict], path_json: str | Path) -> Path:
+    """Write ``items`` as JSON and a TSV beside it (same stem, .tsv, one row per influencer); returns the TSV path."""
+    atomic_write_text(path_json, json.dumps({"explanations": items}, indent=2) + "\n")
+    rows = ["\t".join(EXPLAIN_COLUMNS) + "\n"]
+    for i, item in enumerate(items):
+        test = item["test"]
+        for kind in ("proponents", "opponents"):
+            for rank, entry in enumerate(item[kind], 1):
+                values = [i, test["head"], test["relation"], test["tail"], kind[:-1], rank] + \
+                    [entry[c] for c in EXPLAIN_COLUMNS[6:]]
+                rows.append("\t".join(_tsv(v) for v in values) + "\n")
+    tsv = _tsv_path(path_json)
+    atomic_write_text(tsv, rows)
+    return tsv
+
+
+def write_self_influence(ranking: dict, path_json: str | Path) -> Path:
+    """Write the top of ``ranking`` as JSON and every triple, ranked, as a TSV beside it; returns the TSV path."""
+    atomic_write_text(path_json, json.dumps({"self_influence": {k: ranking[k] for k in ("checkpoints", "top")},
+                                             "num_train": len(ranking["all"])}, indent=2) + "\n")
+    rows = ["\t".join(SELF_COLUMNS) + "\n"]
+    for rank, entry in enumerate(ranking["all"], 1):
+        rows.append("\t".join(_tsv(v) for v in [rank] + [entry[c] for c in SELF_COLUMNS[1:]]) + "\n")
+    tsv = _tsv_path(path_json)
+    atomic_write_text(tsv, rows)
+    return tsv
+
+
+def check_path(path: str | Path) -> None:
+    """Refuse an output path that is not .json (the TSV goes beside it)."""
+    if Path(path).suffix.lower() != ".json":
+        raise KgtraceError(f"--out {path}: must end in .json (a .tsv is written beside it). Fix: e.g. --out explain.json")

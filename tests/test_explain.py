@@ -1,0 +1,141 @@
+"""kgtrace explain: TracIn explanations of triples and self-influence rankings, written as JSON + TSV."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kgtrace.attribution import TracIn
+from kgtrace.attribution.report import parse_triple
+from kgtrace.cli import main
+from kgtrace.config import TrainConfig
+from kgtrace.errors import KgtraceError
+from kgtrace.run import load_run
+from kgtrace.training.loop import train
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conve")
+    config = TrainConfig(dataset="nations", model="conve",
+                         model_args={"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}, epochs=3,
+                         checkpoint_every=1, eval_every=0, threads=1, device="cpu", seed=3, lr=0.01)
+    train(config, out, progress=False, log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(run_dir):
+    return load_run(run_dir)
+
+
+@pytest.fixture(scope="module")
+def influence(run):
+    """Influence [n_test, n_train] of the first two test triples, as the CLI computes it (defaults)."""
+    return TracIn(run, params="last", checkpoints="all").influence(run.dataset.test[:2])
+
+
+def explain(run_dir, tmp_path, *args, name="e.json"):
+    out = tmp_path / name
+    code = main(["explain", str(run_dir), *args, "--top-k", str(K), "--out", str(out), "--device", "cpu"])
+    assert code == 0
+    return json.loads(out.read_text()), out.with_suffix(".tsv").read_text().splitlines()
+
+
+def labels(run, triple):
+    ds = run.dataset
+    return [ds.entity_label(triple[0]), ds.relation_label(triple[1]), ds.entity_label(triple[2])]
+
+
+def test_explain_one_triple_by_labels(run_dir, run, influence, tmp_path, capsys):
+    triple = run.dataset.test[0]
+    data, tsv = explain(run_dir, tmp_path, "--triple", *labels(run, triple))
+    (item,) = data["explanations"]
+    assert item["test"]["ids"] == triple.tolist()
+    assert [item["test"][k] for k in ("head", "relation", "tail")] == labels(run, triple)
+    assert item["checkpoints"] == [1, 2, 3]
+    assert set(item["rank"]) == {"head", "tail"} and all(1 <= r <= run.dataset.num_entities for r in item["rank"].values())
+    with torch.no_grad():
+        assert item["score"] == pytest.approx(float(run.model.score_hrt(triple.view(1, 3))[0]), rel=1e-5)
+
+    row = influence[0]
+    pro = [e["influence"] for e in item["proponents"]]
+    opp = [e["influence"] for e in item["opponents"]]
+    assert len(pro) == len(opp) == K
+    assert pro == sorted(pro, reverse=True) and opp == sorted(opp)
+    assert torch.allclose(torch.tensor(pro), torch.topk(row, K).values, rtol=1e-6, atol=0)
+    assert torch.allclose(torch.tensor(opp), torch.topk(row, K, largest=False).values, rtol=1e-6, atol=0)
+    for entry in item["proponents"] + item["opponents"]:
+        assert entry["influence"] == pytest.approx(float(row[entry["train_index"]]), rel=1e-6)
+        assert [entry[k] for k in ("head", "relation", "tail")] == labels(run, run.dataset.train[entry["train_index"]])
+        assert len(entry["checkpoint_shares"]) == 3 and sum(entry["checkpoint_shares"]) == pytest.approx(1, abs=1e-9)
+
+    assert tsv[0].split("\t")[:6] == ["test_index", "test_head", "test_relation", "test_tail", "kind", "rank"]
+    assert len(tsv) == 1 + 2 * K
+    assert [r.split("\t")[4] for r in tsv[1:]] == ["proponent"] * K + ["opponent"] * K
+    printed = capsys.readouterr().out
+    assert "proponents" in printed and "opponents" in printed and item["test"]["head_name"] in printed
+
+
+def test_checkpoint_shares_match_per_epoch_tracin(run_dir, run, tmp_path):
+    triple = run.dataset.test[0]
+    data, _ = explain(run_dir, tmp_path, "--triple", *labels(run, triple))
+    entry = data["explanations"][0]["proponents"][0]
+    parts = torch.tensor([float(TracIn(run, checkpoints=[e]).influence(triple)[0, entry["train_index"]])
+                          for e in (1, 2, 3)], dtype=torch.float64)
+    assert entry["checkpoint_shares"] == pytest.approx((parts / parts.sum()).tolist(), abs=1e-5)
+
+
+def test_ids_work_as_well_as_labels(run_dir, run, tmp_path):
+    triple = run.dataset.test[0]
+    by_labels, _ = explain(run_dir, tmp_path, "--triple", *labels(run, triple), name="a.json")
+    by_ids, _ = explain(run_dir, tmp_path, "--triple", *map(str, triple.tolist()), name="b.json")
+    assert by_ids == by_labels
+    assert parse_triple(run.dataset, *triple.tolist()).tolist() == triple.tolist()
+
+
+def test_unknown_label_exits_2_with_suggestion(run_dir, run, tmp_path):
+    head, relation, tail = labels(run, run.dataset.test[0])
+    result = subprocess.run([sys.executable, "-m", "kgtrace", "explain", str(run_dir), "--triple", head[:-1] + "x",
+                             relation, tail, "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and head[:-1] + "x" in result.stderr and repr(head) in result.stderr
+    assert not (tmp_path / "x.json").exists()
+    with pytest.raises(KgtraceError, match="unknown relation"):
+        parse_triple(run.dataset, head, "no-such-relation", tail)
+
+
+def test_triples_file_gives_one_entry_per_line(run_dir, run, influence, tmp_path):
+    file = tmp_path / "q.tsv"
+    file.write_text("".join("\t".join(labels(run, t)) + "\n" for t in run.dataset.test[:2]))
+    data, tsv = explain(run_dir, tmp_path, "--triples", str(file))
+    items = data["explanations"]
+    assert [i["test"]["ids"] for i in items] == run.dataset.test[:2].tolist()
+    for item, row in zip(items, influence):
+        assert torch.allclose(torch.tensor([e["influence"] for e in item["proponents"]]), torch.topk(row, K).values,
+                              rtol=1e-6, atol=0)
+    assert len(tsv) == 1 + 2 * 2 * K
+
+
+def test_self_influence_ranking(run_dir, run, tmp_path, capsys):
+    data, tsv = explain(run_dir, tmp_path, "--self")
+    expected = TracIn(run).self_influence()
+    top = data["self_influence"]["top"]
+    values = [e["self_influence"] for e in top]
+    assert len(top) == K and values == sorted(values, reverse=True)
+    assert torch.allclose(torch.tensor(values), torch.topk(expected, K).values, rtol=1e-6, atol=0)
+    for e in top:
+        assert sum(e["checkpoint_shares"]) == pytest.approx(1, abs=1e-9)
+        assert all(s >= 0 for s in e["checkpoint_shares"])  # self-influence is a sum of non-negative terms
+    rows = [r.split("\t") for r in tsv[1:]]
+    assert len(rows) == len(run.dataset.train) == data["num_train"]
+    column = torch.tensor([float(r[-1]) for r in rows])
+    assert bool((column[:-1] >= column[1:]).all())
+    got = torch.zeros(len(rows))
+    got[[int(r[1]) for r in rows]] = column
+    assert torch.allclose(got, expected, rtol=1e-6, atol=0)
+    assert "most self-influential" in capsys.readouterr().out
