@@ -1,0 +1,282 @@
+"""TracIn on one ConvE run: kgtrace against Captum's TracInCPFast (and, optionally, TracInCP); print JSON.
+
+One run, one model, the same epoch checkpoints (each weighed by its recorded lr) and data:
+ConvE (dim 200, kgtrace's defaults) trained on UMLS for --epochs epochs with a checkpoint
+every --checkpoint-every epochs (or an existing run, --run DIR). Influence of all training
+triples on the first n test triples, n in --n-test, loss l = softplus(-score) =
+BCE-with-logits against label 1, model in eval mode. Each (tool, n_test) cell runs in its
+own process at --threads threads, so peak RSS is that cell's alone; a cell's seconds cover
+building the tool and computing the [n_test, n_train] influence (not loading the run).
+
+Cells:
+
+* ours/last:    ``TracIn(run, params="last")`` (fc.weight, fc.bias, entity_bias; fast path).
+* ours/fc.weight: ``params=["fc.weight"]``, the set Captum's TracInCPFast computes (see below).
+* captum_fast:  ``captum.influence.TracInCPFast`` with ``final_fc_layer`` = ConvE's ``fc``.
+* ours/fc:      ``params=["fc.weight", "fc.bias"]``, the set TracInCP(layers=["model.fc"]) computes.
+* captum_cp:    ``captum.influence.TracInCP`` (per-example full gradients of fc), only
+  with --with-tracincp and only for n_test=1: it is slow (an issue measured 344 s, 8.8 GB).
+* ours/all:     ``params="all"`` (general path, torch.func per-sample gradients), unless
+  --skip-all; compared in time with ours/last.
+
+How Captum sees ConvE. TracInCPFast's trick needs the *model output* to be the output of its
+final nn.Linear: it takes x = that layer's input (a forward hook) and J = d loss / d model
+output (``torch.autograd.functional.jacobian`` of the loss on the model's output), and per
+checkpoint scores lr * <J, J'> * <x, x'>, i.e. exactly the inner product of the per-example
+*weight* gradients J x^T. It has no bias term (captum 0.9.0, ``_influence_batch_tracincp_fast``),
+so it is compared with our influence over ["fc.weight"] only. ConvE's score is not fc's
+output (fc -> bn2 -> relu -> dot with the tail embedding + tail bias), so:
+
+* ``CaptumConvE(hrt)`` returns fc's output z = fc(features(h, r)) [B, D] (so final_fc_layer
+  is ``model.fc``) and remembers the batch's tails;
+* ``ScoreLoss(z, label)`` finishes the score, relu(bn2(z)) . e_t + b_t, and returns
+  BCE-with-logits against the label (1 for every triple) with the reduction Captum asks for
+  ("sum" for TracInCPFast, "none" for TracInCP). d loss / dz is then exactly kgtrace's delta.
+
+Eval semantics: ``CaptumConvE.train(mode)`` ignores ``mode`` and keeps every submodule in eval
+mode (BatchNorm on running statistics, dropout off), whatever Captum calls; ``forward``
+asserts it. The training set is a ``TensorDataset(hrt, ones)``; ``checkpoints_load_func``
+loads our checkpoint file (``torch.load(weights_only=True)`` via kgtrace's loader) into the
+wrapper and returns its lr.
+
+Differences are reported against our influence over the same parameters:
+``max_rel_diff`` = max |captum - ours| / max |ours|, and ``max_elementwise_rel_diff`` =
+max |captum - ours| / |ours| over the entries with |ours| > 1e-3 max |ours|.
+
+    python benchmarks/tracin_vs_captum.py [--run DIR] [--epochs 8] [--checkpoint-every 2]
+        [--n-test 1,100] [--threads 1] [--with-tracincp] [--skip-all]
+
+Needs Captum (``pip install captum==0.9.0`` beside kgtrace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PARAM_SETS = {"last": "last", "fc.weight": ["fc.weight"], "fc": ["fc.weight", "fc.bias"], "all": "all"}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def train_run(folder: Path, epochs: int, checkpoint_every: int, seed: int, threads: int) -> None:
+    import kgtrace
+
+    config = kgtrace.TrainConfig(dataset="umls", model="conve", model_args={"embedding_dim": 200}, epochs=epochs,
+                                 checkpoint_every=checkpoint_every, eval_every=0, seed=seed, threads=threads,
+                                 device="cpu")
+    kgtrace.train(config, folder, progress=False, log=lambda *_: None)
+
+
+# --- Captum's view of ConvE ----------------------------------------------------------------------
+
+def captum_classes():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class CaptumConvE(nn.Module):
+        """ConvE cut at fc: forward(hrt [B, 3]) -> fc output [B, D]; always in eval mode."""
+
+        def __init__(self, model: nn.Module):
+            super().__init__()
+            self.model = model.eval()
+            self.tails = None
+
+        def train(self, mode: bool = True):  # Captum may switch modes: keep eval semantics
+            return super().train(False)
+
+        def forward(self, hrt):
+            assert not self.model.training, "CaptumConvE must stay in eval mode"
+            self.tails = hrt[:, 2]
+            return self.model.fc(self.model._features(hrt[:, :2]))
+
+    class ScoreLoss(nn.Module):
+        """Finish ConvE's score from fc's output z and return BCE-with-logits against the label."""
+
+        def __init__(self, wrapper: CaptumConvE, reduction: str):
+            super().__init__()
+            self.wrapper = wrapper
+            self.reduction = reduction
+
+        def forward(self, z, label):
+            m = self.wrapper.model
+            y = m.bn2(z) if m.bn2 is not None else z  # eval: running statistics; output dropout is identity
+            tails = self.wrapper.tails
+            score = torch.linalg.vecdot(F.relu(y), m.entity_embeddings[tails]) + m.entity_bias[tails]
+            return F.binary_cross_entropy_with_logits(score, label, reduction=self.reduction)
+
+    return CaptumConvE, ScoreLoss
+
+
+def captum_influence(run, test, kind: str, batch_size: int):
+    import torch
+    from captum.influence import TracInCP, TracInCPFast
+    from torch.utils.data import TensorDataset
+
+    import copy
+
+    from kgtrace.training.checkpoint import load_checkpoint
+
+    CaptumConvE, ScoreLoss = captum_classes()
+    wrapper = CaptumConvE(copy.deepcopy(run.model))
+    lrs = {str(c.path): c.lr for c in run.checkpoints}
+
+    def load(model, path):
+        state = load_checkpoint(path)  # torch.load(weights_only=True)
+        model.model.load_state_dict(state["model_state"])
+        model.eval()
+        assert float(state["lr"]) == lrs[str(path)]
+        return float(state["lr"])
+
+    train = run.dataset.train
+    data = TensorDataset(train, torch.ones(len(train)))
+    paths = [str(c.path) for c in run.checkpoints]
+    if kind == "fast":
+        tracin = TracInCPFast(wrapper, wrapper.model.fc, data, paths, checkpoints_load_func=load,
+                              loss_fn=ScoreLoss(wrapper, "sum"), batch_size=batch_size)
+    else:
+        tracin = TracInCP(wrapper, data, paths, checkpoints_load_func=load, layers=["model.fc"],
+                          loss_fn=ScoreLoss(wrapper, "none"), batch_size=batch_size,
+                          sample_wise_grads_per_batch=False)
+    return tracin.influence((test, torch.ones(len(test))))
+
+
+# --- one cell per process ---------------------------------------------------------------------------
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    import kgtrace
+    from kgtrace.attribution import TracIn
+
+    torch.set_num_threads(args.threads)
+    run = kgtrace.load_run(args.run, "last")
+    test = run.dataset.test[: args.n]
+    start = time.perf_counter()
+    if args.worker.startswith("ours:"):
+        tracin = TracIn(run, params=PARAM_SETS[args.worker.split(":", 1)[1]])
+        scores = tracin.influence(test)
+        path = tracin.path
+    else:
+        scores = captum_influence(run, test, "fast" if args.worker == "captum_fast" else "cp", args.batch_size)
+        path = args.worker
+    seconds = time.perf_counter() - start
+    torch.save(scores.detach().float().cpu(), args.save)
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "path": path,
+                      "shape": list(scores.shape)}))
+
+
+def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
+    save = scratch / f"{tool.replace(':', '_')}_{n}.pt"
+    batch = args.cp_batch_size if tool == "captum_cp" else args.batch_size
+    cmd = [sys.executable, __file__, "--worker", tool, "--run", str(run), "--n", str(n),
+           "--threads", str(args.threads), "--batch-size", str(batch), "--save", str(save)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cell_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.cell_timeout} s"}
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit status {done.returncode}"}
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["scores_file"] = str(save)
+    return out
+
+
+def differences(theirs: Path, ours: Path) -> dict:
+    import torch
+
+    a, b = torch.load(theirs).double(), torch.load(ours).double()
+    if a.shape != b.shape:
+        return {"max_rel_diff": None, "shape_mismatch": [list(a.shape), list(b.shape)]}
+    diff = (a - b).abs()
+    scale = b.abs().max().clamp_min(1e-300)
+    big = b.abs() > 1e-3 * scale
+    return {"max_rel_diff": float(diff.max() / scale),
+            "max_elementwise_rel_diff": float((diff[big] / b.abs()[big]).max()) if big.any() else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", help="an existing kgtrace ConvE run folder (default: train one into a temp folder)")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--checkpoint-every", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-test", default="1,100", help="numbers of test triples (first n of the test split)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=4096, help="TracInCPFast's training batch size")
+    parser.add_argument("--cp-batch-size", type=int, default=128,
+                        help="TracInCP's training batch size (it holds batch x |fc| per-example gradients)")
+    parser.add_argument("--with-tracincp", action="store_true", help="also Captum TracInCP, n_test=1 only (slow)")
+    parser.add_argument("--skip-all", action="store_true", help='skip our params="all" (general path) cells')
+    parser.add_argument("--cell-timeout", type=int, default=3600, help="seconds before a cell is abandoned")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        if args.run:
+            run = Path(args.run)
+        else:
+            run = scratch / "run"
+            start = time.perf_counter()
+            train_run(run, args.epochs, args.checkpoint_every, args.seed, args.threads)
+            print(json.dumps({"trained": str(run), "seconds": time.perf_counter() - start}), file=sys.stderr)
+        import kgtrace
+
+        info = kgtrace.load_run(run, "last")
+        setup = {"run": str(args.run) if args.run else "temporary", "dataset": info.config.dataset,
+                 "model": info.config.model, "model_args": info.config.model_args,
+                 "n_train": len(info.dataset.train),
+                 "checkpoints": [{"epoch": c.epoch, "lr": c.lr} for c in info.checkpoints],
+                 "threads": args.threads, "captum_fast_batch_size": args.batch_size,
+                 "captum_cp_batch_size": args.cp_batch_size}
+        del info
+        results = []
+        for n in (int(x) for x in args.n_test.split(",")):
+            tools = ["ours:last", "ours:fc.weight", "captum_fast"]
+            if args.with_tracincp and n == 1:
+                tools += ["ours:fc", "captum_cp"]
+            if not args.skip_all:
+                tools.append("ours:all")
+            row = {"n_test": n}
+            for tool in tools:
+                row[tool] = cell(tool, n, args, run, scratch)
+                print(json.dumps({"n_test": n, tool: row[tool]}), file=sys.stderr)
+            for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc")):
+                t, o = row.get(theirs), row.get(ours)
+                if t and o and "error" not in t and "error" not in o:
+                    t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
+                    t["compared_with"] = ours
+                    row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
+                    row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
+                    last = row["ours:last"]
+                    if "error" not in last:
+                        row[f"seconds_ratio_{theirs}_over_ours:last"] = t["seconds"] / last["seconds"]
+            a, last = row.get("ours:all"), row["ours:last"]
+            if a and "error" not in a and "error" not in last:
+                row["seconds_ratio_ours:all_over_ours:last"] = a["seconds"] / last["seconds"]
+            for value in row.values():
+                if isinstance(value, dict):
+                    value.pop("scores_file", None)
+            results.append(row)
+    print(json.dumps({"benchmark": "tracin_vs_captum", "setup": setup, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
