@@ -197,7 +197,7 @@ def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) 
 def differences(theirs: Path, ours: Path) -> dict:
     import torch
 
-    a, b = torch.load(theirs).double(), torch.load(ours).double()
+    a, b = torch.load(theirs, weights_only=True).double(), torch.load(ours, weights_only=True).double()
     if a.shape != b.shape:
         return {"max_rel_diff": None, "shape_mismatch": [list(a.shape), list(b.shape)]}
     diff = (a - b).abs()
