@@ -230,8 +230,6 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import torch
-
     from kgtrace.evaluation.evaluate import Candidates, metrics_of, rank_queries
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
@@ -250,7 +248,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ds = run.dataset
     compile_ = device.type == "cuda" if args.compile is None else args.compile
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
-    known = torch.cat([ds.train, ds.valid] + ([ds.test] if args.split == "test" else []))
+    known = ds.known_triples(args.split)
     ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
                          memory_budget=budget)
     metrics = metrics_of(ranks, ks)
@@ -369,15 +367,12 @@ def print_self_influence(ranking: dict) -> None:
 
 def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30) -> dict:
     """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports."""
-    import torch
-
     from kgtrace.evaluation.evaluate import evaluate
     from kgtrace.run import load_run
 
     run = load_run(run_dir)
     ds = run.dataset
-    known = [ds.train, ds.valid] + ([ds.test] if split == "test" else [])
-    return evaluate(run.model, getattr(ds, split), known=torch.cat(known), memory_budget=memory_budget)
+    return evaluate(run.model, getattr(ds, split), known=ds.known_triples(split), memory_budget=memory_budget)
 
 
 def write_json(data: dict, path: str | Path) -> None:

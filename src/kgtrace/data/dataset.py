@@ -83,6 +83,11 @@ class Dataset:
         """train, valid and test concatenated: LongTensor ``[n_train + n_valid + n_test, 3]``."""
         return torch.cat([self.train, self.valid, self.test])
 
+    def known_triples(self, split: str) -> torch.Tensor:
+        """The true triples that filter the ranking of ``split``: all three splits for test,
+        train + valid for valid (validation never sees test)."""
+        return self.all_triples() if split == "test" else torch.cat([self.train, self.valid])
+
     def entity_label(self, i: int) -> str:
         return self.entities.labels[int(i)]
 

@@ -321,7 +321,7 @@ def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log) -> N
 def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, device: torch.device,
         progress: bool, log) -> TrainResult:
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
-    known_valid = AnswerIndex.build(torch.cat([dataset.train, dataset.valid]), dataset.num_relations)
+    known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     stopped_early = False
     while state.epoch < config.epochs and not stopped_early:
         lr = state.optimizer.param_groups[0]["lr"]
