@@ -1,27 +1,28 @@
-"""TracIn attribution: every path agrees with the per-triple autograd reference."""
+"""TracIn attribution: every path agrees with the per-triple autograd reference (UMLS, 4 checkpoints)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kgtrace.attribution import TracIn, select_parameters
+from kgtrace.attribution import tracin as tracin_module
 from kgtrace.attribution.reference import triple_gradient
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
-N_TRAIN = 120
 ARGS = {
     "conve": {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4},
     "distmult": {"embedding_dim": 16},
+    "complex": {"embedding_dim": 8},
 }
 
 
 def _train(tmp_path_factory, model):
     out = tmp_path_factory.mktemp(model)
-    config = TrainConfig(dataset="nations", model=model, model_args=ARGS[model], epochs=3, checkpoint_every=1,
-                         eval_every=0, threads=1, device="cpu", seed=5, lr=0.01, lr_decay=0.7)
+    config = TrainConfig(dataset="umls", model=model, model_args=ARGS[model], epochs=4, checkpoint_every=1,
+                         eval_every=0, threads=1, device="cpu", seed=5, lr=0.01, lr_decay=0.7, batch_size=256)
     train(config, out, progress=False, log=lambda *_: None)
     return load_run(out)
 
@@ -34,6 +35,24 @@ def conve_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def distmult_run(tmp_path_factory):
     return _train(tmp_path_factory, "distmult")
+
+
+@pytest.fixture(scope="module")
+def complex_run(tmp_path_factory):
+    return _train(tmp_path_factory, "complex")
+
+
+def probe(run):
+    """Three test triples and one whose head is its tail (both entity slots on one row)."""
+    return torch.cat([run.dataset.test[:3], torch.tensor([[5, 3, 5]])])
+
+
+def subset(run, test, n_shared=60, step=40):
+    """Training rows: every step-th, plus some sharing an entity with the test triples (so rows meet)."""
+    train = run.dataset.train
+    entities = test[:, [0, 2]].reshape(-1)
+    shares = (train[:, [0, 2]].unsqueeze(-1) == entities).any(-1).any(-1).nonzero().squeeze(1)
+    return torch.unique(torch.cat([torch.arange(0, len(train), step), shares[::3][:n_shared]]))
 
 
 def assert_agrees(got, ref):
@@ -55,48 +74,59 @@ def test_select_parameters(conve_run, distmult_run):
         select_parameters(conve_run.model, "first")
 
 
-def test_options_are_checked(conve_run, distmult_run):
-    with pytest.raises(ConfigError, match="epoch"):
-        TracIn(conve_run, checkpoints=[99])
-    with pytest.raises(ConfigError, match="path='fast'"):
-        TracIn(distmult_run, path="fast")
-    with pytest.raises(ConfigError, match="path='fast'"):
-        TracIn(conve_run, params="all", path="fast")
+def test_options_are_checked(conve_run):
+    with pytest.raises(ConfigError, match="epoch") as error:
+        TracIn(conve_run, checkpoints=[99], path="nope", precision="fp8", chunk_size=0)
+    assert len(error.value.problems) == 4  # all problems at once
+    with pytest.raises(ConfigError, match="fp16.*CUDA"):
+        TracIn(conve_run, precision="fp16")
     assert TracIn(conve_run).path == "fast"
-    assert TracIn(conve_run, params="all").path == "general"
-    assert TracIn(distmult_run).path == "general"
+    assert TracIn(conve_run, params="all").path == "fast"
+    assert TracIn(conve_run, params="all", path="general").path == "general"
 
 
 @pytest.mark.parametrize("model,params,paths", [
-    ("conve", "last", ["fast", "general"]),
-    ("conve", "all", ["general"]),
+    ("conve", "last", ["fast", "rows", "general"]),
+    ("conve", "all", ["fast", "rows"]),
     ("conve", ["fc.weight"], ["fast", "general"]),
-    ("conve", ["entity_bias", "conv.weight"], ["general"]),
-    ("distmult", "last", ["general"]),
-    ("distmult", "all", ["general"]),
+    ("conve", ["entity_embeddings"], ["fast", "rows"]),
+    ("conve", ["bn0.weight", "conv.weight", "bn1.bias", "relation_embeddings", "bn2.weight"], ["fast", "general"]),
+    ("distmult", "last", ["fast", "general"]),
+    ("distmult", "all", ["fast", "general"]),
+    ("complex", "all", ["fast", "general"]),
 ])
 def test_paths_agree_with_reference(request, model, params, paths):
     run = request.getfixturevalue(f"{model}_run")
-    subset = torch.arange(N_TRAIN)
-    test = run.dataset.test[:3]
-    ref = TracIn(run, params=params, path="reference", train_indices=subset).influence(test)
-    assert ref.abs().max() > 0
+    assert len(run.checkpoints) == 4
+    test = probe(run)
+    rows = subset(run, test)
+    ref = TracIn(run, params=params, path="reference", train_indices=rows).influence(test)
     for path in paths:
-        got = TracIn(run, params=params, path=path, train_indices=subset, chunk_size=50).influence(test)
+        got = TracIn(run, params=params, path=path, train_indices=rows, chunk_size=37).influence(test)
         assert_agrees(got, ref)
 
 
+def test_conve_all_includes_every_parameter(conve_run):
+    """'all' really is every parameter: dropping any one of them changes the influences."""
+    names = select_parameters(conve_run.model, "all")
+    assert set(names) == {n for n, _ in conve_run.model.named_parameters()}
+    test, rows = probe(conve_run)[:2], torch.arange(0, 600, 3)
+    full = TracIn(conve_run, params="all", train_indices=rows).influence(test)
+    for name in names:
+        rest = TracIn(conve_run, params=[n for n in names if n != name], train_indices=rows).influence(test)
+        assert not torch.equal(rest, full), name
+
+
 def test_checkpoints_weighed_by_lr(conve_run):
-    subset = torch.arange(30)
+    rows = torch.arange(30)
     test = conve_run.dataset.test[:2]
     lrs = [c.lr for c in conve_run.checkpoints]
-    assert len(lrs) == 3 and lrs[0] > lrs[1] > lrs[2]  # lr_decay recorded per checkpoint
-    parts = [TracIn(conve_run, checkpoints=[c.epoch], train_indices=subset).influence(test)
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] > lrs[-1]  # lr_decay recorded per checkpoint
+    parts = [TracIn(conve_run, checkpoints=[c.epoch], train_indices=rows).influence(test)
              for c in conve_run.checkpoints]
-    both = TracIn(conve_run, checkpoints=[1, 3], train_indices=subset).influence(test)
+    both = TracIn(conve_run, checkpoints=[1, 3], train_indices=rows).influence(test)
     torch.testing.assert_close(both, parts[0] + parts[2])
-    # The reference applies the same weights.
-    ref = TracIn(conve_run, checkpoints=[2], path="reference", train_indices=subset).influence(test)
+    ref = TracIn(conve_run, checkpoints=[2], path="reference", train_indices=rows).influence(test)
     assert_agrees(parts[1], ref)
 
 
@@ -127,34 +157,84 @@ def test_eval_mode_is_used(conve_run):
 
 
 def test_batch_of_one(conve_run):
-    got = TracIn(conve_run, train_indices=[5]).influence(conve_run.dataset.test[0])
+    got = TracIn(conve_run, params="all", train_indices=[5]).influence(conve_run.dataset.test[0])
     assert got.shape == (1, 1)
 
 
-@pytest.mark.parametrize("model,params", [("conve", "last"), ("conve", "all"), ("distmult", "last")])
+@pytest.mark.parametrize("model,params", [("conve", "last"), ("conve", "all"), ("distmult", "all")])
 def test_self_influence_is_the_diagonal(request, model, params):
     run = request.getfixturevalue(f"{model}_run")
-    subset = torch.arange(40, 100)
-    tracin = TracIn(run, params=params, train_indices=subset, chunk_size=25)
-    diagonal = tracin.influence(run.dataset.train[subset]).diagonal()
+    rows = torch.cat([torch.arange(40, 100), (run.dataset.train[:, 0] == run.dataset.train[:, 2]).nonzero()[:3, 0]])
+    tracin = TracIn(run, params=params, train_indices=rows, chunk_size=25)
+    diagonal = tracin.influence(run.dataset.train[rows]).diagonal()
     self_inf = tracin.self_influence()
-    assert self_inf.shape == (60,) and self_inf.dtype == torch.float32 and (self_inf > 0).all()
+    assert self_inf.shape == (len(rows),) and self_inf.dtype == torch.float32 and (self_inf > 0).all()
     torch.testing.assert_close(self_inf, diagonal, rtol=1e-4, atol=1e-4 * diagonal.abs().max().item())
+    per = tracin.checkpoint_self_influence()
+    assert per.shape == (4, len(rows)) and (per >= 0).all()
 
 
-def test_top_k(conve_run):
-    subset = torch.arange(200, 200 + N_TRAIN)
-    tracin = TracIn(conve_run, train_indices=subset)
-    test = conve_run.dataset.test[:2]
-    scores = tracin.influence(test)
-    results = tracin.top_k(test, k=5)
-    assert len(results) == 2
-    for row, res, triple in zip(scores, results, test):
-        assert torch.equal(res.test, triple)
-        assert (res.proponent_influence[:-1] >= res.proponent_influence[1:]).all()
-        assert (res.opponent_influence[:-1] <= res.opponent_influence[1:]).all()
-        assert res.proponent_influence[0] == row.max() and res.opponent_influence[0] == row.min()
-        # Indices are into dataset.train, not into the subset.
-        assert ((res.proponents >= 200) & (res.proponents < 200 + N_TRAIN)).all()
-        torch.testing.assert_close(row[res.proponents - 200], res.proponent_influence)
-        torch.testing.assert_close(row[res.opponents - 200], res.opponent_influence)
+def test_top_k_streams_to_the_same_answer(conve_run):
+    """top_k (one streaming pass, any chunking) equals the top of the full influence matrix."""
+    rows = torch.arange(200, 900)
+    test = conve_run.dataset.test[:3]
+    full = TracIn(conve_run, train_indices=rows).influence(test)
+    per_checkpoint = torch.stack([TracIn(conve_run, checkpoints=[c.epoch], train_indices=rows).influence(test)
+                                  for c in conve_run.checkpoints])  # [C, n, m]
+    for chunk in (64, 333, 4096):
+        results = TracIn(conve_run, train_indices=rows, chunk_size=chunk).top_k(test, k=5)
+        for i, (res, triple) in enumerate(zip(results, test)):
+            assert torch.equal(res.test, triple)
+            assert (res.proponent_influence[:-1] >= res.proponent_influence[1:]).all()
+            assert (res.opponent_influence[:-1] <= res.opponent_influence[1:]).all()
+            torch.testing.assert_close(res.proponent_influence, torch.topk(full[i], 5).values)
+            torch.testing.assert_close(res.opponent_influence, torch.topk(full[i], 5, largest=False).values)
+            # Indices are into dataset.train, not into the subset; parts split the influence by checkpoint.
+            assert ((res.proponents >= 200) & (res.proponents < 900)).all()
+            torch.testing.assert_close(full[i, res.proponents - 200], res.proponent_influence)
+            torch.testing.assert_close(res.proponent_parts, per_checkpoint[:, i, res.proponents - 200].T)
+            torch.testing.assert_close(res.opponent_parts.sum(1), res.opponent_influence)
+
+
+def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
+    rows, test = torch.arange(1000), conve_run.dataset.test[:2]
+    expected = TracIn(conve_run, train_indices=rows, chunk_size=100).top_k(test, k=4)
+    state = tmp_path / "state.pt"
+    monkeypatch.setattr(tracin_module, "SAVE_EVERY_S", 0.0)
+    tracin = TracIn(conve_run, train_indices=rows, chunk_size=100)
+    calls = {"n": 0}
+    real = tracin._factorise
+
+    def dying(model, triples):
+        calls["n"] += 1
+        if calls["n"] > 4 + 6 * 4:  # test factors once per checkpoint, then six chunks of four checkpoints
+            raise KeyboardInterrupt
+        return real(model, triples)
+
+    monkeypatch.setattr(tracin, "_factorise", dying)
+    with pytest.raises(KeyboardInterrupt):
+        tracin.top_k(test, k=4, state=state)
+    saved = torch.load(state, weights_only=True)
+    assert saved["next"] == 6
+    resumed = TracIn(conve_run, train_indices=rows, chunk_size=100)
+    seen = []
+    monkeypatch.setattr(resumed, "_factorise", lambda m, t: seen.append(len(t)) or real(m, t))
+    got = resumed.top_k(test, k=4, state=state)
+    assert len(seen) == 4 + 4 * 4  # test factors, then only the four chunks left
+    assert not state.exists()
+    for a, b in zip(got, expected):
+        assert torch.equal(a.proponents, b.proponents) and torch.equal(a.opponents, b.opponents)
+        torch.testing.assert_close(a.proponent_influence, b.proponent_influence)
+    # A state of another computation is not resumed from.
+    monkeypatch.setattr(resumed, "_factorise", real)
+    torch.save({"signature": "other", "next": 9, "data": {}}, state)
+    other = resumed.top_k(test, k=4, state=state)
+    assert torch.equal(other[0].proponents, expected[0].proponents)
+
+
+def test_bf16_precision_is_close(conve_run):
+    rows, test = torch.arange(0, 5216, 7), conve_run.dataset.test[:3]
+    exact = TracIn(conve_run, params="all", train_indices=rows).influence(test)
+    low = TracIn(conve_run, params="all", train_indices=rows, precision="bf16").influence(test)
+    error = ((low - exact).abs().max() / exact.abs().max()).item()
+    assert 0 < error < 0.05  # bf16 keeps 8 bits of mantissa: about 1e-2 relative, not exact

@@ -71,20 +71,6 @@ def _triple_dict(ds: Dataset, triple: Sequence[int]) -> dict:
             "relation_name": ds.relation_name(relation), "tail_name": ds.entity_name(tail)}
 
 
-def _per_checkpoint(run: Run, tracin: TracIn, train_positions: Tensor, test: Tensor | None) -> Tensor:
-    """Influence [n_checkpoints, n_test, k] (or self-influence [n_checkpoints, k]) of the chosen training rows.
-
-    train_positions index ``tracin.train_indices``; one TracIn per checkpoint, over only those rows.
-    """
-    rows = tracin.train_indices[train_positions]
-    parts = []
-    for info in tracin.checkpoints:
-        one = TracIn(run, params=tracin.names, checkpoints=[info.epoch], device=tracin.device, path=tracin.path,
-                     train_indices=rows, chunk_size=tracin.chunk_size)
-        parts.append(one.self_influence() if test is None else one.influence(test))
-    return torch.stack(parts).double()
-
-
 def _shares(parts: Tensor) -> list[list[float]]:
     """Each checkpoint's fraction of the total, per column of parts [C, k]; sums to 1 (equal when total is 0)."""
     total = parts.sum(0, keepdim=True)
@@ -93,11 +79,13 @@ def _shares(parts: Tensor) -> list[list[float]]:
     return shares.T.tolist()
 
 
-def explain_triples(run: Run, tracin: TracIn, test: Tensor, top_k: int) -> list[dict]:
+def explain_triples(run: Run, tracin: TracIn, test: Tensor, top_k: int, progress: bool = False,
+                    state: str | Path | None = None) -> list[dict]:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, top-k proponents and opponents.
 
-    Influences are ``tracin.influence(test)``; ``checkpoint_shares`` gives each checkpoint's
-    (``tracin.checkpoints``, oldest first) fraction of an influence (signed, summing to 1).
+    Influences come from one streaming pass (``tracin.top_k``; ``state`` lets a killed pass
+    resume); ``checkpoint_shares`` gives each checkpoint's (``tracin.checkpoints``, oldest
+    first) fraction of an influence (signed, summing to 1).
     """
     ds = run.dataset
     test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
@@ -109,36 +97,30 @@ def explain_triples(run: Run, tracin: TracIn, test: Tensor, top_k: int) -> list[
         scores = run.model.score_hrt(test.to(device)).float().cpu()
     ranks = rank_queries(run.model, test, known=ds.all_triples())
     realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
-    influence = tracin.influence(test)  # [n, n_train]
-    k = min(int(top_k), influence.shape[1])
     epochs = [c.epoch for c in tracin.checkpoints]
-    top = torch.topk(influence, k, dim=1, largest=True, sorted=True)
-    bottom = torch.topk(influence, k, dim=1, largest=False, sorted=True)
-    chosen = torch.cat([top.indices, bottom.indices], dim=1)  # [n, 2k] positions in tracin.train_indices
-    union, inverse = torch.unique(chosen, return_inverse=True)
-    parts = _per_checkpoint(run, tracin, union, test)  # [C, n, U]
-    per = torch.gather(parts, 2, inverse.unsqueeze(0).expand(len(parts), -1, -1))  # [C, n, 2k]
     items = []
-    for i, triple in enumerate(test):
-        shares = _shares(per[:, i, :])
+    for i, (triple, found) in enumerate(zip(test, tracin.top_k(test, top_k, progress=progress, state=state))):
         item = {"test": {"ids": [int(x) for x in triple], **_triple_dict(ds, triple)},
                 "score": float(scores[i]),
                 "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
                 "checkpoints": epochs}
-        for kind, found, offset in (("proponents", top, 0), ("opponents", bottom, k)):
-            item[kind] = [_influencer(ds, tracin, int(p), float(v), shares[offset + j])
-                          for j, (p, v) in enumerate(zip(found.indices[i], found.values[i]))]
+        for kind, index, values, parts in (("proponents", found.proponents, found.proponent_influence,
+                                            found.proponent_parts),
+                                           ("opponents", found.opponents, found.opponent_influence,
+                                            found.opponent_parts)):
+            shares = _shares(parts.T.double())
+            item[kind] = [_influencer(ds, int(j), float(v), shares[n]) for n, (j, v) in enumerate(zip(index, values))]
         items.append(item)
     return items
 
 
-def _influencer(ds: Dataset, tracin: TracIn, position: int, value: float, shares: list[float],
-                key: str = "influence") -> dict:
-    index = int(tracin.train_indices[position])
+def _influencer(ds: Dataset, index: int, value: float, shares: list[float], key: str = "influence") -> dict:
+    """A training triple (``index`` into ``ds.train``) with labels, names, its value and checkpoint shares."""
     return {"train_index": index, **_triple_dict(ds, ds.train[index]), key: value, "checkpoint_shares": shares}
 
 
-def self_influence_ranking(run: Run, tracin: TracIn, top_k: int) -> dict:
+def self_influence_ranking(run: Run, tracin: TracIn, top_k: int, progress: bool = False,
+                           state: str | Path | None = None) -> dict:
     """Training triples by self-influence, highest (most suspicious) first.
 
     Returns {"checkpoints", "top": top-k dicts with checkpoint shares, "all": every triple, ranked}.
@@ -146,13 +128,15 @@ def self_influence_ranking(run: Run, tracin: TracIn, top_k: int) -> dict:
     if top_k < 1:
         raise ConfigError([f"top_k={top_k}: must be at least 1"])
     ds = run.dataset
-    values = tracin.self_influence()
+    parts = tracin.checkpoint_self_influence(progress=progress, state=state).double()  # [C, n]
+    values = parts.sum(0)
     order = torch.argsort(values, descending=True, stable=True)
     k = min(int(top_k), len(order))
-    shares = _shares(_per_checkpoint(run, tracin, order[:k], None))
-    top = [_influencer(ds, tracin, int(p), float(values[p]), shares[j], "self_influence")
+    shares = _shares(parts[:, order[:k]])
+    index = tracin.train_indices
+    top = [_influencer(ds, int(index[p]), float(values[p]), shares[j], "self_influence")
            for j, p in enumerate(order[:k])]
-    every = [{"train_index": int(tracin.train_indices[p]), **_triple_dict(ds, ds.train[tracin.train_indices[p]]),
+    every = [{"train_index": int(index[p]), **_triple_dict(ds, ds.train[index[p]]),
               "self_influence": float(values[p])} for p in order]
     return {"checkpoints": [c.epoch for c in tracin.checkpoints], "top": top, "all": every}
 

@@ -6,32 +6,61 @@ where l(z) = softplus(-score_hrt(z)) is the triple's own BCE-with-logits loss ag
 label 1, gradients are taken over a parameter set (see :mod:`kgtrace.attribution.params`)
 and the model is in eval mode (BatchNorm on running statistics, dropout off).
 
-Paths: "reference" (per-triple autograd, float64; slow, for checking), "general"
-(torch.func per-sample gradients, chunked), "fast" (exact ConvE last-layer factorisation,
-see :mod:`kgtrace.attribution.fast`), "auto" (fast when available, else general).
+Paths, each giving per-triple gradients as :class:`~kgtrace.attribution.factors.Factors`:
+
+* "fast": exact factored gradients: ConvE's closed form (:mod:`.conve`), the embedding-row
+  form for DistMult and ComplEx (:mod:`.rows`);
+* "rows": the embedding-row form for any model in :data:`~.rows.ROW_TABLES`, other
+  parameters materialised per sample;
+* "general": every selected parameter materialised per sample (torch.func), any scorer;
+* "reference": per-triple autograd in float64, slow, for checking (:mod:`.reference`);
+* "auto": fast when the model has a factoriser, else general.
+
+Many test triples at once: the test triples' factors are computed once per checkpoint and
+kept; then one pass over the training set, chunk by chunk (sorted by (head, relation) so
+that ConvE computes each pair's fc input once), scores every test triple against the chunk
+at every checkpoint. :meth:`TracIn.top_k` and :meth:`TracIn.self_influence` keep only what
+they return, so their memory does not grow with the training set, and with ``state=FILE``
+they save their progress now and then so that a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from tqdm.auto import tqdm
 
-from kgtrace.attribution.fast import fast_available, fast_influence, fast_self_influence
-from kgtrace.attribution.grads import general_influence, general_self_influence
+from kgtrace.attribution.conve import conve_factors
+from kgtrace.attribution.factors import Factors, dot, self_dot
+from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.reference import reference_influence
+from kgtrace.attribution.rows import row_factors, row_tables
+from kgtrace.attribution.topk import RunningTopK
 from kgtrace.errors import ConfigError
+from kgtrace.io import atomic_open
 from kgtrace.run import Run
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
 
-__all__ = ["TopK", "TracIn"]
+__all__ = ["FACTORISERS", "TopK", "TracIn"]
 
-PATHS = ("auto", "reference", "general", "fast")
+PATHS = ("auto", "reference", "general", "rows", "fast")
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: Exact factored gradients per model class (the "fast" path).
+FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = {
+    "ConvE": conve_factors,
+    "DistMult": row_factors,
+    "ComplEx": row_factors,
+}
+SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress
 
 
 @dataclass
@@ -39,14 +68,18 @@ class TopK:
     """The most influential training triples for one test triple.
 
     proponents: train indices (into ``run.dataset.train``) with the largest influences,
-    descending; opponents: those with the smallest (most negative), ascending.
+    descending; opponents: those with the smallest (most negative), ascending. Ties go to the
+    lower index. ``*_parts`` split each influence into the checkpoints' lr-weighted terms, in
+    the order of ``TracIn.checkpoints`` (they sum to the influence).
     """
 
     test: Tensor  # [3] (head, relation, tail)
     proponents: Tensor  # LongTensor [k], indices into run.dataset.train
     proponent_influence: Tensor  # [k], descending
+    proponent_parts: Tensor  # [k, C]
     opponents: Tensor  # LongTensor [k]
     opponent_influence: Tensor  # [k], ascending
+    opponent_parts: Tensor  # [k, C]
 
 
 class TracIn:
@@ -55,13 +88,14 @@ class TracIn:
     run: a :class:`kgtrace.run.Run` (``kgtrace.load_run``); its model is copied, not changed.
     params: "last", "all" or a list of parameter names (:func:`select_parameters`).
     checkpoints: "all" or a list of epochs; each is weighed by its recorded lr.
-    path: "auto", "reference", "general" or "fast" (fast: ConvE with a subset of
-        fc.weight, fc.bias, entity_bias only).
+    path: "auto", "fast", "rows", "general" or "reference" (module doc).
     train_indices: restrict the training triples to these rows of ``run.dataset.train``
         (columns of :meth:`influence` follow their order); None: all.
-    chunk_size: training triples per chunk (bounds memory); None: 4096 for the fast path,
-        and for the general path as many as keep per-sample gradients near 1 GB (vmap's
-        intermediates measured at ~35x the gradients' own size on CPU), at most 256.
+    chunk_size: training triples per chunk (bounds memory); None: 4096 for the fast path;
+        for paths that materialise per-sample gradients, as many as keep them near 1 GB
+        (vmap's intermediates measured at ~35x the gradients' own size on CPU), at most 4096.
+    precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
+        products in that type (faster where the hardware has it, less exact: see the README).
     """
 
     def __init__(
@@ -70,53 +104,79 @@ class TracIn:
         params: str | Sequence[str] = "last",
         checkpoints: Literal["all"] | Sequence[int] = "all",
         device: str | torch.device = "cpu",
-        path: Literal["auto", "reference", "general", "fast"] = "auto",
+        path: Literal["auto", "reference", "general", "rows", "fast"] = "auto",
         train_indices: Tensor | Sequence[int] | None = None,
         chunk_size: int | None = None,
+        precision: Literal["fp32", "bf16", "fp16"] = "fp32",
     ):
-        problems = []
         self.device = torch.device(device)
         self.model = copy.deepcopy(run.model).to(self.device).eval()
         self.names = select_parameters(self.model, params)
-        if checkpoints == "all":
-            chosen = list(run.checkpoints)
-        else:
-            by_epoch = {c.epoch: c for c in run.checkpoints}
-            missing = [e for e in checkpoints if e not in by_epoch]
-            if missing:
-                problems.append(f"checkpoints: no epoch checkpoint for epoch(s) {missing}; "
-                                f"fix: use epochs from {sorted(by_epoch)}")
-            chosen = [by_epoch[e] for e in checkpoints if e in by_epoch]
-        if not chosen and not problems:
-            problems.append("checkpoints: none selected (the run has no epoch checkpoints?); "
-                            "fix: train with checkpoint_every > 0")
-        if path not in PATHS:
-            problems.append(f"path={path!r}: unknown; fix: use one of {list(PATHS)}")
-        elif path == "fast" and not fast_available(self.model, self.names):
-            problems.append(f"path='fast': only for ConvE with parameters among fc.weight, fc.bias, entity_bias "
-                            f"(have {type(self.model).__name__}, {self.names}); fix: use path='general'")
-        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-            problems.append(f"chunk_size={chunk_size!r}: must be a positive integer")
+        chosen, problems = _choose_checkpoints(run.checkpoints, checkpoints)
+        problems += self._path_problems(path, precision, chunk_size)
         if problems:
             raise ConfigError(problems)
-        if path == "auto":
-            path = "fast" if fast_available(self.model, self.names) else "general"
-        self.path = path
+        kind = type(self.model).__name__
+        self.path = ("fast" if kind in FACTORISERS else "general") if path == "auto" else path
+        self.precision = precision
         self.checkpoints: list[CheckpointInfo] = chosen
-        if chunk_size is None:
-            n_params = sum(dict(self.model.named_parameters())[n].numel() for n in self.names)
-            chunk_size = 4096 if path == "fast" else max(1, min(256, int(1e9 // (n_params * 4 * 35))))
-        self.chunk_size = chunk_size
+        self.chunk_size = chunk_size or self._default_chunk()
         train = run.dataset.train
-        if train_indices is None:
-            self.train_indices = torch.arange(len(train))
-        else:
-            self.train_indices = torch.as_tensor(train_indices, dtype=torch.long).reshape(-1)
+        self.train_indices = (torch.arange(len(train)) if train_indices is None
+                              else torch.as_tensor(train_indices, dtype=torch.long).reshape(-1))
         self.train = train[self.train_indices].to(self.device)
+        self._models: list[nn.Module] | None = None
 
-    def _states(self):
-        for info in self.checkpoints:
-            yield load_checkpoint(info.path, map_location=self.device)["model_state"], info.lr
+    # ------------------------------------------------------------------ setup
+
+    def _path_problems(self, path: str, precision: str, chunk_size: int | None) -> list[str]:
+        kind = type(self.model).__name__
+        problems = []
+        if path not in PATHS:
+            problems.append(f"path={path!r}: unknown; fix: use one of {list(PATHS)}")
+        elif path == "fast" and kind not in FACTORISERS:
+            problems.append(f"path='fast': no factored gradients for {kind} (have {sorted(FACTORISERS)}); "
+                            "fix: use path='general'")
+        elif path == "rows" and not row_tables(self.model):
+            problems.append(f"path='rows': {kind} declares no embedding tables; fix: use path='general'")
+        if precision not in PRECISIONS:
+            problems.append(f"precision={precision!r}: unknown; fix: use one of {list(PRECISIONS)}")
+        elif precision == "fp16" and self.device.type != "cuda":
+            problems.append("precision='fp16': needs CUDA (CPU float16 matmuls are slow and inexact); "
+                            "fix: use 'bf16' or 'fp32' on a CPU")
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            problems.append(f"chunk_size={chunk_size!r}: must be a positive integer")
+        return problems
+
+    def _default_chunk(self) -> int:
+        if self.path == "fast":
+            return 4096
+        params = dict(self.model.named_parameters())
+        tables = row_tables(self.model) if self.path == "rows" else {}
+        dense = sum(params[n].numel() for n in self.names if n not in tables)
+        return max(1, min(4096, int(1e9 // (max(dense, 1) * 4 * 35))))
+
+    def _checkpoint_models(self) -> list[nn.Module]:
+        """One eval-mode copy of the model per checkpoint, loaded once (model weights only, memory-mapped)."""
+        if self._models is None:
+            self._models = []
+            for info in self.checkpoints:
+                model = copy.deepcopy(self.model)
+                model.load_state_dict(load_checkpoint(info.path, map_location=self.device, mmap=True)["model_state"])
+                self._models.append(model.eval())
+        return self._models
+
+    def _factorise(self, model: nn.Module, triples: Tensor) -> Factors:
+        """Per-triple gradient factors of ``triples`` at one checkpoint's weights."""
+        if self.path == "fast":
+            function = FACTORISERS[type(model).__name__]
+        else:
+            function = row_factors if self.path == "rows" else dense_factors
+        dtype = PRECISIONS[self.precision]
+        if dtype == torch.float32:
+            return function(model, triples, self.names)
+        with torch.autocast(self.device.type, dtype=dtype):
+            return function(model, triples, self.names).to(dtype)
 
     def _check_test(self, test: Tensor) -> Tensor:
         test = torch.as_tensor(test, dtype=torch.long, device=self.device)
@@ -126,42 +186,167 @@ class TracIn:
             raise ConfigError([f"test: shape {tuple(test.shape)}; fix: pass a LongTensor [n, 3] of (h, r, t) ids"])
         return test
 
+    def _chunks(self) -> list[Tensor]:
+        """Positions in ``self.train``, sorted by (head, relation) and cut into chunks."""
+        num_ids = int(self.train[:, 1].max()) + 1 if len(self.train) else 1
+        order = torch.argsort(self.train[:, 0] * num_ids + self.train[:, 1], stable=True)
+        return list(order.split(self.chunk_size))
+
+    def _stream(self, test: Tensor | None, desc: str, progress: bool, state: "_State") -> Iterator[tuple[int, Tensor, Tensor]]:
+        """(chunk number, positions [c], lr-weighted parts [C, n_test, c] or [C, c] with test None), from state.next."""
+        models = self._checkpoint_models()
+        lrs = [c.lr for c in self.checkpoints]
+        with torch.no_grad():  # kept for the whole pass: each checkpoint's test factors, computed once
+            test_factors = None if test is None else [self._factorise(m, test) for m in models]
+        chunks = self._chunks()
+        bar = tqdm(total=len(chunks), initial=state.next, desc=desc, unit="chunk", disable=not progress,
+                   dynamic_ncols=True)
+        with bar, torch.no_grad():
+            for number in range(state.next, len(chunks)):
+                positions = chunks[number]
+                triples = self.train[positions]
+                if test is None:
+                    parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
+                else:
+                    parts = [lr * dot(tf, self._factorise(m, triples)) for m, lr, tf in zip(models, lrs, test_factors)]
+                yield number, positions, torch.stack(parts)
+                bar.update(1)
+
+    # ------------------------------------------------------------------ public
+
     def influence(self, test: Tensor) -> Tensor:
         """Influence [n_test, n_train] (float32) of each training triple on each test triple."""
         test = self._check_test(test)
         if self.path == "reference":
-            return reference_influence(self.model, self._states(), test, self.train, self.names).float().cpu()
-        step = fast_influence if self.path == "fast" else general_influence
+            states = ((load_checkpoint(c.path, map_location=self.device)["model_state"], c.lr) for c in self.checkpoints)
+            return reference_influence(self.model, states, test, self.train, self.names).float().cpu()
         total = torch.zeros(len(test), len(self.train), dtype=torch.float64, device=self.device)
-        for state, lr in self._states():
-            self.model.load_state_dict(state)
-            self.model.eval()
-            total += lr * step(self.model, test, self.train, self.names, self.chunk_size).double()
+        for _, positions, parts in self._stream(test, "influence", False, _State.fresh()):
+            total[:, positions] = parts.double().sum(0)
         return total.float().cpu()
 
-    def self_influence(self) -> Tensor:
-        """Self-influence [n_train] (float32): influence of each training triple on itself."""
-        if self.path == "reference":
-            # Slow: one row at a time keeps memory at [1, n_train] per triple.
-            return torch.stack([reference_influence(self.model, self._states(), z.view(1, 3), z.view(1, 3),
-                                                    self.names)[0, 0] for z in self.train]).float().cpu()
-        step = fast_self_influence if self.path == "fast" else general_self_influence
-        total = torch.zeros(len(self.train), dtype=torch.float64, device=self.device)
-        for state, lr in self._states():
-            self.model.load_state_dict(state)
-            self.model.eval()
-            total += lr * step(self.model, self.train, self.names, self.chunk_size).double()
-        return total.float().cpu()
+    def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None) -> list[TopK]:
+        """Per test triple, the k strongest proponents (descending) and opponents (ascending).
 
-    def top_k(self, test: Tensor, k: int = 10) -> list[TopK]:
-        """Per test triple, the k strongest proponents (descending) and opponents (ascending)."""
+        One streaming pass over the training set: memory holds the test triples' factors and
+        the running top-k, not [n_test, n_train]. state: a file to save progress to (and resume
+        from, when it holds progress of the same computation); removed when done.
+        """
         test = self._check_test(test)
-        scores = self.influence(test)
-        k = min(int(k), scores.shape[1])
-        out = []
-        for row, triple in zip(scores, test.cpu()):
-            top = torch.topk(row, k, largest=True, sorted=True)
-            bottom = torch.topk(row, k, largest=False, sorted=True)
-            out.append(TopK(triple, self.train_indices[top.indices], top.values,
-                            self.train_indices[bottom.indices], bottom.values))
-        return out
+        k = min(int(k), len(self.train))
+        if k < 1:
+            raise ConfigError([f"k={k}: must be at least 1 (and the training set non-empty)"])
+        if self.path == "reference":
+            return self._top_k_of(test, self.influence(test).unsqueeze(0), k)
+        best = RunningTopK(len(test), k, len(self.checkpoints), largest=True, device=self.device)
+        worst = RunningTopK(len(test), k, len(self.checkpoints), largest=False, device=self.device)
+        saved = _State.open(state, self._signature("top_k", test, k))
+        if saved.data:
+            best.load(saved.data["best"])
+            worst.load(saved.data["worst"])
+        for number, positions, parts in self._stream(test, "TracIn top-k", progress, saved):
+            best.update(parts, positions)
+            worst.update(parts, positions)
+            saved.step(number, lambda: {"best": best.state(), "worst": worst.state()})
+        saved.finish()
+        return [TopK(test[i].cpu(), self.train_indices[best.columns[i].cpu()], best.values[i].float().cpu(),
+                     best.parts[i].cpu(), self.train_indices[worst.columns[i].cpu()], worst.values[i].float().cpu(),
+                     worst.parts[i].cpu()) for i in range(len(test))]
+
+    def _top_k_of(self, test: Tensor, parts: Tensor, k: int) -> list[TopK]:
+        """Top-k from a full [C, n_test, n_train] (the reference path: one part, the total)."""
+        best = RunningTopK(len(test), k, parts.shape[0], largest=True)
+        worst = RunningTopK(len(test), k, parts.shape[0], largest=False)
+        columns = torch.arange(parts.shape[2])
+        best.update(parts, columns)
+        worst.update(parts, columns)
+        return [TopK(test[i].cpu(), self.train_indices[best.columns[i]], best.values[i].float(), best.parts[i],
+                     self.train_indices[worst.columns[i]], worst.values[i].float(), worst.parts[i])
+                for i in range(len(test))]
+
+    def checkpoint_self_influence(self, progress: bool = False, state: str | Path | None = None) -> Tensor:
+        """Each checkpoint's lr-weighted self-influence term, [C, n_train] float32 (sum over C: self-influence)."""
+        if self.path == "reference":
+            # Slow: one triple at a time keeps memory at [1, 1] per triple.
+            out = torch.zeros(len(self.checkpoints), len(self.train))
+            for c, info in enumerate(self.checkpoints):
+                one = [(load_checkpoint(info.path, map_location=self.device)["model_state"], info.lr)]
+                for j, z in enumerate(self.train):
+                    out[c, j] = reference_influence(self.model, one, z.view(1, 3), z.view(1, 3), self.names)[0, 0]
+            return out
+        saved = _State.open(state, self._signature("self", None, 0))
+        out = saved.data["parts"] if saved.data else torch.zeros(len(self.checkpoints), len(self.train),
+                                                                 device=self.device)
+        for number, positions, parts in self._stream(None, "TracIn self-influence", progress, saved):
+            out[:, positions] = parts
+            saved.step(number, lambda: {"parts": out})
+        saved.finish()
+        return out.cpu()
+
+    def self_influence(self, progress: bool = False, state: str | Path | None = None) -> Tensor:
+        """Self-influence [n_train] (float32): influence of each training triple on itself."""
+        return self.checkpoint_self_influence(progress, state).double().sum(0).float()
+
+    def _signature(self, kind: str, test: Tensor | None, k: int) -> str:
+        """What a saved state must match to be resumed: the same computation on the same inputs."""
+        h = hashlib.sha256()
+        for c in self.checkpoints:
+            stat = c.path.stat()
+            h.update(f"{c.path.resolve()}|{c.epoch}|{c.lr!r}|{stat.st_size}|{stat.st_mtime_ns};".encode())
+        h.update(f"{kind}|{self.names}|{self.path}|{self.precision}|{self.chunk_size}|{k};".encode())
+        h.update(self.train.cpu().numpy().tobytes())
+        if test is not None:
+            h.update(test.cpu().numpy().tobytes())
+        return h.hexdigest()
+
+
+def _choose_checkpoints(available: list[CheckpointInfo], wanted) -> tuple[list[CheckpointInfo], list[str]]:
+    if wanted == "all":
+        chosen, problems = list(available), []
+    else:
+        by_epoch = {c.epoch: c for c in available}
+        missing = [e for e in wanted if e not in by_epoch]
+        problems = [f"checkpoints: no epoch checkpoint for epoch(s) {missing}; fix: use epochs from "
+                    f"{sorted(by_epoch)}"] if missing else []
+        chosen = [by_epoch[e] for e in wanted if e in by_epoch]
+    if not chosen and not problems:
+        problems.append("checkpoints: none selected (the run has no epoch checkpoints?); "
+                        "fix: train with checkpoint_every > 0")
+    return chosen, problems
+
+
+class _State:
+    """Progress of a streaming pass, saved atomically to a file now and then (weights_only-loadable)."""
+
+    def __init__(self, path: Path | None, signature: str, next_chunk: int, data: dict | None):
+        self.path, self.signature, self.next, self.data = path, signature, next_chunk, data
+        self.saved_at = time.monotonic()
+
+    @classmethod
+    def fresh(cls) -> "_State":
+        return cls(None, "", 0, None)
+
+    @classmethod
+    def open(cls, path: str | Path | None, signature: str) -> "_State":
+        """Resume from ``path`` if it holds this computation's progress, else start at chunk 0."""
+        if path is None or not Path(path).is_file():
+            return cls(None if path is None else Path(path), signature, 0, None)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a foreign or damaged state file: start over (it is ours, and rewritten)
+            saved = {}
+        if saved.get("signature") != signature:
+            return cls(Path(path), signature, 0, None)
+        return cls(Path(path), signature, int(saved["next"]), saved["data"])
+
+    def step(self, number: int, data: Callable[[], dict]) -> None:
+        """Chunk ``number`` is done: save if it is time to."""
+        if self.path is not None and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
+            with atomic_open(self.path, "wb") as f:
+                torch.save({"signature": self.signature, "next": number + 1, "data": data()}, f)
+            self.saved_at = time.monotonic()
+
+    def finish(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+

@@ -169,20 +169,23 @@ class ConvE(nn.Module):
         """[B, 2] (head, relation) ids -> stacked input image [B, 1, 2*height, width]."""
         h = F.embedding(hr[:, 0], self.entity_embeddings)  # [B, D]
         r = F.embedding(hr[:, 1], self.relation_embeddings)  # [B, D]
+        return self._stack(h, r)
+
+    def _stack(self, h: Tensor, r: Tensor) -> Tensor:
+        """Head and relation vectors [B, D] each -> stacked input image [B, 1, 2*height, width]."""
         # Row-major [B, 2D] = h's D values then r's: viewed as [B, 1, 2H, W] this is h's
         # H x W image stacked on top of r's, with a single copy (the cat).
         x = torch.cat([h, r], dim=1)  # [B, 2D]
         return x.view(-1, 1, 2 * self.embedding_height, self.embedding_width)  # [B, 1, 2H, W]
 
-    def _patches(self, hr: Tensor) -> Tensor:
-        """[B, 2] ids -> bn0'd, input-dropped image cut into conv patches, taps first [K, B, L].
+    def _patches(self, x: Tensor) -> Tensor:
+        """Image [B, 1, 2H, W] -> bn0'd, input-dropped image cut into conv patches, taps first [K, B, L].
 
         K = kernel_height * kernel_width taps and L = conv_h * conv_w output positions, both
         row-major, so ``conv.weight.view(C, K) @ patches[:, b]`` is sample b's convolution
         (cross-correlation, as Conv2d) in NCHW order. Taps first keeps ``view(K, B * L)``
         copy-free for the patch statistics; K shifted slices stacked beat F.unfold on CPU.
         """
-        x = self._image(hr)
         if self.bn0 is not None:
             x = self.bn0(x)
         x = F.dropout(x, self.input_dropout, self.training)
@@ -220,13 +223,17 @@ class ConvE(nn.Module):
         return weight * scale.unsqueeze(1), bn.bias + (bias - mean) * scale
 
     def _features(self, hr: Tensor) -> Tensor:
-        """[B, 2] ids -> relu(dropout2d(bn1(conv(patches)))) flattened, [B, C * L].
+        """[B, 2] ids -> relu(dropout2d(bn1(conv(patches)))) flattened, [B, C * L] (fc's input)."""
+        return self._maps(self._image(hr))
+
+    def _maps(self, image: Tensor) -> Tensor:
+        """Image [B, 1, 2H, W] -> relu(dropout2d(bn1(conv(patches)))) flattened, [B, C * L].
 
         One batched matmul computes conv, bn1 and the feature-map dropout together: the
         dropout keeps or zeroes whole channels per sample with a non-negative scale m, and
         relu(z) * m == relu(z * m), so m is folded into per-sample weights [B, C, K].
         """
-        patches = self._patches(hr)  # [K, B, L]
+        patches = self._patches(image)  # [K, B, L]
         weight, bias = self._conv_affine(patches)  # [C, K], [C]
         batch, channels = patches.shape[1], weight.shape[0]
         p = self.feature_map_dropout

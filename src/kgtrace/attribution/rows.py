@@ -1,0 +1,68 @@
+"""Factored per-triple gradients for any model whose embedding tables are read by the triple's ids.
+
+A triple (h, r, t) reads an entity table only at rows h and t and a relation table only at
+row r (``score_hrt`` of every kgtrace model). So its loss is a function of those rows alone
+and its gradient over a table is zero elsewhere. Here each triple is scored against *local*
+tables holding just its rows, entity rows [h, t] and relation row [r], as the triple
+(0, 0, 1): the model's own ``score_hrt`` runs unchanged (``functional_call``), and
+``vmap(grad)`` gives each triple's row gradients [2, W] and [1, W] instead of [E, W] and
+[R, W]. Other parameters (ConvE's convolution, fc, batch norm) are differentiated densely.
+
+:data:`ROW_TABLES` says which parameters are tables and of which id space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from kgtrace.attribution.factors import Factors
+from kgtrace.attribution.grads import ScoreHRT
+
+__all__ = ["ROW_TABLES", "row_factors", "row_tables"]
+
+#: Per model class: embedding-table parameters and the id space that indexes them.
+ROW_TABLES: dict[str, dict[str, str]] = {
+    "ConvE": {"entity_embeddings": "entity", "entity_bias": "entity", "relation_embeddings": "relation"},
+    "DistMult": {"entity_embeddings": "entity", "relation_embeddings": "relation"},
+    "ComplEx": {"entity_embeddings": "entity", "relation_embeddings": "relation"},
+}
+#: Columns of (h, r, t) whose ids index a space's tables, i.e. its slots.
+SLOTS = {"entity": [0, 2], "relation": [1]}
+LOCAL_TRIPLE = (0, 0, 1)  # (h, r, t) in local ids: entity rows [h, t], relation row [r]
+
+
+def row_tables(model: nn.Module) -> dict[str, str]:
+    """The model's table parameters and their id spaces ({} for a model not in :data:`ROW_TABLES`)."""
+    return ROW_TABLES.get(type(model).__name__, {})
+
+
+def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
+    """Factored gradients of softplus(-score_hrt) of ``triples`` [n, 3] over ``names``; model in eval mode."""
+    tables = row_tables(model)
+    params = dict(model.named_parameters())
+    dense_names = [n for n in names if n not in tables]
+    diff = {f"model.{n}": params[n].detach() for n in dense_names}
+    local = {f"model.{n}": params[n].detach()[triples[:, SLOTS[space]]] for n, space in tables.items()}  # [n, S, ...]
+    hrt = torch.tensor([LOCAL_TRIPLE], device=triples.device)  # [1, 3]
+    wrapper = ScoreHRT(model)
+
+    def loss(d: dict[str, Tensor], rows: dict[str, Tensor]) -> Tensor:
+        return F.softplus(-functional_call(wrapper, {**d, **rows}, (hrt,))).sum()
+
+    with torch.enable_grad():
+        g_dense, g_rows = vmap(grad(loss, argnums=(0, 1)), in_dims=(None, 0), randomness="error")(diff, local)
+    n = len(triples)
+    dense = [g_dense[f"model.{name}"].reshape(n, -1) for name in dense_names]
+    rows = {}
+    for space, slots in SLOTS.items():
+        chosen = [n_ for n_ in names if tables.get(n_) == space]
+        if chosen:
+            # Tables of one space share ids: their row gradients sit side by side, [n, S, W].
+            grads = torch.cat([g_rows[f"model.{c}"].reshape(n, len(slots), -1) for c in chosen], dim=2)
+            rows[space] = (triples[:, slots], grads)
+    return Factors(n, torch.cat(dense, dim=1) if dense else None, rows)

@@ -1,0 +1,41 @@
+"""Running top-k over a stream of column chunks, independent of how the stream is chunked."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["RunningTopK"]
+
+
+class RunningTopK:
+    """The k largest (or smallest) totals per row seen so far, with their columns and per-checkpoint parts.
+
+    Ties are broken towards the lower column, so the result is the same whatever the chunking
+    or the order in which chunks arrive.
+    """
+
+    def __init__(self, rows: int, k: int, parts: int, largest: bool, device: torch.device | str = "cpu"):
+        self.k, self.largest = k, largest
+        self.values = torch.empty(rows, 0, dtype=torch.float64, device=device)  # [n, <=k]
+        self.columns = torch.empty(rows, 0, dtype=torch.long, device=device)  # [n, <=k]
+        self.parts = torch.empty(rows, 0, parts, dtype=torch.float32, device=device)  # [n, <=k, C]
+
+    def update(self, parts: Tensor, columns: Tensor) -> None:
+        """Merge a chunk: parts [C, n, c] (summed over C in float64) of the columns [c]."""
+        n = parts.shape[1]
+        values = torch.cat([self.values, parts.double().sum(0)], dim=1)  # [n, k + c]
+        cols = torch.cat([self.columns, columns.unsqueeze(0).expand(n, -1)], dim=1)  # [n, k + c]
+        per = torch.cat([self.parts, parts.permute(1, 2, 0)], dim=1)  # [n, k + c, C]
+        by_column = torch.argsort(cols, dim=1, stable=True)
+        values, cols = values.gather(1, by_column), cols.gather(1, by_column)
+        best = torch.argsort(values, dim=1, descending=self.largest, stable=True)[:, : self.k]  # [n, k]
+        per = per.gather(1, by_column.unsqueeze(2).expand_as(per))
+        self.values, self.columns = values.gather(1, best), cols.gather(1, best)
+        self.parts = per.gather(1, best.unsqueeze(2).expand(-1, -1, per.shape[2]))
+
+    def state(self) -> dict[str, Tensor]:
+        return {"values": self.values, "columns": self.columns, "parts": self.parts}
+
+    def load(self, state: dict[str, Tensor]) -> None:
+        self.values, self.columns, self.parts = state["values"], state["columns"], state["parts"]
