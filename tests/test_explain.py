@@ -139,3 +139,42 @@ def test_self_influence_ranking(run_dir, run, tmp_path, capsys):
     got[[int(r[1]) for r in rows]] = column
     assert torch.allclose(got, expected, rtol=1e-6, atol=0)
     assert "most self-influential" in capsys.readouterr().out
+
+
+def test_predict_explains_the_best_new_tails(run_dir, run, tmp_path):
+    head, relation = labels(run, run.dataset.test[0])[:2]
+    data, tsv = explain(run_dir, tmp_path, "--predict", head, relation, "--top-n", "3")
+    items = data["explanations"]
+    assert len(items) == 3 and len(tsv) == 1 + 3 * 2 * K
+    scores = [i["score"] for i in items]
+    assert scores == sorted(scores, reverse=True)
+    known = {tuple(t) for t in run.dataset.all_triples().tolist()}
+    h, r = run.dataset.entities.to_id[head], run.dataset.relations.to_id[relation]
+    assert all(i["test"]["ids"][:2] == [h, r] and tuple(i["test"]["ids"]) not in known for i in items)
+    with torch.no_grad():
+        row = run.model.score_t(torch.tensor([[h, r]]))[0]
+    new = [e for e in torch.argsort(row, descending=True).tolist() if (h, r, e) not in known]
+    assert [i["test"]["ids"][2] for i in items] == new[:3]
+
+
+def test_out_dir_writes_one_file_per_triple(run_dir, run, tmp_path):
+    file = tmp_path / "q.tsv"
+    file.write_text("".join("\t".join(labels(run, t)) + "\n" for t in run.dataset.test[:3]))
+    folder = tmp_path / "each"
+    assert main(["explain", str(run_dir), "--triples", str(file), "--top-k", "2", "--out-dir", str(folder),
+                 "--device", "cpu", "--no-progress"]) == 0
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [f"triple-{i:04d}.{ext}" for i in range(3) for ext in ("json", "tsv")]
+    one = json.loads((folder / "triple-0001.json").read_text())["explanations"]
+    assert len(one) == 1 and one[0]["test"]["ids"] == run.dataset.test[1].tolist()
+    assert not (tmp_path / "each.state").exists()  # progress file removed once done
+
+
+def test_explain_from_an_index(run_dir, run, tmp_path, capsys):
+    index = tmp_path / "index"
+    assert main(["index", str(run_dir), "--out", str(index), "--dim", "64", "--device", "cpu", "--no-progress"]) == 0
+    assert (index / "index.json").is_file() and "indexed" in capsys.readouterr().out
+    data, _ = explain(run_dir, tmp_path, "--triple", *labels(run, run.dataset.test[0]), "--index", str(index))
+    assert len(data["explanations"][0]["proponents"]) == K
+    # A second build into the same folder is refused, not overwritten.
+    assert main(["index", str(run_dir), "--out", str(index), "--device", "cpu"]) == 2

@@ -5,10 +5,12 @@ The public API, re-exported from the packages that own it::
     kgtrace.TrainConfig, kgtrace.train, kgtrace.resume    training into a run folder
     kgtrace.load_run                                      model + dataset + checkpoints of a run
     kgtrace.evaluate                                      filtered rank metrics of any scorer
+    kgtrace.TracIn                                        training triples' influence on predictions
     kgtrace.load_dataset, kgtrace.prepare                 datasets
     kgtrace.MODELS, kgtrace.build_model                   the model registry
 """
 
+from kgtrace.attribution import TracIn
 from kgtrace.config import TrainConfig
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.prepare import prepare
@@ -21,6 +23,6 @@ from kgtrace.training.loop import resume, train
 __version__ = "0.1.0"
 
 __all__ = [
-    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "Run", "TrainConfig", "build_model",
+    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "Run", "TrainConfig", "TracIn", "build_model",
     "evaluate", "load_dataset", "load_run", "prepare", "resume", "train",
 ]

@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("evaluate", add_evaluate_args, cmd_evaluate, "filtered rank metrics of a run on its test or valid split"),
         ("explain", add_explain_args, cmd_explain,
          "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
+        ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -292,8 +293,11 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                       help="explain one triple, given by labels or integer ids")
     what.add_argument("--triples", metavar="FILE",
                       help="explain every triple of a labelled file, head<TAB>relation<TAB>tail per line")
+    what.add_argument("--predict", nargs=2, metavar=("HEAD", "REL"),
+                      help="explain the model's best new tails of (HEAD, REL, ?) (see --top-n)")
     what.add_argument("--self", dest="self_influence", action="store_true",
                       help="rank every training triple by self-influence, highest (most suspicious) first")
+    p.add_argument("--top-n", type=int, default=10, help="with --predict: how many new tails to explain")
     p.add_argument("--top-k", type=int, default=10,
                    help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
     p.add_argument("--params", default="last",
@@ -302,11 +306,18 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="epoch checkpoints summed over, each weighed by its learning rate: all or EPOCH,EPOCH")
     p.add_argument("--checkpoint", default="best",
                    help="checkpoint of the model that scores and ranks the triples: best, last or a file")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
+    p.add_argument("--index", metavar="FOLDER",
+                   help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
     p.add_argument("--out", metavar="FILE.json",
                    help="JSON to write; a TSV with every row goes beside it (default: RUN_DIR/explain.json, "
                         "or RUN_DIR/self_influence.json with --self)")
+    p.add_argument("--out-dir", metavar="FOLDER",
+                   help="instead of one combined file, write one JSON + TSV per explained triple into FOLDER")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where to compute (auto: CUDA when available)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -314,8 +325,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
-    if args.top_k < 1:
-        raise ConfigError([f"--top-k {args.top_k}: must be at least 1"])
+    problems = [f"--{key} {value}: must be at least 1" for key, value in (("top-k", args.top_k), ("top-n", args.top_n))
+                if value < 1]
+    if args.out_dir and (args.self_influence or args.out):
+        problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
+    if args.index and args.self_influence:
+        problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
+    if problems:
+        raise ConfigError(problems)
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
     out = Path(args.out) if args.out else Path(args.run_dir) / (
@@ -323,31 +340,91 @@ def cmd_explain(args: argparse.Namespace) -> int:
     report.check_path(out)
     device = resolve_device(args.device)
     run = load_run(args.run_dir, args.checkpoint, device=device)
-    tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device)
+    # Progress of a long pass is saved here now and then; rerunning the same command resumes from it.
+    state = Path(str(args.out_dir or out) + ".state")
     if args.self_influence:
-        ranking = report.self_influence_ranking(run, tracin, args.top_k)
-        tsv = report.write_self_influence(ranking, out)
+        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision)
+        ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress, state=state)
         print_self_influence(ranking)
-    else:
-        if args.triple:
-            test = report.parse_triple(run.dataset, *args.triple).view(1, 3)
-        else:
-            from kgtrace.data.triples import encode_triples, read_labeled_triples
+        print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
+        return 0
+    test = explain_targets(args, run)
+    if args.index:
+        from kgtrace.attribution.index import ProjectedIndex
 
-            test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
-                                  args.triples)
-            if len(test) == 0:
-                raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
-        items = report.explain_triples(run, tracin, test, args.top_k)
-        tsv = report.write_explanations(items, out)
-        print_explanations(items)
-    print(f"wrote {out} and {tsv}")
+        finder = ProjectedIndex(args.index, run, device=device)
+        found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
+    else:
+        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision)
+        found = tracin.top_k(test, args.top_k, progress=args.progress, state=state)
+        epochs = [c.epoch for c in tracin.checkpoints]
+    items = report.explain_triples(run, test, found, epochs)
+    print_explanations(items)
+    if args.out_dir:
+        for i, item in enumerate(items):
+            report.write_explanations([item], Path(args.out_dir) / f"triple-{i:04d}.json")
+        print(f"wrote {len(items)} explanations (JSON + TSV each) into {args.out_dir}")
+    else:
+        print(f"wrote {out} and {report.write_explanations(items, out)}")
     return 0
 
 
-def print_explanations(items: list[dict], shown: int = 5) -> None:
-    """Per test triple: names, score and ranks, then the strongest proponents and opponents."""
-    for item in items:
+def explain_targets(args: argparse.Namespace, run) -> "torch.Tensor":
+    """The test triples [n, 3] that --triple, --triples or --predict name."""
+    from kgtrace.attribution import report
+
+    if args.triple:
+        return report.parse_triple(run.dataset, *args.triple).view(1, 3)
+    if args.predict:
+        return report.predicted_triples(run, *args.predict, args.top_n)
+    from kgtrace.data.triples import encode_triples, read_labeled_triples
+
+    test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
+                          args.triples)
+    if len(test) == 0:
+        raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+    return test
+
+
+# ----------------------------------------------------------------------------- index
+
+
+def add_index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
+    p.add_argument("--out", metavar="FOLDER", help="index folder to write (default: RUN_DIR/tracin-index); "
+                                                    "an interrupted build in it resumes")
+    p.add_argument("--dim", type=int, default=1024,
+                   help="numbers per training gradient and checkpoint (error falls as 1/sqrt(dim))")
+    p.add_argument("--params", default="last", help="parameters: last, all, or NAME,NAME (as kgtrace explain)")
+    p.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="storage type of the index")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random projection")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to compute")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from kgtrace.attribution.index import build_index
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, device=device)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "tracin-index"
+    index = build_index(run, out, params=params, dim=args.dim, seed=args.seed, dtype=args.dtype, device=device,
+                        progress=args.progress)
+    meta = index.meta
+    print(f"indexed {meta.num_train} training triples x {len(meta.checkpoints)} checkpoints at dim {meta.dim} "
+          f"({', '.join(meta.params)}) in {meta.seconds:.1f} s into {out}; "
+          f"query with: kgtrace explain {args.run_dir} --index {out} --triple HEAD REL TAIL")
+    return 0
+
+
+def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> None:
+    """Per test triple (the first ``triples``): names, score and ranks, then the strongest proponents and opponents."""
+    if len(items) > triples:
+        print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
+    for item in items[:triples]:
         t = item["test"]
         print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f}   "
               f"filtered rank: tail {item['rank']['tail']:g}, head {item['rank']['head']:g}")

@@ -1,9 +1,11 @@
 """Training-data attribution: TracInCP influence of training triples on predictions.
 
-Public names: :class:`TracIn`, :class:`TopK`, :func:`select_parameters`.
+Public names: :class:`TracIn`, :class:`TopK`, :func:`select_parameters`, and the projected
+index :func:`build_index` / :class:`ProjectedIndex`.
 """
 
+from kgtrace.attribution.index import ProjectedIndex, build_index
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.tracin import TopK, TracIn
 
-__all__ = ["TopK", "TracIn", "select_parameters"]
+__all__ = ["ProjectedIndex", "TopK", "TracIn", "build_index", "select_parameters"]

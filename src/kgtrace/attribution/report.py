@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kgtrace.attribution.tracin import TracIn
+from kgtrace.attribution.tracin import TopK, TracIn
 from kgtrace.data.dataset import Dataset
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import rank_queries
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run
 
-__all__ = ["explain_triples", "parse_triple", "self_influence_ranking", "write_explanations",
+__all__ = ["explain_triples", "parse_triple", "predicted_triples", "self_influence_ranking", "write_explanations",
            "write_self_influence"]
 
 EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "kind", "rank", "train_index", "head",
@@ -61,6 +61,27 @@ def parse_triple(dataset: Dataset, h: str | int, r: str | int, t: str | int) -> 
     return torch.tensor(ids, dtype=torch.long)
 
 
+def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int) -> Tensor:
+    """The model's ``top_n`` best new tails of (head, relation, ?), as triples [n, 3], best first.
+
+    "New": not a known triple of any split. Raises when the query has no new tail left.
+    """
+    if top_n < 1:
+        raise ConfigError([f"top_n={top_n}: must be at least 1"])
+    h, r, _ = parse_triple(run.dataset, head, relation, 0).tolist()
+    model = run.model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        scores = model.score_t(torch.tensor([[h, r]], device=device))[0].float().cpu()  # [E]
+    known = run.dataset.all_triples()
+    scores[known[(known[:, 0] == h) & (known[:, 1] == r), 2]] = float("-inf")
+    n = min(int(top_n), int(torch.isfinite(scores).sum()))
+    if n == 0:
+        raise KgtraceError(f"({head}, {relation}, ?): every entity is already a known tail; nothing new to explain")
+    tails = torch.topk(scores, n).indices
+    return torch.stack([torch.full_like(tails, h), torch.full_like(tails, r), tails], dim=1)
+
+
 # ----------------------------------------------------------------------------- explanations
 
 
@@ -79,35 +100,29 @@ def _shares(parts: Tensor) -> list[list[float]]:
     return shares.T.tolist()
 
 
-def explain_triples(run: Run, tracin: TracIn, test: Tensor, top_k: int, progress: bool = False,
-                    state: str | Path | None = None) -> list[dict]:
-    """Per test triple [n, 3]: the triple, its score and filtered ranks, top-k proponents and opponents.
+def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]) -> list[dict]:
+    """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
-    Influences come from one streaming pass (``tracin.top_k``; ``state`` lets a killed pass
-    resume); ``checkpoint_shares`` gives each checkpoint's (``tracin.checkpoints``, oldest
-    first) fraction of an influence (signed, summing to 1).
+    found: each test triple's :class:`TopK` (``TracIn.top_k`` or ``ProjectedIndex.top_k``),
+    whose parts follow the checkpoints ``epochs``; ``checkpoint_shares`` gives each
+    checkpoint's fraction of an influence (signed, summing to 1).
     """
     ds = run.dataset
     test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
-    if top_k < 1:
-        raise ConfigError([f"top_k={top_k}: must be at least 1"])
     device = next(run.model.parameters()).device
     run.model.eval()
     with torch.no_grad():
         scores = run.model.score_hrt(test.to(device)).float().cpu()
     ranks = rank_queries(run.model, test, known=ds.all_triples())
     realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
-    epochs = [c.epoch for c in tracin.checkpoints]
     items = []
-    for i, (triple, found) in enumerate(zip(test, tracin.top_k(test, top_k, progress=progress, state=state))):
+    for i, (triple, top) in enumerate(zip(test, found, strict=True)):
         item = {"test": {"ids": [int(x) for x in triple], **_triple_dict(ds, triple)},
                 "score": float(scores[i]),
                 "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
                 "checkpoints": epochs}
-        for kind, index, values, parts in (("proponents", found.proponents, found.proponent_influence,
-                                            found.proponent_parts),
-                                           ("opponents", found.opponents, found.opponent_influence,
-                                            found.opponent_parts)):
+        for kind, index, values, parts in (("proponents", top.proponents, top.proponent_influence, top.proponent_parts),
+                                           ("opponents", top.opponents, top.opponent_influence, top.opponent_parts)):
             shares = _shares(parts.T.double())
             item[kind] = [_influencer(ds, int(j), float(v), shares[n]) for n, (j, v) in enumerate(zip(index, values))]
         items.append(item)

@@ -1,0 +1,83 @@
+"""The projected TracIn index: unbiased projections, error falling with dim, resumable builds, refusals."""
+
+import json
+
+import pytest
+import torch
+
+from kgtrace.attribution import TracIn, build_index
+from kgtrace.attribution import index as index_module
+from kgtrace.attribution.factors import Factors, Outer, dot
+from kgtrace.attribution.index import ProjectedIndex, Projector
+from kgtrace.config import TrainConfig
+from kgtrace.errors import KgtraceError
+from kgtrace.run import load_run
+from kgtrace.training.loop import train
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conve")
+    config = TrainConfig(dataset="nations", model="conve",
+                         model_args={"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}, epochs=2,
+                         checkpoint_every=1, eval_every=0, threads=1, device="cpu", seed=3, lr=0.01)
+    train(config, out, progress=False, log=lambda *_: None)
+    return load_run(out)
+
+
+def test_projection_is_unbiased_block_by_block():
+    """Averaged over seeds, projected inner products approach the exact ones (dense, rows with shared ids, outer)."""
+    g = torch.Generator().manual_seed(0)
+    f = Factors(3, torch.randn(3, 5, generator=g), {"entity": (torch.tensor([[0, 1], [1, 1], [2, 0]]),
+                                                                torch.randn(3, 2, 4, generator=g))},
+                [Outer(torch.randn(2, 6, generator=g), torch.tensor([0, 1, 1]), torch.randn(3, 3, generator=g))])
+    exact = dot(f, f)
+    mean = torch.stack([(p @ p.T) for p in (Projector(256, seed)(f) for seed in range(200))]).mean(0)
+    assert ((mean - exact).abs().max() / exact.abs().max()) < 0.05
+
+
+def test_index_approximates_exact_influence_better_with_more_dims(run, tmp_path):
+    test = run.dataset.test[:20]
+    exact = TracIn(run).influence(test)
+    errors = []
+    for dim in (32, 2048):
+        index = build_index(run, tmp_path / f"d{dim}", dim=dim, dtype="float32")
+        approx = index.influence(test)
+        assert approx.shape == exact.shape
+        errors.append(((approx - exact).norm() / exact.norm()).item())
+    assert errors[1] < errors[0] / 3 and errors[1] < 0.2
+    top = index.top_k(test, k=3)
+    full = index.influence(test)
+    torch.testing.assert_close(top[0].proponent_influence, torch.topk(full[0], 3).values)
+
+
+def test_killed_build_resumes_and_incomplete_index_is_refused(run, tmp_path, monkeypatch):
+    folder = tmp_path / "index"
+    monkeypatch.setattr(index_module, "SAVE_EVERY_S", 0.0)
+    real = TracIn._factorise
+    calls = {"n": 0}
+
+    def dying(self, model, triples):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(self, model, triples)
+
+    monkeypatch.setattr(TracIn, "_factorise", dying)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(run, folder, dim=64, chunk_size=400)
+    assert not (folder / "index.json").exists()
+    with pytest.raises(KgtraceError, match="not a complete TracIn index"):
+        ProjectedIndex(folder, run)
+    progress = json.loads((folder / "progress.json").read_text())
+    assert progress["chunks"] == {"1": 4}  # nations has 1,592 training triples: four chunks of the first checkpoint
+    calls["n"] = 0
+    monkeypatch.setattr(TracIn, "_factorise", lambda self, m, t: calls.__setitem__("n", calls["n"] + 1) or real(self, m, t))
+    resumed = build_index(run, folder, dim=64, chunk_size=400)
+    assert calls["n"] == 4  # only the second checkpoint's chunks were left
+    monkeypatch.setattr(TracIn, "_factorise", real)
+    fresh = build_index(run, tmp_path / "fresh", dim=64, chunk_size=400)
+    test = run.dataset.test[:5]
+    torch.testing.assert_close(resumed.influence(test), fresh.influence(test))
+    with pytest.raises(KgtraceError, match="already holds a complete index"):
+        build_index(run, folder, dim=64)
