@@ -12,12 +12,15 @@ import os
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from kgtrace.config import TrainConfig, parse_size
 from kgtrace.errors import ConfigError, KgtraceError
+
+if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
+    from torch import Tensor
 
 TRAIN_HELP = {
     "dataset": "bundled dataset (umls, kinships, nations) or a dataset folder",
@@ -369,7 +372,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def explain_targets(args: argparse.Namespace, run) -> "torch.Tensor":
+def explain_targets(args: argparse.Namespace, run) -> Tensor:
     """The test triples [n, 3] that --triple, --triples or --predict name."""
     from kgtrace.attribution import report
 
