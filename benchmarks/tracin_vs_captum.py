@@ -16,8 +16,10 @@ Cells:
 * ours/fc:      ``params=["fc.weight", "fc.bias"]``, the set TracInCP(layers=["model.fc"]) computes.
 * captum_cp:    ``captum.influence.TracInCP`` (per-example full gradients of fc), only
   with --with-tracincp and only for n_test=1: it is slow (an issue measured 344 s, 8.8 GB).
-* ours/all:     ``params="all"`` (general path, torch.func per-sample gradients), unless
-  --skip-all; compared in time with ours/last.
+* ours/all:     ``params="all"`` (every parameter, exact factored path), unless --skip-all;
+  compared in time with ours/last.
+* ours/last-bf16, ours/all-bf16: the same with ``precision="bf16"`` (--with-bf16), compared
+  with their fp32 cells (``max_rel_diff``) and in time.
 
 How Captum sees ConvE. TracInCPFast's trick needs the *model output* to be the output of its
 final nn.Linear: it takes x = that layer's input (a forward hook) and J = d loss / d model
@@ -44,7 +46,7 @@ Differences are reported against our influence over the same parameters:
 max |captum - ours| / |ours| over the entries with |ours| > 1e-3 max |ours|.
 
     python benchmarks/tracin_vs_captum.py [--run DIR] [--epochs 8] [--checkpoint-every 2]
-        [--n-test 1,100] [--threads 1] [--with-tracincp] [--skip-all]
+        [--n-test 1,100] [--threads 1] [--with-tracincp] [--skip-all] [--with-bf16]
 
 Needs Captum (``pip install captum==0.9.0`` beside kgtrace).
 """
@@ -61,7 +63,8 @@ import tempfile
 import time
 from pathlib import Path
 
-PARAM_SETS = {"last": "last", "fc.weight": ["fc.weight"], "fc": ["fc.weight", "fc.bias"], "all": "all"}
+PARAM_SETS = {"last": "last", "fc.weight": ["fc.weight"], "fc": ["fc.weight", "fc.bias"], "all": "all",
+              "last-bf16": "last", "all-bf16": "all"}
 
 
 def peak_rss_mb() -> float:
@@ -164,7 +167,8 @@ def worker(args: argparse.Namespace) -> None:
     test = run.dataset.test[: args.n]
     start = time.perf_counter()
     if args.worker.startswith("ours:"):
-        tracin = TracIn(run, params=PARAM_SETS[args.worker.split(":", 1)[1]])
+        name = args.worker.split(":", 1)[1]
+        tracin = TracIn(run, params=PARAM_SETS[name], precision="bf16" if name.endswith("-bf16") else "fp32")
         scores = tracin.influence(test)
         path = tracin.path
     else:
@@ -219,7 +223,8 @@ def main() -> None:
     parser.add_argument("--cp-batch-size", type=int, default=128,
                         help="TracInCP's training batch size (it holds batch x |fc| per-example gradients)")
     parser.add_argument("--with-tracincp", action="store_true", help="also Captum TracInCP, n_test=1 only (slow)")
-    parser.add_argument("--skip-all", action="store_true", help='skip our params="all" (general path) cells')
+    parser.add_argument("--skip-all", action="store_true", help='skip our params="all" cells')
+    parser.add_argument("--with-bf16", action="store_true", help="also our bf16 cells, compared with fp32")
     parser.add_argument("--cell-timeout", type=int, default=3600, help="seconds before a cell is abandoned")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -254,11 +259,14 @@ def main() -> None:
                 tools += ["ours:fc", "captum_cp"]
             if not args.skip_all:
                 tools.append("ours:all")
+            if args.with_bf16:
+                tools += ["ours:last-bf16"] + ([] if args.skip_all else ["ours:all-bf16"])
             row = {"n_test": n}
             for tool in tools:
                 row[tool] = cell(tool, n, args, run, scratch)
                 print(json.dumps({"n_test": n, tool: row[tool]}), file=sys.stderr)
-            for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc")):
+            for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc"),
+                                 ("ours:last-bf16", "ours:last"), ("ours:all-bf16", "ours:all")):
                 t, o = row.get(theirs), row.get(ours)
                 if t and o and "error" not in t and "error" not in o:
                     t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
@@ -266,7 +274,7 @@ def main() -> None:
                     row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
                     row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
                     last = row["ours:last"]
-                    if "error" not in last:
+                    if "error" not in last and theirs.startswith("captum"):
                         row[f"seconds_ratio_{theirs}_over_ours:last"] = t["seconds"] / last["seconds"]
             a, last = row.get("ours:all"), row["ours:last"]
             if a and "error" not in a and "error" not in last:

@@ -6,6 +6,7 @@ index :func:`build_index` / :class:`ProjectedIndex`.
 
 from kgtrace.attribution.index import ProjectedIndex, build_index
 from kgtrace.attribution.params import select_parameters
-from kgtrace.attribution.tracin import TopK, TracIn
+from kgtrace.attribution.topk import TopK
+from kgtrace.attribution.tracin import TracIn
 
 __all__ = ["ProjectedIndex", "TopK", "TracIn", "build_index", "select_parameters"]

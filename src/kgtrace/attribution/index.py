@@ -1,25 +1,26 @@
 """A projected TracIn index: training gradients indexed once on disk, queried many times.
 
-Each training triple's gradient at each checkpoint is projected to ``dim`` numbers by a
-random map P with E[<P g, P g'>] = <g, g'> (Johnson-Lindenstrauss), stored as one
-memory-mapped ``.npy`` per checkpoint, [n_train, dim]. A query projects its own gradients
-with the same P and scores every training triple with one streaming matrix product per
-checkpoint: no training gradient is recomputed. Influence is approximate; its error
-shrinks as 1/sqrt(dim) (``benchmarks/tracin_index.py`` reports it on the bundled data).
+Each training triple's gradient at each checkpoint is stored in factored form
+(:class:`~.factors.Factors`), with the one block that is too large to store, a linear
+layer's weight gradient delta a^T (ConvE's fc: 2M numbers), randomly projected:
+a -> a @ A with A [F, dim] ~ N(0, 1/dim), i.e. the gradient is mapped by (A^T (x) I_D), a
+Johnson-Lindenstrauss map with E[<P g, P g'>] = <g, g'>, kept as its two factors (dim + D
+numbers instead of F * D). Every other block (delta itself, biases, batch norm, the
+convolution, embedding rows with their ids) is small or sparse and stored exactly, so the
+only error is that of the estimate <a A, a' A> of <a, a'>; it shrinks as 1/sqrt(dim)
+(``benchmarks/tracin_index.py`` reports it on the bundled data). Paths without such a
+layer (DistMult, ComplEx: embedding rows only) are stored exactly.
 
-P acts on the factored gradients (:class:`~.factors.Factors`) without forming them:
+A query factors its own gradients at each checkpoint, projects them with the same A, and
+scores every stored training gradient with the same inner products as exact TracIn
+(:func:`~.factors.dot`), streaming over memory-mapped ``.npy`` files: no training gradient
+is recomputed.
 
-* dense block g [P]:        g @ G / sqrt(dim),                       G [P, dim] ~ N(0, 1)
-* embedding row u at id i:  s(i) * (u @ S) / sqrt(dim),              S [W, dim] ~ N(0, 1), s(i) in {-1, +1}^dim
-* outer product delta a^T:  (a @ A) * (delta @ B) / sqrt(dim),       A [F, dim], B [D, dim] ~ N(0, 1)
-
-s(i) is a hash of (id, coordinate, seed), so no [num_entities, dim] table is stored. Each
-term is an unbiased estimate of its block's inner products; different blocks' random maps
-are independent, so their cross terms vanish in expectation.
-
-Folder layout: ``index.json`` (written last: an index without it is incomplete),
-``epoch-NNNN.npy`` per checkpoint, and while building ``progress.json`` with the chunks done,
-so that a killed build resumes.
+Folder layout: ``index.json`` (written last: an index without it is incomplete), one
+folder ``epoch-NNNN/`` per checkpoint holding ``dense.npy`` [n, P], ``rows-SPACE-ids.npy``
+[n, S] and ``rows-SPACE-grads.npy`` [n, S, W], ``outer-K-a.npy`` [n, dim] and
+``outer-K-delta.npy`` [n, D]; while building, ``progress.json`` with the chunks done, so
+that a killed build resumes.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from kgtrace.attribution.factors import Factors
-from kgtrace.attribution.topk import RunningTopK
-from kgtrace.attribution.tracin import TopK, TracIn
+from kgtrace.attribution.factors import Factors, Outer, dot
+from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
+from kgtrace.attribution.tracin import TracIn
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run
@@ -50,47 +51,25 @@ SAVE_EVERY_S = 30.0
 
 
 class Projector:
-    """The random map P of the module doc, drawn from ``seed`` block by block (same seed, same map)."""
+    """Projects the linear-layer inputs of :class:`Factors` to ``dim`` numbers; same seed, same map."""
 
     def __init__(self, dim: int, seed: int, device: torch.device | str = "cpu"):
         self.dim, self.seed, self.device = dim, seed, torch.device(device)
-        self._maps: dict[tuple, Tensor] = {}
+        self._maps: dict[tuple[int, int], Tensor] = {}
 
-    def _gaussian(self, key: tuple, rows: int) -> Tensor:
-        """A [rows, dim] N(0, 1) matrix, fixed by (seed, key)."""
-        if (key, rows) not in self._maps:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + _stable_hash(repr(key)))
-            self._maps[(key, rows)] = torch.randn(rows, self.dim, generator=generator).to(self.device)
-        return self._maps[(key, rows)]
+    def _map(self, layer: int, width: int) -> Tensor:
+        """A [width, dim] N(0, 1/dim) matrix, fixed by (seed, layer, width)."""
+        if (layer, width) not in self._maps:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + layer * 7919 + width)
+            self._maps[(layer, width)] = (torch.randn(width, self.dim, generator=generator)
+                                          / math.sqrt(self.dim)).to(self.device)
+        return self._maps[(layer, width)]
 
-    def signs(self, ids: Tensor, space: str) -> Tensor:
-        """Pseudo-random signs [m, dim] in {-1, +1} per id (a murmur3-style integer hash)."""
-        salt = (self.seed * 0x9E3779B1 + _stable_hash(space)) & 0x7FFFFFFF
-        x = ids.long().unsqueeze(1) * 0x85EBCA6B + torch.arange(self.dim, device=ids.device) * 0xC2B2AE35 + salt
-        for multiplier in (0x7FEB352D, 0x846CA68B):
-            x = (x ^ (x >> 16)) & 0xFFFFFFFF
-            x = (x * multiplier) & 0xFFFFFFFF
-        x = x ^ (x >> 16)
-        return 1.0 - 2.0 * (x & 1).float()
-
-    def __call__(self, f: Factors) -> Tensor:
-        """Projected gradients [n, dim] (float32)."""
-        out = torch.zeros(f.n, self.dim, device=self.device)
-        if f.dense is not None:
-            out += f.dense.float() @ self._gaussian(("dense",), f.dense.shape[1])
-        for space, (ids, grads) in f.rows.items():
-            s = self._gaussian(("rows", space), grads.shape[2])
-            for slot in range(ids.shape[1]):
-                out += self.signs(ids[:, slot], space) * (grads[:, slot].float() @ s)
-        for number, o in enumerate(f.outer):
-            a = o.a.float() @ self._gaussian(("outer-a", number), o.a.shape[1])  # [U, dim]
-            out += a[o.index] * (o.delta.float() @ self._gaussian(("outer-delta", number), o.delta.shape[1]))
-        return out / math.sqrt(self.dim)
-
-
-def _stable_hash(text: str) -> int:
-    """A 31-bit hash of ``text`` that, unlike hash(), is the same in every process."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+    def __call__(self, f: Factors) -> Factors:
+        """The same gradients with each outer block's a projected, one row per triple ([n, dim])."""
+        outer = [Outer((o.a.float() @ self._map(k, o.a.shape[1]))[o.index], torch.arange(f.n, device=o.index.device),
+                       o.delta) for k, o in enumerate(f.outer)]
+        return Factors(f.n, f.dense, f.rows, outer)
 
 
 @dataclass
@@ -157,23 +136,66 @@ def _fill(tracin: TracIn, folder: Path, meta: IndexMeta, progress: bool) -> None
     bar = tqdm(total=len(models) * len(chunks), desc="TracIn index", unit="chunk", disable=not progress)
     with bar, torch.no_grad():
         for info, model in zip(tracin.checkpoints, models):
-            path = folder / f"epoch-{info.epoch:04d}.npy"
             first = int(done["chunks"].get(str(info.epoch), 0))
-            mode = "r+" if first and path.exists() else "w+"
-            first = first if mode == "r+" else 0
-            rows = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[meta.dtype], shape=(meta.num_train, meta.dim))
+            store = _Store(folder / f"epoch-{info.epoch:04d}", meta.num_train, DTYPES[meta.dtype], resume=first > 0)
             bar.update(first)
             for number in range(first, len(chunks)):
                 positions = chunks[number]
-                projected = projector(tracin._factorise(model, tracin.train[positions]))
-                rows[positions.cpu().numpy()] = projected.cpu().numpy().astype(DTYPES[meta.dtype])
+                store.write(positions.cpu().numpy(), projector(tracin._factorise(model, tracin.train[positions])))
                 bar.update(1)
                 if time.monotonic() - saved_at >= SAVE_EVERY_S or number == len(chunks) - 1:
-                    rows.flush()
+                    store.flush()
                     done["chunks"][str(info.epoch)] = number + 1
                     atomic_write_text(record, json.dumps(done) + "\n")
                     saved_at = time.monotonic()
-            del rows
+
+
+class _Store:
+    """One checkpoint's stored factors: one memory-mapped .npy per block, [num_train, ...]."""
+
+    def __init__(self, folder: Path, num_train: int, dtype: type, resume: bool = False):
+        self.folder, self.num_train, self.dtype, self.resume = folder, num_train, dtype, resume
+        self.arrays: dict[str, np.ndarray] = {}
+        folder.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _blocks(f: Factors) -> dict[str, Tensor]:
+        """Factors as named per-triple arrays (outer blocks must be per triple, as Projector returns them)."""
+        blocks = {} if f.dense is None else {"dense": f.dense}
+        for space, (ids, grads) in f.rows.items():
+            blocks[f"rows-{space}-ids"], blocks[f"rows-{space}-grads"] = ids, grads
+        for k, o in enumerate(f.outer):
+            blocks[f"outer-{k}-a"], blocks[f"outer-{k}-delta"] = o.a, o.delta
+        return blocks
+
+    def write(self, positions: np.ndarray, f: Factors) -> None:
+        for name, block in self._blocks(f).items():
+            if name not in self.arrays:
+                dtype = np.int64 if name.endswith("-ids") else self.dtype
+                self.arrays[name] = np.lib.format.open_memmap(
+                    self.folder / f"{name}.npy", mode="r+" if self.resume else "w+", dtype=dtype,
+                    shape=(self.num_train, *block.shape[1:]))
+            self.arrays[name][positions] = block.float().cpu().numpy() if block.is_floating_point() else block.cpu().numpy()
+
+    def flush(self) -> None:
+        for array in self.arrays.values():
+            array.flush()
+
+    @staticmethod
+    def read(folder: Path, start: int, stop: int, device: torch.device) -> Factors:
+        """Rows start..stop-1 of a stored checkpoint as float32 Factors."""
+        def load(name: str) -> Tensor:
+            array = np.load(folder / f"{name}.npy", mmap_mode="r")[start:stop]
+            return torch.from_numpy(np.array(array, dtype=np.int64 if name.endswith("-ids") else np.float32)).to(device)
+
+        names = {p.stem for p in folder.glob("*.npy")}
+        spaces = sorted(n[len("rows-"):-len("-ids")] for n in names if n.startswith("rows-") and n.endswith("-ids"))
+        layers = sorted(int(n.split("-")[1]) for n in names if n.startswith("outer-") and n.endswith("-a"))
+        n = stop - start
+        index = torch.arange(n, device=device)
+        return Factors(n, load("dense") if "dense" in names else None,
+                       {s: (load(f"rows-{s}-ids"), load(f"rows-{s}-grads")) for s in spaces},
+                       [Outer(load(f"outer-{k}-a"), index, load(f"outer-{k}-delta")) for k in layers])
 
 
 class ProjectedIndex:
@@ -197,19 +219,19 @@ class ProjectedIndex:
                                f"{run.path}. Fix: rebuild the index for this run")
         self.projector = Projector(self.meta.dim, self.meta.seed, self.tracin.device)
         self.chunk_size = chunk_size
-        self.rows = [np.load(self.folder / f"epoch-{e:04d}.npy", mmap_mode="r") for e in epochs]
+        self.epochs = epochs
 
     def _parts(self, test: Tensor):
-        """(positions [c], lr-weighted parts [C, n_test, c]) chunk by chunk over the memory-mapped rows."""
+        """(positions [c], lr-weighted parts [C, n_test, c]) chunk by chunk over the memory-mapped factors."""
         test = self.tracin._check_test(test)
         with torch.no_grad():
             queries = [self.projector(self.tracin._factorise(m, test)) for m in self.tracin._checkpoint_models()]
-        lrs = [c["lr"] for c in self.meta.checkpoints]
-        for start in range(0, self.meta.num_train, self.chunk_size):
-            stop = min(start + self.chunk_size, self.meta.num_train)
-            parts = [lr * (q @ torch.from_numpy(np.array(rows[start:stop], dtype=np.float32)).to(q.device).T)
-                     for q, rows, lr in zip(queries, self.rows, lrs)]
-            yield torch.arange(start, stop, device=test.device), torch.stack(parts)
+            lrs = [c["lr"] for c in self.meta.checkpoints]
+            for start in range(0, self.meta.num_train, self.chunk_size):
+                stop = min(start + self.chunk_size, self.meta.num_train)
+                parts = [lr * dot(q, _Store.read(self.folder / f"epoch-{e:04d}", start, stop, test.device))
+                         for q, e, lr in zip(queries, self.epochs, lrs)]
+                yield torch.arange(start, stop, device=test.device), torch.stack(parts)
 
     def influence(self, test: Tensor) -> Tensor:
         """Approximate influence [n_test, n_train] (float32)."""
@@ -220,12 +242,9 @@ class ProjectedIndex:
         """Approximate strongest proponents and opponents per test triple, as :meth:`TracIn.top_k`."""
         test = self.tracin._check_test(test)
         k = min(int(k), self.meta.num_train)
-        best = RunningTopK(len(test), k, len(self.rows), largest=True, device=test.device)
-        worst = RunningTopK(len(test), k, len(self.rows), largest=False, device=test.device)
+        best = RunningTopK(len(test), k, len(self.epochs), largest=True, device=test.device)
+        worst = RunningTopK(len(test), k, len(self.epochs), largest=False, device=test.device)
         for positions, parts in self._parts(test):
             best.update(parts, positions)
             worst.update(parts, positions)
-        index = self.tracin.train_indices
-        return [TopK(test[i].cpu(), index[best.columns[i].cpu()], best.values[i].float().cpu(), best.parts[i].cpu(),
-                     index[worst.columns[i].cpu()], worst.values[i].float().cpu(), worst.parts[i].cpu())
-                for i in range(len(test))]
+        return top_k_results(test, self.tracin.train_indices, best, worst)

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kgtrace.attribution.tracin import TopK, TracIn
+from kgtrace.attribution.topk import TopK
+from kgtrace.attribution.tracin import TracIn
 from kgtrace.data.dataset import Dataset
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import rank_queries

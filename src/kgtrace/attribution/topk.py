@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-__all__ = ["RunningTopK"]
+__all__ = ["RunningTopK", "TopK", "top_k_results"]
+
+
+@dataclass
+class TopK:
+    """The most influential training triples for one test triple.
+
+    proponents: train indices (into ``run.dataset.train``) with the largest influences,
+    descending; opponents: those with the smallest (most negative), ascending. Ties go to the
+    lower index. ``*_parts`` split each influence into the checkpoints' lr-weighted terms, in
+    the order of ``TracIn.checkpoints`` (they sum to the influence).
+    """
+
+    test: Tensor  # [3] (head, relation, tail)
+    proponents: Tensor  # LongTensor [k], indices into run.dataset.train
+    proponent_influence: Tensor  # [k], descending
+    proponent_parts: Tensor  # [k, C]
+    opponents: Tensor  # LongTensor [k]
+    opponent_influence: Tensor  # [k], ascending
+    opponent_parts: Tensor  # [k, C]
 
 
 class RunningTopK:
@@ -39,3 +60,11 @@ class RunningTopK:
 
     def load(self, state: dict[str, Tensor]) -> None:
         self.values, self.columns, self.parts = state["values"], state["columns"], state["parts"]
+
+
+def top_k_results(test: Tensor, train_indices: Tensor, best: RunningTopK, worst: RunningTopK) -> list[TopK]:
+    """One :class:`TopK` per test triple; columns of the running top-k are positions in ``train_indices``."""
+    train_indices = train_indices.cpu()
+    return [TopK(test[i].cpu(), train_indices[best.columns[i].cpu()], best.values[i].float().cpu(), best.parts[i].cpu(),
+                 train_indices[worst.columns[i].cpu()], worst.values[i].float().cpu(), worst.parts[i].cpu())
+            for i in range(len(test))]

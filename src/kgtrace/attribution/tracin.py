@@ -30,7 +30,6 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -44,7 +43,7 @@ from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.reference import reference_influence
 from kgtrace.attribution.rows import row_factors, row_tables
-from kgtrace.attribution.topk import RunningTopK
+from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open
 from kgtrace.run import Run
@@ -61,25 +60,6 @@ FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = 
     "ComplEx": row_factors,
 }
 SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress
-
-
-@dataclass
-class TopK:
-    """The most influential training triples for one test triple.
-
-    proponents: train indices (into ``run.dataset.train``) with the largest influences,
-    descending; opponents: those with the smallest (most negative), ascending. Ties go to the
-    lower index. ``*_parts`` split each influence into the checkpoints' lr-weighted terms, in
-    the order of ``TracIn.checkpoints`` (they sum to the influence).
-    """
-
-    test: Tensor  # [3] (head, relation, tail)
-    proponents: Tensor  # LongTensor [k], indices into run.dataset.train
-    proponent_influence: Tensor  # [k], descending
-    proponent_parts: Tensor  # [k, C]
-    opponents: Tensor  # LongTensor [k]
-    opponent_influence: Tensor  # [k], ascending
-    opponent_parts: Tensor  # [k, C]
 
 
 class TracIn:
@@ -249,9 +229,7 @@ class TracIn:
             worst.update(parts, positions)
             saved.step(number, lambda: {"best": best.state(), "worst": worst.state()})
         saved.finish()
-        return [TopK(test[i].cpu(), self.train_indices[best.columns[i].cpu()], best.values[i].float().cpu(),
-                     best.parts[i].cpu(), self.train_indices[worst.columns[i].cpu()], worst.values[i].float().cpu(),
-                     worst.parts[i].cpu()) for i in range(len(test))]
+        return top_k_results(test, self.train_indices, best, worst)
 
     def _top_k_of(self, test: Tensor, parts: Tensor, k: int) -> list[TopK]:
         """Top-k from a full [C, n_test, n_train] (the reference path: one part, the total)."""
@@ -260,9 +238,7 @@ class TracIn:
         columns = torch.arange(parts.shape[2])
         best.update(parts, columns)
         worst.update(parts, columns)
-        return [TopK(test[i].cpu(), self.train_indices[best.columns[i]], best.values[i].float(), best.parts[i],
-                     self.train_indices[worst.columns[i]], worst.values[i].float(), worst.parts[i])
-                for i in range(len(test))]
+        return top_k_results(test, self.train_indices, best, worst)
 
     def checkpoint_self_influence(self, progress: bool = False, state: str | Path | None = None) -> Tensor:
         """Each checkpoint's lr-weighted self-influence term, [C, n_train] float32 (sum over C: self-influence)."""
