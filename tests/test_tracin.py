@@ -238,3 +238,20 @@ def test_bf16_precision_is_close(conve_run):
     low = TracIn(conve_run, params="all", train_indices=rows, precision="bf16").influence(test)
     error = ((low - exact).abs().max() / exact.abs().max()).item()
     assert 0 < error < 0.05  # bf16 keeps 8 bits of mantissa: about 1e-2 relative, not exact
+
+
+@pytest.mark.parametrize("params", ["all", ["entity_embeddings", "bn1.weight"], ["relation_embeddings", "conv.bias"]])
+def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params):
+    """For few test triples ConvE's upstream terms are taken in forward mode: same influences."""
+    from kgtrace.attribution.conve import forward_mode_pays
+
+    rows = torch.arange(0, 2400)
+    for test in (conve_run.dataset.test[:1], torch.tensor([[5, 3, 5], [7, 2, 9]])):
+        fast = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
+        assert forward_mode_pays(fast.model, fast.names, len(test), conve_run.dataset.train[rows[:1200]])
+        reverse = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
+        reverse.forward_mode = False
+        got, expected = fast.influence(test), reverse.influence(test)
+        assert_agrees(got, expected.double())
+    ref = TracIn(conve_run, params=params, path="reference", train_indices=rows[::20]).influence(test)
+    assert_agrees(TracIn(conve_run, params=params, train_indices=rows[::20], chunk_size=120).influence(test), ref)

@@ -25,14 +25,15 @@ parameter is selected is that cost paid.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, jvp, vmap
 
-from kgtrace.attribution.factors import Factors, Outer
+from kgtrace.attribution.factors import Factors, Outer, dot
 
-__all__ = ["UPSTREAM", "conve_factors", "unique_pairs"]
+__all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "unique_pairs"]
 
 #: Parameters before fc whose gradients need a backward pass through the convolution.
 UPSTREAM = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
@@ -47,41 +48,157 @@ def unique_pairs(hr: Tensor, num_relation_ids: int) -> tuple[Tensor, Tensor]:
     return torch.stack([keys // num_relation_ids, keys % num_relation_ids], dim=1), index
 
 
-@torch.no_grad()
-def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstream_chunk: int = 512) -> Factors:
-    """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
+@dataclass
+class _Pass:
+    """One eval-mode pass over triples: per distinct pair and per triple, what the gradients are made of."""
 
-    ``model`` must be a ConvE in eval mode.
-    """
+    pairs: Tensor  # [U, 2] distinct (head, relation)
+    index: Tensor  # [n] each triple's pair
+    a: Tensor  # [U, F] fc input
+    z_hat: Tensor  # [U, D] bn2-normalised fc output
+    q: Tensor  # [n, D] query vector relu(y) of each triple's pair
+    g: Tensor  # [n] dl/dscore
+    dl_dy: Tensor  # [n, D]
+    delta: Tensor  # [n, D] dl/dz, z = fc output
+
+
+def _forward(model: nn.Module, triples: Tensor) -> _Pass:
     if model.training:
-        raise RuntimeError("conve_factors needs the model in eval mode")
-    selected = set(names)
+        raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
     a = model._features(pairs)  # [U, F]
-    z = model.fc(a)  # [U, D]
-    z_hat, y, dy_dz = _bn2(model, z)
-    q = torch.relu(y)  # [U, D]
+    z_hat, y, dy_dz = _bn2(model, model.fc(a))  # [U, D], [U, D], [D]
+    q = torch.relu(y)[index]  # [n, D]
     tails = triples[:, 2]
     e_t = model.entity_embeddings[tails]  # [n, D]
-    g = -torch.sigmoid(-(torch.linalg.vecdot(q[index], e_t) + model.entity_bias[tails]))  # [n]
+    g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
     dl_dy = g.unsqueeze(1) * e_t * (y[index] > 0)  # [n, D]
-    delta = dl_dy * dy_dz  # [n, D]
-    blocks = {"fc.bias": delta, "bn2.bias": dl_dy}
+    return _Pass(pairs, index, a, z_hat, q, g, dl_dy, dl_dy * dy_dz)
+
+
+@torch.no_grad()
+def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstream_chunk: int = 512,
+                  head_slot: bool = True) -> Factors:
+    """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
+
+    ``model`` must be a ConvE in eval mode. head_slot=False leaves out everything that needs
+    a backward pass through the convolution (upstream parameters, head and relation rows):
+    :func:`conve_forward_influence` adds those terms another way.
+    """
+    return _assemble(model, triples, _forward(model, triples), names, upstream_chunk, head_slot)
+
+
+def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str], upstream_chunk: int,
+              head_slot: bool) -> Factors:
+    selected = set(names) if head_slot else set(names) - {*UPSTREAM, "relation_embeddings"}
+    blocks = {"fc.bias": fw.delta, "bn2.bias": fw.dl_dy}
     if "bn2.weight" in selected:
-        blocks["bn2.weight"] = dl_dy * z_hat[index]
+        blocks["bn2.weight"] = fw.dl_dy * fw.z_hat[fw.index]
     head_rows = rel_rows = None
-    if selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
-        up, head_rows, rel_rows = _upstream(model, triples, delta, selected, upstream_chunk)
+    if head_slot and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
+        up, head_rows, rel_rows = _upstream(model, triples, fw.delta, selected, upstream_chunk)
         blocks.update(up)
     dense = [blocks[name].reshape(len(triples), -1) for name in UPSTREAM + DOWNSTREAM if name in selected]
     rows = {}
-    entity = _entity_slots(triples, selected, g, q[index], head_rows)
+    entity = _entity_slots(triples, selected, fw.g, fw.q, head_rows, head_slot)
     if entity is not None:
         rows["entity"] = entity
     if "relation_embeddings" in selected:
         rows["relation"] = (triples[:, 1:2], rel_rows.unsqueeze(1))  # [n, 1], [n, 1, D]
-    outer = [Outer(a, index, delta)] if "fc.weight" in selected else []
+    outer = [Outer(fw.a, fw.index, fw.delta)] if "fc.weight" in selected else []
     return Factors(len(triples), torch.cat(dense, dim=1) if dense else None, rows, outer)
+
+
+def needs_upstream(names: Sequence[str]) -> bool:
+    """Whether ``names`` includes a parameter whose per-triple gradient needs a backward pass through the conv."""
+    return bool(set(names) & {*UPSTREAM, "entity_embeddings", "relation_embeddings"})
+
+
+def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor) -> bool:
+    """True when :func:`conve_forward_influence` is cheaper than per-triple upstream gradients.
+
+    Per-triple (reverse) costs one [D] x [D, F] product per training triple; forward mode one
+    per (test triple, distinct training pair).
+    """
+    if not needs_upstream(names):
+        return False
+    pairs, _ = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
+    return n_test * len(pairs) < len(triples)
+
+
+@torch.no_grad()
+def conve_forward_influence(model: nn.Module, test: Factors, test_triples: Tensor, triples: Tensor,
+                            names: Sequence[str]) -> Tensor:
+    """<grad l(test_i), grad l(triple_j)> [n_test, n] from the test triples' full factors, in forward mode.
+
+    The upstream terms <u_i, J_p^T W^T delta_j> are computed as <W (J_p u_i), delta_j>: one
+    Jacobian-vector product of the pair's fc input along the test gradient u_i (its upstream
+    parameters, and its entity and relation rows where the pair's head or relation is one of
+    them) per (test triple, distinct pair), instead of a backward pass per training triple.
+    The remaining terms are the ordinary factored products with the training triples'
+    downstream factors.
+    """
+    fw = _forward(model, triples)
+    train = _assemble(model, triples, fw, names, 0, head_slot=False)
+    out = dot(_downstream_part(model, test, names), train)
+    u_params, u_head, u_rel = _test_tangents(model, test, test_triples, names, fw.pairs)
+    wrapper = _Maps(model)
+    named = dict(model.named_parameters())
+    params = {f"model.{n}": named[n].detach() for n in u_params}  # same key order as the tangents
+    h = model.entity_embeddings[fw.pairs[:, 0]]  # [U, D]
+    r = model.relation_embeddings[fw.pairs[:, 1]]  # [U, D]
+
+    def tangent(dp: dict[str, Tensor], dh: Tensor, dr: Tensor) -> Tensor:
+        return jvp(lambda p, hh, rr: functional_call(wrapper, p, (hh, rr)), (params, h, r), (dp, dh, dr))[1]
+
+    for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
+        da = tangent({f"model.{n}": v[i] for n, v in u_params.items()}, u_head[i], u_rel[i])  # [U, F]
+        w_da = model.fc.weight @ da.T  # [D, U]
+        out[i] += torch.linalg.vecdot(w_da.T[fw.index], fw.delta)
+    return out
+
+
+def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
+    """Where each selected dense parameter sits in the dense block of :func:`conve_factors`."""
+    params, columns, at = dict(model.named_parameters()), {}, 0
+    for name in UPSTREAM + DOWNSTREAM:
+        if name in names:
+            columns[name] = slice(at, at + params[name].numel())
+            at += params[name].numel()
+    return columns
+
+
+def _downstream_part(model: nn.Module, test: Factors, names: Sequence[str]) -> Factors:
+    """The blocks of full test factors that meet ``conve_factors(..., head_slot=False)`` blocks."""
+    columns = _dense_columns(model, names)
+    keep = [columns[n] for n in DOWNSTREAM if n in columns]
+    dense = torch.cat([test.dense[:, c] for c in keep], dim=1) if keep else None
+    rows = {space: v for space, v in test.rows.items() if space == "entity"}
+    return Factors(test.n, dense, rows, test.outer)
+
+
+def _test_tangents(model: nn.Module, test: Factors, test_triples: Tensor, names: Sequence[str],
+                   pairs: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """The test gradients as tangents: upstream parameters {name: [n_test, *shape]}, and per pair the
+    head-row [n_test, U, D] and relation-row [n_test, U, D] directions (zero where the pair's
+    head or relation is not among the test triple's rows)."""
+    params = dict(model.named_parameters())
+    columns = _dense_columns(model, names)
+    n, dim = test.n, model.entity_embeddings.shape[1]
+    u_params = {name: test.dense[:, columns[name]].reshape(n, *params[name].shape) for name in UPSTREAM
+                if name in columns}
+    u_head = torch.zeros(n, len(pairs), dim, dtype=model.entity_embeddings.dtype, device=pairs.device)
+    u_rel = torch.zeros_like(u_head)
+    if "entity_embeddings" in names:
+        ids, grads = test.rows["entity"]  # [n, 2], [n, 2, W]: slots (head, tail), embedding columns first
+        for slot in range(ids.shape[1]):
+            hit = (pairs[:, 0].unsqueeze(0) == ids[:, slot].unsqueeze(1)).to(u_head.dtype)  # [n, U]
+            u_head += hit.unsqueeze(2) * grads[:, slot, :dim].unsqueeze(1)
+    if "relation_embeddings" in names:
+        ids, grads = test.rows["relation"]  # [n, 1], [n, 1, D]
+        hit = (pairs[:, 1].unsqueeze(0) == ids[:, 0].unsqueeze(1)).to(u_rel.dtype)  # [n, U]
+        u_rel += hit.unsqueeze(2) * grads[:, 0].unsqueeze(1)
+    return u_params, u_head, u_rel
 
 
 def _bn2(model: nn.Module, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -95,21 +212,21 @@ def _bn2(model: nn.Module, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return z_hat, z_hat * bn.weight + bn.bias, bn.weight * inv
 
 
-def _entity_slots(triples: Tensor, selected: set[str], g: Tensor, q: Tensor,
-                  head_rows: Tensor | None) -> tuple[Tensor, Tensor] | None:
+def _entity_slots(triples: Tensor, selected: set[str], g: Tensor, q: Tensor, head_rows: Tensor | None,
+                  head_slot: bool = True) -> tuple[Tensor, Tensor] | None:
     """Entity-space ids and row gradients: slots (head, tail) with [embedding | bias] columns.
 
     The head's embedding row gets dl/de_h (through the convolution); the tail's gets g q
-    and its bias g. With only entity_bias selected, the tail is the only slot.
+    and its bias g. With only entity_bias selected, or head_slot=False, the tail is the only slot.
     """
     emb, bias = "entity_embeddings" in selected, "entity_bias" in selected
     if not (emb or bias):
         return None
     g = g.unsqueeze(1)  # [n, 1]
-    if not emb:
-        return triples[:, 2:3], g.unsqueeze(1)  # [n, 1], [n, 1, 1]
-    head = head_rows if not bias else torch.cat([head_rows, torch.zeros_like(g)], dim=1)  # [n, W]
-    tail = g * q if not bias else torch.cat([g * q, g], dim=1)  # [n, W]
+    tail = torch.cat([g * q] * emb + [g] * bias, dim=1)  # [n, W]
+    if not (emb and head_slot):
+        return triples[:, 2:3], tail.unsqueeze(1)  # [n, 1], [n, 1, W]
+    head = torch.cat([head_rows] + [torch.zeros_like(g)] * bias, dim=1)  # [n, W]
     return triples[:, [0, 2]], torch.stack([head, tail], dim=1)  # [n, 2], [n, 2, W]
 
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from kgtrace.attribution.conve import conve_factors
+from kgtrace.attribution.conve import conve_factors, conve_forward_influence, forward_mode_pays
 from kgtrace.attribution.factors import Factors, dot, self_dot
 from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
@@ -59,6 +59,8 @@ FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = 
     "DistMult": row_factors,
     "ComplEx": row_factors,
 }
+#: Influence on few test triples without per-triple backward passes: (whether it pays, how).
+FORWARD_MODE = {"ConvE": (forward_mode_pays, conve_forward_influence)}
 SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress
 
 
@@ -106,6 +108,7 @@ class TracIn:
                               else torch.as_tensor(train_indices, dtype=torch.long).reshape(-1))
         self.train = train[self.train_indices].to(self.device)
         self._models: list[nn.Module] | None = None
+        self.forward_mode = True  # let the fast path switch to forward mode where it pays (tests turn it off)
 
     # ------------------------------------------------------------------ setup
 
@@ -158,6 +161,12 @@ class TracIn:
         with torch.autocast(self.device.type, dtype=dtype):
             return function(model, triples, self.names).to(dtype)
 
+    def _forward_mode(self, test: Tensor, triples: Tensor) -> bool:
+        """Whether this chunk's influence on ``test`` is cheaper in forward mode (fast path, fp32 only)."""
+        pays = FORWARD_MODE.get(type(self.model).__name__, (None,))[0]
+        return (self.forward_mode and self.path == "fast" and self.precision == "fp32" and pays is not None
+                and pays(self.model, self.names, len(test), triples))
+
     def _check_test(self, test: Tensor) -> Tensor:
         test = torch.as_tensor(test, dtype=torch.long, device=self.device)
         if test.dim() == 1:
@@ -187,6 +196,10 @@ class TracIn:
                 triples = self.train[positions]
                 if test is None:
                     parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
+                elif self._forward_mode(test, triples):
+                    influence = FORWARD_MODE[type(self.model).__name__][1]
+                    parts = [lr * influence(m, tf, test, triples, self.names)
+                             for m, lr, tf in zip(models, lrs, test_factors)]
                 else:
                     parts = [lr * dot(tf, self._factorise(m, triples)) for m, lr, tf in zip(models, lrs, test_factors)]
                 yield number, positions, torch.stack(parts)
