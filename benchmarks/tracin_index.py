@@ -60,7 +60,7 @@ def measure(run, params: str, dims: list[int], n_test: int, dtype: str, scratch:
         folder = scratch / f"{params}-{dim}"
         index, build_seconds = timed(build_index, run, folder, params=params, dim=dim, dtype=dtype)
         _, query_seconds = timed(index.top_k, test, 10)
-        size = sum(p.stat().st_size for p in folder.iterdir())
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows.append({"dim": dim, "build_seconds": build_seconds, "index_mb": size / 2**20,
                      "query_top10_seconds": query_seconds, "exact_top10_seconds": exact_seconds,
                      "query_speedup_over_exact": exact_seconds / query_seconds,
