@@ -17,9 +17,10 @@ With l = softplus(-score) and g = dl/dscore = -sigmoid(-score), going backwards:
 Everything up to ``delta`` is closed form and costs O(D) per triple once each distinct (h, r)
 pair's a and z are known (computed once per pair: a depends only on (h, r)). The parameters
 before fc (the "upstream" ones: conv, bn0, bn1 and the head and relation rows) need
-dl/da = W^T delta per triple, [n, F], and one vector-Jacobian product of ``maps`` per
-triple (torch.func ``vmap(grad)`` on a surrogate <maps(h, r), dl/da>). Only when such a
-parameter is selected is that cost paid.
+dl/da = W^T delta per triple, [n, F], pulled back through the convolution block
+(:mod:`.conve_block`, by hand); only when such a parameter is selected is that cost paid.
+With few test triples, :func:`conve_forward_influence` takes those terms in forward mode
+instead, one Jacobian-vector product per (test triple, distinct pair).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, jvp, vmap
 
+from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block
 from kgtrace.attribution.factors import Factors, Outer, dot
 
 __all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "unique_pairs"]
@@ -96,7 +97,7 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
         blocks["bn2.weight"] = fw.dl_dy * fw.z_hat[fw.index]
     head_rows = rel_rows = None
     if head_slot and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
-        up, head_rows, rel_rows = _upstream(model, triples, fw.delta, selected, upstream_chunk)
+        up, head_rows, rel_rows = _upstream(model, fw, upstream_chunk)
         blocks.update(up)
     dense = [blocks[name].reshape(len(triples), -1) for name in UPSTREAM + DOWNSTREAM if name in selected]
     rows = {}
@@ -142,19 +143,11 @@ def conve_forward_influence(model: nn.Module, test: Factors, test_triples: Tenso
     train = _assemble(model, triples, fw, names, 0, head_slot=False)
     out = dot(_downstream_part(model, test, names), train)
     u_params, u_head, u_rel = _test_tangents(model, test, test_triples, names, fw.pairs)
-    wrapper = _Maps(model)
-    named = dict(model.named_parameters())
-    params = {f"model.{n}": named[n].detach() for n in u_params}  # same key order as the tangents
-    h = model.entity_embeddings[fw.pairs[:, 0]]  # [U, D]
-    r = model.relation_embeddings[fw.pairs[:, 1]]  # [U, D]
-
-    def tangent(dp: dict[str, Tensor], dh: Tensor, dr: Tensor) -> Tensor:
-        return jvp(lambda p, hh, rr: functional_call(wrapper, p, (hh, rr)), (params, h, r), (dp, dh, dr))[1]
-
+    block = conv_block(model, fw.pairs, fw.a)
     for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
-        da = tangent({f"model.{n}": v[i] for n, v in u_params.items()}, u_head[i], u_rel[i])  # [U, F]
-        w_da = model.fc.weight @ da.T  # [D, U]
-        out[i] += torch.linalg.vecdot(w_da.T[fw.index], fw.delta)
+        da = block_jvp(model, block, {n: v[i] for n, v in u_params.items()}, u_head[i], u_rel[i])  # [U, F]
+        w_da = da @ model.fc.weight.T  # [U, D]
+        out[i] += torch.linalg.vecdot(w_da[fw.index], fw.delta)
     return out
 
 
@@ -230,39 +223,14 @@ def _entity_slots(triples: Tensor, selected: set[str], g: Tensor, q: Tensor, hea
     return triples[:, [0, 2]], torch.stack([head, tail], dim=1)  # [n, 2], [n, 2, W]
 
 
-class _Maps(nn.Module):
-    """functional_call target: (head vectors [B, D], relation vectors [B, D]) -> fc input [B, F]."""
+def _upstream(model: nn.Module, fw: _Pass, chunk: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Per-triple gradients of the upstream parameters, and of the head and relation rows [n, D].
 
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, h: Tensor, r: Tensor) -> Tensor:
-        return self.model._maps(self.model._stack(h, r))
-
-
-def _upstream(model: nn.Module, triples: Tensor, delta: Tensor, selected: set[str],
-              chunk: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """Per-triple gradients of the selected upstream parameters, and of the head and relation rows [n, D].
-
-    dl/da = W^T delta [c, F] is formed ``chunk`` triples at a time; the gradient of the
-    surrogate <maps(e_h, w_r), dl/da> equals the loss's (it is the same vector-Jacobian product).
+    dl/da = W^T delta [c, F] is formed ``chunk`` triples at a time and pulled back through
+    the convolution block by hand (:func:`~.conve_block.block_vjp`).
     """
-    wrapper = _Maps(model)
-    params = {f"model.{n}": p.detach() for n, p in model.named_parameters() if n in UPSTREAM and n in selected}
-
-    def surrogate(p: dict[str, Tensor], h: Tensor, r: Tensor, dl_da: Tensor) -> Tensor:
-        a = functional_call(wrapper, p, (h.unsqueeze(0), r.unsqueeze(0)))  # [1, F]
-        return torch.linalg.vecdot(a[0], dl_da)
-
-    per_sample = vmap(grad(surrogate, argnums=(0, 1, 2)), in_dims=(None, 0, 0, 0))
-    parts = []
-    with torch.enable_grad():
-        for start in range(0, len(triples), chunk):
-            t = triples[start:start + chunk]
-            dl_da = delta[start:start + chunk] @ model.fc.weight  # [c, F]
-            h = model.entity_embeddings[t[:, 0]]
-            r = model.relation_embeddings[t[:, 1]]
-            parts.append(per_sample(params, h, r, dl_da))
-    grads = {name[len("model."):]: torch.cat([p[0][name] for p in parts]) for name in params}
+    block = conv_block(model, fw.pairs, fw.a)
+    parts = [block_vjp(model, block, fw.index[s:s + chunk], fw.delta[s:s + chunk] @ model.fc.weight)
+             for s in range(0, max(len(fw.index), 1), chunk)]  # one part even for no triples
+    grads = {name: torch.cat([p[0][name] for p in parts]) for name in parts[0][0]}
     return grads, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])

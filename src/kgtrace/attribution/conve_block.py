@@ -1,0 +1,124 @@
+"""ConvE's convolution block in eval mode, differentiated by hand: per-triple VJPs and per-pair JVPs.
+
+For a (head, relation) pair the block maps the image x = [e_h ; w_r] viewed as [2H, W] to fc's input:
+
+    x0 = (x - mu0) * inv0 * gamma0 + beta0          bn0 on running statistics (skipped without batch norm)
+    P  = patches of x0, [K, L]                      K = kh * kw taps, L = output positions
+    o  = W' P + B',  W' = w * s1,  B' = beta1 + (b - mu1) * s1,  s1 = gamma1 * inv1     (conv, bn1 folded)
+    a  = relu(o), flattened channel-major           [C * L] = F
+
+Input and feature-map dropout are the identity in eval mode. Written out, a triple's gradient
+needs only batched matmuls over cached per-pair pieces (patches, relu mask), and no autograd
+or torch.func machinery: the reverse pass (:func:`block_vjp`, one per training triple) and the
+forward pass (:func:`block_jvp`, one per test direction and pair) are each a few matmuls.
+Tests check both against autograd (through the reference TracIn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ConvBlock", "block_jvp", "block_vjp", "conv_block"]
+
+
+@dataclass
+class ConvBlock:
+    """Eval-mode constants of the block and its pieces for U distinct pairs."""
+
+    normalised: Tensor  # [U, 2H, W] (x - mu0) * inv0 (x itself without batch norm)
+    patches: Tensor  # [U, K, L] patches of bn0(x)
+    mask: Tensor  # [U, C, L] relu active
+    weight: Tensor  # [C, K] W' (bn1 folded in)
+    raw_weight: Tensor  # [C, K] w
+    raw_bias: Tensor  # [C] b
+    scale1: Tensor  # [C] s1 (ones without batch norm)
+    inv1: Tensor  # [C] 1 / sqrt(var1 + eps) (ones without batch norm)
+    mean1: Tensor  # [C] mu1 (zeros without batch norm)
+    gain0: Tensor  # [] gamma0 * inv0 (one without batch norm)
+
+
+def _taps(x: Tensor, kernel: tuple[int, int]) -> Tensor:
+    """Images [U, 2H, W] -> patches [U, K, L], taps and positions row-major (as Conv2d and ConvE._patches)."""
+    kh, kw = kernel
+    ch, cw = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    taps = [x[:, u:u + ch, v:v + cw] for u in range(kh) for v in range(kw)]
+    return torch.stack(taps, dim=1).reshape(x.shape[0], kh * kw, ch * cw)  # [U, K, L]
+
+
+def _fold(dp: Tensor, kernel: tuple[int, int], height: int, width: int) -> Tensor:
+    """Adjoint of :func:`_taps`: patch gradients [n, K, L] -> image gradients [n, height, width]."""
+    kh, kw = kernel
+    ch, cw = height - kh + 1, width - kw + 1
+    out = dp.new_zeros(dp.shape[0], height, width)
+    for k in range(kh * kw):
+        u, v = divmod(k, kw)
+        out[:, u:u + ch, v:v + cw] += dp[:, k].view(-1, ch, cw)
+    return out
+
+
+def conv_block(model: nn.Module, pairs: Tensor, a: Tensor) -> ConvBlock:
+    """The block's pieces for distinct pairs [U, 2] whose fc inputs are a [U, F] (``model._features``)."""
+    x = model._image(pairs)[:, 0]  # [U, 2H, W]
+    w = model.conv.weight.view(model.conv.out_channels, -1)  # [C, K]
+    b = model.conv.bias
+    if model.bn0 is not None:
+        bn0, bn1 = model.bn0, model.bn1
+        inv0 = torch.rsqrt(bn0.running_var + bn0.eps)  # [1]
+        normalised = (x - bn0.running_mean) * inv0
+        x0 = normalised * bn0.weight + bn0.bias
+        inv1 = torch.rsqrt(bn1.running_var + bn1.eps)  # [C]
+        scale1, mean1, gain0 = bn1.weight * inv1, bn1.running_mean, (bn0.weight * inv0)[0]
+        weight = w * scale1.unsqueeze(1)
+    else:
+        normalised = x0 = x
+        inv1 = scale1 = torch.ones_like(b)
+        mean1, gain0, weight = torch.zeros_like(b), torch.ones_like(b[0]), w
+    patches = _taps(x0, model.conv.kernel_size)
+    mask = (a.view(len(pairs), w.shape[0], -1) > 0)  # [U, C, L]
+    return ConvBlock(normalised, patches, mask, weight, w, b, scale1, inv1, mean1, gain0)
+
+
+def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Per-triple gradients given dl/da [n, F] of triples whose pairs are ``index`` [n].
+
+    Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
+    """
+    n, channels = len(index), block.weight.shape[0]
+    do = da.view(n, channels, -1) * block.mask[index]  # [n, C, L]
+    patches = block.patches[index]  # [n, K, L]
+    d_weight = do @ patches.transpose(1, 2)  # [n, C, K], d/dW'
+    d_bias = do.sum(2)  # [n, C], d/dB'
+    height, width = block.normalised.shape[1:]
+    dx0 = _fold(block.weight.T @ do, model.conv.kernel_size, height, width)  # [n, 2H, W]
+    grads = {"conv.weight": (d_weight * block.scale1.view(1, -1, 1)).view(n, *model.conv.weight.shape),
+             "conv.bias": d_bias * block.scale1}
+    if model.bn1 is not None:
+        grads["bn1.weight"] = ((d_weight * block.raw_weight).sum(2) + d_bias * (block.raw_bias - block.mean1)) * block.inv1
+        grads["bn1.bias"] = d_bias
+        grads["bn0.weight"] = (dx0 * block.normalised[index]).sum((1, 2)).unsqueeze(1)  # [n, 1]
+        grads["bn0.bias"] = dx0.sum((1, 2)).unsqueeze(1)
+    dx = (dx0 * block.gain0).view(n, -1)  # [n, 2D]: head row, then relation row
+    dim = dx.shape[1] // 2
+    return grads, dx[:, :dim], dx[:, dim:]
+
+
+def block_jvp(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], dh: Tensor, dr: Tensor) -> Tensor:
+    """Directional derivative of every pair's fc input, [U, F], along parameter tangents and rows dh, dr [U, D].
+
+    ``tangent`` maps parameter names (conv, bn0, bn1) to tangents of their shapes; absent ones are zero.
+    """
+    channels = block.weight.shape[0]
+    zeros = torch.zeros_like(block.raw_bias)
+    dw = tangent.get("conv.weight", torch.zeros_like(model.conv.weight)).view(channels, -1)  # [C, K]
+    dg1 = tangent.get("bn1.weight", zeros) * block.inv1
+    d_weight = dw * block.scale1.unsqueeze(1) + block.raw_weight * dg1.unsqueeze(1)  # [C, K]
+    d_bias = (tangent.get("conv.bias", zeros) * block.scale1 + (block.raw_bias - block.mean1) * dg1
+              + tangent.get("bn1.bias", zeros))  # [C]
+    zero = torch.zeros_like(block.gain0).view(1)
+    dx0 = (torch.cat([dh, dr], dim=1).view_as(block.normalised) * block.gain0
+           + block.normalised * tangent.get("bn0.weight", zero) + tangent.get("bn0.bias", zero))  # [U, 2H, W]
+    do = d_weight @ block.patches + block.weight @ _taps(dx0, model.conv.kernel_size) + d_bias.view(1, -1, 1)
+    return (do * block.mask).reshape(len(dh), -1)  # [U, F]
