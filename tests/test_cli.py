@@ -13,7 +13,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "kgtrace", *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "evaluate"])
+@pytest.mark.parametrize("command", ["prepare", "train", "evaluate", "predict", "score", "explain", "index"])
 def test_help_documents_every_option_with_default(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kgtrace.attribution import TracIn
-from kgtrace.attribution.report import parse_triple
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
+from kgtrace.data.lookup import parse_triple
 from kgtrace.errors import KgtraceError
 from kgtrace.run import load_run
 from kgtrace.training.loop import train

@@ -5,6 +5,7 @@ The public API, re-exported from the packages that own it::
     kgtrace.TrainConfig, kgtrace.train, kgtrace.resume    training into a run folder
     kgtrace.load_run                                      model + dataset + checkpoints of a run
     kgtrace.evaluate                                      filtered rank metrics of any scorer
+    kgtrace.predict, kgtrace.score_triples                a run's best candidates; scores and ranks of triples
     kgtrace.TracIn                                        training triples' influence on predictions
     kgtrace.load_dataset, kgtrace.prepare                 datasets
     kgtrace.MODELS, kgtrace.build_model                   the model registry
@@ -16,6 +17,7 @@ from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.prepare import prepare
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import evaluate
+from kgtrace.evaluation.predict import predict, score_triples
 from kgtrace.models import MODELS, build_model
 from kgtrace.run import Run, load_run
 from kgtrace.training.loop import resume, train
@@ -24,5 +26,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "Run", "TrainConfig", "TracIn", "build_model",
-    "evaluate", "load_dataset", "load_run", "prepare", "resume", "train",
+    "evaluate", "load_dataset", "load_run", "predict", "prepare", "resume", "score_triples", "train",
 ]

@@ -18,6 +18,7 @@ import yaml
 
 from kgtrace.config import TrainConfig, parse_size
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.io import check_outputs_spare_inputs
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("prepare", add_prepare_args, cmd_prepare, "write a dataset folder from labelled triples or KGX files"),
         ("train", add_train_args, cmd_train, "train a model into a run folder and report filtered test metrics"),
         ("evaluate", add_evaluate_args, cmd_evaluate, "filtered rank metrics of a run on its test or valid split"),
+        ("predict", add_predict_args, cmd_predict,
+         "a model's best tails of (HEAD, REL, ?) or heads of (?, REL, TAIL), with names and which are already known"),
+        ("score", add_score_args, cmd_score, "score a file of triples, with their filtered head and tail ranks"),
         ("explain", add_explain_args, cmd_explain,
          "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
         ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
@@ -286,6 +290,83 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
                        title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
 
 
+# ----------------------------------------------------------------------------- predict and score
+
+
+def add_predict_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--relation", required=True, metavar="REL", help="the query's relation (label or id)")
+    anchor = p.add_mutually_exclusive_group(required=True)
+    anchor.add_argument("--head", metavar="HEAD", help="rank tails of (HEAD, REL, ?) (label or id)")
+    anchor.add_argument("--tail", metavar="TAIL", help="rank heads of (?, REL, TAIL) (label or id)")
+    p.add_argument("--top-n", type=int, default=20, help="candidates to list")
+    p.add_argument("--new-only", action="store_true", help="hide candidates whose triple is in train, valid or test")
+    p.add_argument("--category", help="only candidates of this node category (from the dataset's node categories)")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
+    p.add_argument("--out", metavar="FILE.json", help="also write the candidates as JSON, with a TSV beside it")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.predict import predict, write_table
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
+                    new_only=args.new_only, category=args.category)
+    q = found.query
+    print(f"({q['head'] or '?'}, {q['relation']}, {q['tail'] or '?'}): best {found.table.height} {q['side']}s"
+          f"{' (new only)' if args.new_only else ''}")
+    print(f"{'rank':>4}  {'score':>9}  {'known':<5}  candidate")
+    for row in found.table.iter_rows(named=True):
+        where = ",".join(s for s in ("train", "valid", "test") if row[f"in_{s}"]) or "-"
+        name = f"  ({row['name']})" if row["name"] != row["label"] else ""
+        print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {row['label']}{name}")
+    if args.out:
+        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q})}")
+    return 0
+
+
+def add_score_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--triples", required=True, metavar="FILE",
+                   help="labelled triples to score, head<TAB>relation<TAB>tail per line")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
+    p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    p.add_argument("--out", metavar="FILE.json", help="JSON to write, with a TSV beside it (default: print only)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.predict import score_triples, write_table
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+    if args.out:
+        check_outputs_spare_inputs([args.out, Path(args.out).with_suffix(".tsv")], [args.triples])
+    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    scored = score_triples(run, args.triples, memory_budget=budget)
+    for skip in scored.skipped[:10]:
+        print(f"{args.triples}:{skip['line']}: skipped: {skip['problem']}", file=sys.stderr)
+    if len(scored.skipped) > 10:
+        print(f"... {len(scored.skipped) - 10} more skipped lines (all of them in the JSON with --out)", file=sys.stderr)
+    print(f"{'line':>6}  {'score':>9}  {'h-rank':>7}  {'t-rank':>7}  {'known':<5}  triple")
+    for row in scored.table.head(50).iter_rows(named=True):
+        print(f"{row['line']:>6}  {row['score']:9.4f}  {row['head_rank']:7g}  {row['tail_rank']:7g}  "
+              f"{'yes' if row['known'] else 'no':<5}  {row['head_name']} --{row['relation_name']}--> {row['tail_name']}")
+    if scored.table.height > 50:
+        print(f"(showing 50 of {scored.table.height} scored triples; use --out for all of them)")
+    print(f"scored {scored.table.height} triples, skipped {len(scored.skipped)} lines with unknown labels")
+    if args.out:
+        print(f"wrote {args.out} and {write_table(scored.table, args.out, {'skipped': scored.skipped})}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- explain
 
 
@@ -341,6 +422,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / (
         "self_influence.json" if args.self_influence else "explain.json")
     report.check_path(out)
+    outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
+    check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
     device = resolve_device(args.device)
     run = load_run(args.run_dir, args.checkpoint, device=device)
     # Progress of a long pass is saved here now and then; rerunning the same command resumes from it.
@@ -375,9 +458,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def explain_targets(args: argparse.Namespace, run) -> Tensor:
     """The test triples [n, 3] that --triple, --triples or --predict name."""
     from kgtrace.attribution import report
+    from kgtrace.data.lookup import parse_triple
 
     if args.triple:
-        return report.parse_triple(run.dataset, *args.triple).view(1, 3)
+        return parse_triple(run.dataset, *args.triple).view(1, 3)
     if args.predict:
         return report.predicted_triples(run, *args.predict, args.top_n)
     from kgtrace.data.triples import encode_triples, read_labeled_triples

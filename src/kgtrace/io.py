@@ -9,6 +9,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
+from kgtrace.errors import KgtraceError
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -47,3 +49,13 @@ def atomic_write_text(path: str | os.PathLike, chunks: str | Iterable[str]) -> N
     with atomic_open(path) as f:
         for chunk in [chunks] if isinstance(chunks, str) else chunks:
             f.write(chunk)
+
+
+def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike | None],
+                               option: str = "--out") -> None:
+    """Refuse outputs that would replace an input file (e.g. the TSV written beside --out x.json when x.tsv is read)."""
+    given = {Path(p).resolve() for p in inputs if p is not None}
+    clash = [str(p) for p in outputs if Path(p).resolve() in given]
+    if clash:
+        raise KgtraceError(f"{option}: writing {', '.join(clash)} would replace an input file. "
+                           f"Fix: choose another {option} name")

@@ -9,7 +9,6 @@ ranks training triples by self-influence (high: hard to fit, e.g. a mislabelled 
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,10 +21,11 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.data.dataset import Dataset
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import rank_queries
+from kgtrace.evaluation.predict import predict
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run
 
-__all__ = ["explain_triples", "parse_triple", "predicted_triples", "self_influence_ranking", "write_explanations",
+__all__ = ["explain_triples", "predicted_triples", "self_influence_ranking", "write_explanations",
            "write_self_influence"]
 
 EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "kind", "rank", "train_index", "head",
@@ -34,52 +34,20 @@ SELF_COLUMNS = ("rank", "train_index", "head", "relation", "tail", "head_name", 
                 "self_influence")
 
 
-# ----------------------------------------------------------------------------- parsing
-
-
-def parse_triple(dataset: Dataset, h: str | int, r: str | int, t: str | int) -> Tensor:
-    """Labels (or integer ids) -> LongTensor [3]; a label wins over an id of the same spelling.
-
-    An unknown label is a KgtraceError naming it and suggesting close labels.
-    """
-    problems, ids = [], []
-    for role, value, vocab in (("head", h, dataset.entities), ("relation", r, dataset.relations),
-                               ("tail", t, dataset.entities)):
-        kind = "relation" if role == "relation" else "entity"
-        text = str(value)
-        if text in vocab.to_id:
-            ids.append(vocab.to_id[text])
-            continue
-        if text.strip().isdigit() and int(text) < len(vocab):
-            ids.append(int(text))
-            continue
-        close = difflib.get_close_matches(text, vocab.labels, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else \
-            f"use a label from the run's {'rel_dict' if kind == 'relation' else 'node_dict'} or an id below {len(vocab)}"
-        problems.append(f"{role} {text!r}: unknown {kind}; {hint}")
-    if problems:
-        raise ConfigError(problems)
-    return torch.tensor(ids, dtype=torch.long)
+# ----------------------------------------------------------------------------- targets
 
 
 def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int) -> Tensor:
     """The model's ``top_n`` best new tails of (head, relation, ?), as triples [n, 3], best first.
 
-    "New": not a known triple of any split. Raises when the query has no new tail left.
+    "New": not a known triple of any split (:func:`~kgtrace.evaluation.predict.predict`
+    with ``new_only``). Raises when the query has no new tail left.
     """
-    if top_n < 1:
-        raise ConfigError([f"top_n={top_n}: must be at least 1"])
-    h, r, _ = parse_triple(run.dataset, head, relation, 0).tolist()
-    model = run.model.eval()
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        scores = model.score_t(torch.tensor([[h, r]], device=device))[0].float().cpu()  # [E]
-    known = run.dataset.all_triples()
-    scores[known[(known[:, 0] == h) & (known[:, 1] == r), 2]] = float("-inf")
-    n = min(int(top_n), int(torch.isfinite(scores).sum()))
-    if n == 0:
+    found = predict(run, head=head, relation=relation, top_n=top_n, new_only=True)
+    if found.table.height == 0:
         raise KgtraceError(f"({head}, {relation}, ?): every entity is already a known tail; nothing new to explain")
-    tails = torch.topk(scores, n).indices
+    h, r = run.dataset.entities.to_id[found.query["head"]], run.dataset.relations.to_id[found.query["relation"]]
+    tails = torch.from_numpy(found.table["id"].to_numpy().astype("int64"))
     return torch.stack([torch.full_like(tails, h), torch.full_like(tails, r), tails], dim=1)
 
 

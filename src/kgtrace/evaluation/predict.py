@@ -1,0 +1,234 @@
+"""Everyday questions to a trained model: its best candidates for a query, and scores of given triples.
+
+:func:`predict` ranks every entity as the tail of (head, relation, ?) or the head of
+(?, relation, tail), like PyKEEN's ``predict_target``: candidates with labels, readable
+names, scores and where each candidate triple is already known (train, valid or test),
+optionally only new ones or only entities of one category. :func:`score_triples` scores
+a labelled file's triples with their filtered realistic head and tail ranks; lines with
+unknown labels are reported and skipped, the rest still scored. Both return tables
+(polars) that :func:`write_table` writes as JSON with a TSV beside it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+from torch import Tensor
+
+from kgtrace.data.dataset import Dataset
+from kgtrace.data.lookup import find_ids, lookup_problem
+from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
+from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.evaluation.evaluate import model_device, rank_queries
+from kgtrace.io import atomic_write_text
+from kgtrace.run import Run
+
+__all__ = ["Predictions", "ScoredTriples", "predict", "score_triples", "write_table"]
+
+SPLITS = ("train", "valid", "test")
+HINTS = 20  # unknown labels get close-match hints up to this many lines (difflib is slow on big vocabularies)
+
+
+@dataclass
+class Predictions:
+    """Candidates of one query, best first: columns rank, id, label, name, categories, score, known, in_<split>."""
+
+    query: dict  # {"head", "relation", "tail"} labels, the asked side None; "side": "tail" or "head"
+    table: pl.DataFrame
+
+
+@dataclass
+class ScoredTriples:
+    """Scored triples (columns line, head, relation, tail, names, score, head_rank, tail_rank, known, in_<split>)
+    and the skipped lines ({"line", "problem"})."""
+
+    table: pl.DataFrame
+    skipped: list[dict] = field(default_factory=list)
+
+
+def predict(run: Run, *, relation: str | int, head: str | int | None = None, tail: str | int | None = None,
+            top_n: int = 20, new_only: bool = False, category: str | None = None) -> Predictions:
+    """The ``top_n`` best tails of (head, relation, ?), or heads of (?, relation, tail): give exactly one of head, tail.
+
+    Ties keep the lower entity id first. ``new_only`` drops candidates whose triple is in
+    any split; ``category`` keeps only entities of that category (node_categories.tsv).
+    """
+    ds = run.dataset
+    ids, problems = find_ids(ds, head=head, relation=relation, tail=tail)
+    problems += _query_problems(head, tail, top_n)
+    if problems:
+        raise ConfigError(problems)
+    side = "tail" if tail is None else "head"
+    scores = _query_scores(run, ids, side)  # [E]
+    known = {split: _known_answers(getattr(ds, split), ids, side, ds.num_entities) for split in SPLITS}  # [E] bool each
+    keep = torch.isfinite(scores)
+    if new_only:
+        keep &= ~(known["train"] | known["valid"] | known["test"])
+    if category is not None:
+        keep &= _category_mask(ds, category)
+    order = torch.sort(scores, descending=True, stable=True).indices  # ties: lower id first
+    chosen = order[keep[order]][:top_n]
+    query = {"head": _label(ds, ids["head"]), "relation": ds.relation_label(ids["relation"]),
+             "tail": _label(ds, ids["tail"]), "side": side}
+    return Predictions(query, _candidate_table(ds, chosen, scores, known))
+
+
+def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> ScoredTriples:
+    """Score every triple of a labelled file, with filtered realistic head and tail ranks against all splits.
+
+    Lines whose labels are not in the run's id maps are skipped and listed; a file with no
+    scorable line at all is an error.
+    """
+    labeled, lines = read_labeled_triples_with_lines(path)
+    ds = run.dataset
+    ids = np.stack([ds.entities.lookup(labeled[:, 0]), ds.relations.lookup(labeled[:, 1]),
+                    ds.entities.lookup(labeled[:, 2])], axis=1).reshape(-1, 3)  # [n, 3], -1 where unknown
+    good = (ids >= 0).all(axis=1)
+    skipped = [_skip_reason(ds, labeled[i], ids[i], int(lines[i]), hint=n < HINTS)
+               for n, i in enumerate(np.flatnonzero(~good))]
+    if not good.any():
+        first = f" (first: line {skipped[0]['line']}: {skipped[0]['problem']})" if skipped else ""
+        raise DataError(path, None, f"no triple to score{first}",
+                        "write head<TAB>relation<TAB>tail per line with labels from the run's node_dict and rel_dict")
+    triples = torch.from_numpy(ids[good].astype(np.int64))
+    model = run.model.eval()
+    with torch.no_grad():
+        scores = torch.cat([model.score_hrt(c.to(model_device(model))).float().cpu() for c in triples.split(65536)])
+    ranks = rank_queries(model, triples, known=ds.all_triples(), memory_budget=memory_budget)
+    table = pl.DataFrame({
+        "line": lines[good],
+        **_labelled_columns(ds, triples),
+        "score": scores.numpy(),
+        "head_rank": ranks.counts["head"].rank("realistic").numpy(),
+        "tail_rank": ranks.counts["tail"].rank("realistic").numpy(),
+        **_membership(ds, triples),
+    })
+    return ScoredTriples(table, skipped)
+
+
+def write_table(table: pl.DataFrame, path_json: str | Path, extra: dict) -> Path:
+    """Write ``{**extra, "rows": [...]}`` as JSON and the table as a TSV beside it (same stem); returns the TSV path."""
+    path_json = Path(path_json)
+    if path_json.suffix.lower() != ".json":
+        raise KgtraceError(f"--out {path_json}: must end in .json (a .tsv is written beside it). Fix: e.g. --out out.json")
+    atomic_write_text(path_json, json.dumps({**extra, "rows": table.to_dicts()}, indent=2) + "\n")
+    tsv = path_json.with_suffix(".tsv")
+    atomic_write_text(tsv, table.write_csv(separator="\t", quote_style="never"))
+    return tsv
+
+
+# ----------------------------------------------------------------------------- predict
+
+
+def _query_problems(head, tail, top_n: int) -> list[str]:
+    problems = []
+    if (head is None) == (tail is None):
+        problems.append(f"head={head!r}, tail={tail!r}: give exactly one of them (head for tails, tail for heads)")
+    if top_n < 1:
+        problems.append(f"top_n={top_n}: must be at least 1")
+    return problems
+
+
+def _query_scores(run: Run, ids: dict, side: str) -> Tensor:
+    """Scores [E] of every entity as the asked side of the query."""
+    model = run.model.eval()
+    device = model_device(model)
+    with torch.no_grad():
+        if side == "tail":
+            scores = model.score_t(torch.tensor([[ids["head"], ids["relation"]]], device=device))
+        else:
+            scores = model.score_h(torch.tensor([[ids["relation"], ids["tail"]]], device=device))
+    return scores[0].float().cpu()
+
+
+def _known_answers(triples: Tensor, ids: dict, side: str, num_entities: int) -> Tensor:
+    """[E] bool: entities that answer the query in ``triples`` [n, 3]."""
+    anchor, answer = (0, 2) if side == "tail" else (2, 0)
+    match = (triples[:, 1] == ids["relation"]) & (triples[:, anchor] == ids["head" if side == "tail" else "tail"])
+    mask = torch.zeros(num_entities, dtype=torch.bool)
+    mask[triples[match, answer]] = True
+    return mask
+
+
+def _category_mask(ds: Dataset, category: str) -> Tensor:
+    """[E] bool: entities listed with ``category`` in the dataset's node categories."""
+    if not ds.entity_categories:
+        raise ConfigError([f"category={category!r}: the run's dataset has no node categories; fix: prepare it from "
+                           "KGX nodes (kgtrace prepare --kgx-nodes ...) or add node_categories.tsv, or drop --category"])
+    labels = [label for label, cats in ds.entity_categories.items() if category in cats]
+    if not labels:
+        every = sorted({c for cats in ds.entity_categories.values() for c in cats})
+        close = difflib.get_close_matches(category, every, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"known: {', '.join(every[:20])}"
+        raise ConfigError([f"category={category!r}: no entity has it; {hint}"])
+    ids = ds.entities.lookup(labels)
+    mask = torch.zeros(ds.num_entities, dtype=torch.bool)
+    mask[torch.from_numpy(ids[ids >= 0])] = True
+    return mask
+
+
+def _candidate_table(ds: Dataset, chosen: Tensor, scores: Tensor, known: dict[str, Tensor]) -> pl.DataFrame:
+    labels = [ds.entity_label(i) for i in chosen.tolist()]
+    flags = {f"in_{split}": known[split][chosen].numpy() for split in SPLITS}
+    return pl.DataFrame({
+        "rank": np.arange(1, len(chosen) + 1),
+        "id": chosen.numpy(),
+        "label": labels,
+        "name": [ds.entity_name(label) for label in labels],
+        "categories": ["|".join(ds.entity_categories.get(label, ())) for label in labels],
+        "score": scores[chosen].numpy(),
+        "known": flags["in_train"] | flags["in_valid"] | flags["in_test"],
+        **flags,
+    }, schema_overrides={"label": pl.String, "name": pl.String, "categories": pl.String})
+
+
+def _label(ds: Dataset, entity: int | None) -> str | None:
+    return None if entity is None else ds.entity_label(entity)
+
+
+# ----------------------------------------------------------------------------- score
+
+
+def _skip_reason(ds: Dataset, labeled: np.ndarray, ids: np.ndarray, line: int, hint: bool) -> dict:
+    """Why a line was skipped: each unknown label, with close labels for the first few lines."""
+    problems = []
+    for column, role in enumerate(FIELDS):
+        if ids[column] >= 0:
+            continue
+        kind = "relation" if role == "relation" else "entity"
+        if hint:
+            problems.append(lookup_problem(ds.relations if kind == "relation" else ds.entities, labeled[column],
+                                           role, kind)[1])
+        else:
+            problems.append(f"{role} {labeled[column]!r}: unknown {kind}")
+    return {"line": line, "problem": "; ".join(problems)}
+
+
+def _labelled_columns(ds: Dataset, triples: Tensor) -> dict[str, list[str]]:
+    h, r, t = ([labels[i] for i in triples[:, c].tolist()] for c, labels in
+               ((0, ds.entities.labels), (1, ds.relations.labels), (2, ds.entities.labels)))
+    return {"head": h, "relation": r, "tail": t, "head_name": [ds.entity_name(x) for x in h],
+            "relation_name": [ds.relation_name(x) for x in r], "tail_name": [ds.entity_name(x) for x in t]}
+
+
+def _membership(ds: Dataset, triples: Tensor) -> dict[str, np.ndarray]:
+    """known and in_<split> [n] bool: whether each triple is in each split."""
+    flags = {f"in_{split}": _contains(getattr(ds, split), triples, ds) for split in SPLITS}
+    return {"known": flags["in_train"] | flags["in_valid"] | flags["in_test"], **flags}
+
+
+def _contains(split: Tensor, triples: Tensor, ds: Dataset) -> np.ndarray:
+    """[n] bool: which triples [n, 3] occur in ``split`` [m, 3] (one int64 key per triple, sorted search)."""
+    def key(x: Tensor) -> Tensor:
+        return (x[:, 0] * ds.num_relations + x[:, 1]) * ds.num_entities + x[:, 2]
+
+    keys = torch.sort(key(split)).values
+    wanted = key(triples)
+    at = torch.searchsorted(keys, wanted).clamp(max=max(len(keys) - 1, 0))
+    return ((keys[at] == wanted) if len(keys) else torch.zeros(len(wanted), dtype=torch.bool)).numpy()
