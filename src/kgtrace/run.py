@@ -40,10 +40,16 @@ class Run:
 
 
 def model_from_checkpoint(state: dict[str, Any], device: torch.device | str = "cpu") -> nn.Module:
-    """Build the checkpoint's model and load its weights; returned in eval mode."""
+    """Build the checkpoint's model around its weights; returned in eval mode.
+
+    The module is built on the meta device and takes the checkpoint's tensors as they are
+    (``assign=True``): no initialisation is drawn only to be overwritten, and nothing is
+    copied, so a memory-mapped checkpoint stays mapped.
+    """
     spec = state["model"]
-    model = build_model(spec["name"], spec["num_entities"], spec["num_relations"], **spec["args"])
-    model.load_state_dict(state["model_state"])
+    with torch.device("meta"):
+        model = build_model(spec["name"], spec["num_entities"], spec["num_relations"], **spec["args"])
+    model.load_state_dict(state["model_state"], assign=True)
     return model.to(device).eval()
 
 

@@ -46,7 +46,7 @@ from kgtrace.attribution.rows import row_factors, row_tables
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open
-from kgtrace.run import Run
+from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
 
 __all__ = ["FACTORISERS", "TopK", "TracIn"]
@@ -144,9 +144,8 @@ class TracIn:
         if self._models is None:
             self._models = []
             for info in self.checkpoints:
-                model = copy.deepcopy(self.model)
-                model.load_state_dict(load_checkpoint(info.path, map_location=self.device, mmap=True)["model_state"])
-                self._models.append(model.eval())
+                state = load_checkpoint(info.path, map_location=self.device, mmap=True)
+                self._models.append(model_from_checkpoint(state, self.device))
         return self._models
 
     def _factorise(self, model: nn.Module, triples: Tensor) -> Factors:
