@@ -8,7 +8,7 @@ For a (head, relation) pair the block maps the image x = [e_h ; w_r] viewed as [
     a  = relu(o), flattened channel-major           [C * L] = F
 
 Input and feature-map dropout are the identity in eval mode. Written out, a triple's gradient
-needs only batched matmuls over cached per-pair pieces (patches, relu mask), and no autograd
+needs only batched matmuls over cached per-pair pieces (patches, fc inputs), and no autograd
 or torch.func machinery: the reverse pass (:func:`block_vjp`, one per training triple) and the
 forward pass (:func:`block_jvp`, one per test direction and pair) are each a few matmuls.
 Tests check both against autograd (through the reference TracIn).
@@ -16,7 +16,7 @@ Tests check both against autograd (through the reference TracIn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -30,14 +30,20 @@ class ConvBlock:
 
     normalised: Tensor  # [U, 2H, W] (x - mu0) * inv0 (x itself without batch norm)
     patches: Tensor  # [U, K, L] patches of bn0(x)
-    mask: Tensor  # [U, C, L] relu active
     weight: Tensor  # [C, K] W' (bn1 folded in)
+    bias: Tensor  # [C] B' (bn1 folded in)
+    active: Tensor  # [U, C, L] the fc input a viewed per channel: relu(o), positive exactly where relu passes
     raw_weight: Tensor  # [C, K] w
     raw_bias: Tensor  # [C] b
     scale1: Tensor  # [C] s1 (ones without batch norm)
     inv1: Tensor  # [C] 1 / sqrt(var1 + eps) (ones without batch norm)
     mean1: Tensor  # [C] mu1 (zeros without batch norm)
     gain0: Tensor  # [] gamma0 * inv0 (one without batch norm)
+
+    def part(self, start: int, stop: int) -> "ConvBlock":
+        """The block restricted to pairs start .. stop-1 (views, no copies)."""
+        return replace(self, normalised=self.normalised[start:stop], patches=self.patches[start:stop],
+                       active=self.active[start:stop])
 
 
 def _taps(x: Tensor, kernel: tuple[int, int]) -> Tensor:
@@ -72,13 +78,14 @@ def conv_block(model: nn.Module, pairs: Tensor, a: Tensor) -> ConvBlock:
         inv1 = torch.rsqrt(bn1.running_var + bn1.eps)  # [C]
         scale1, mean1, gain0 = bn1.weight * inv1, bn1.running_mean, (bn0.weight * inv0)[0]
         weight = w * scale1.unsqueeze(1)
+        bias = bn1.bias + (b - bn1.running_mean) * scale1
     else:
         normalised = x0 = x
         inv1 = scale1 = torch.ones_like(b)
-        mean1, gain0, weight = torch.zeros_like(b), torch.ones_like(b[0]), w
+        mean1, gain0, weight, bias = torch.zeros_like(b), torch.ones_like(b[0]), w, b
     patches = _taps(x0, model.conv.kernel_size)
-    mask = (a.view(len(pairs), w.shape[0], -1) > 0)  # [U, C, L]
-    return ConvBlock(normalised, patches, mask, weight, w, b, scale1, inv1, mean1, gain0)
+    active = a.view(len(pairs), w.shape[0], -1)  # [U, C, L]
+    return ConvBlock(normalised, patches, weight, bias, active, w, b, scale1, inv1, mean1, gain0)
 
 
 def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
@@ -87,7 +94,7 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
     """
     n, channels = len(index), block.weight.shape[0]
-    do = da.view(n, channels, -1) * block.mask[index]  # [n, C, L]
+    do = da.view(n, channels, -1) * (block.active[index] > 0)  # [n, C, L], relu's derivative
     patches = block.patches[index]  # [n, K, L]
     d_weight = do @ patches.transpose(1, 2)  # [n, C, K], d/dW'
     d_bias = do.sum(2)  # [n, C], d/dB'
@@ -109,6 +116,12 @@ def block_jvp(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], dh
     """Directional derivative of every pair's fc input, [U, F], along parameter tangents and rows dh, dr [U, D].
 
     ``tangent`` maps parameter names (conv, bn0, bn1) to tangents of their shapes; absent ones are zero.
+
+    do = dW' P + dB' + W' taps(dx0), masked by relu. Only the image tangent's row part
+    (dh, dr) needs W' taps(.) per pair, and only for pairs where it is non-zero; the bn0 part
+    dx0 = t_w * normalised + t_b follows from the forward pass: P = gamma0 taps(normalised) + beta0,
+    so W' taps(normalised) = (o - B' - beta0 rowsum(W')) / gamma0, with the pre-activation
+    o = a wherever relu passes (elsewhere the mask zeroes do anyway).
     """
     channels = block.weight.shape[0]
     zeros = torch.zeros_like(block.raw_bias)
@@ -117,8 +130,26 @@ def block_jvp(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], dh
     d_weight = dw * block.scale1.unsqueeze(1) + block.raw_weight * dg1.unsqueeze(1)  # [C, K]
     d_bias = (tangent.get("conv.bias", zeros) * block.scale1 + (block.raw_bias - block.mean1) * dg1
               + tangent.get("bn1.bias", zeros))  # [C]
-    zero = torch.zeros_like(block.gain0).view(1)
-    dx0 = (torch.cat([dh, dr], dim=1).view_as(block.normalised) * block.gain0
-           + block.normalised * tangent.get("bn0.weight", zero) + tangent.get("bn0.bias", zero))  # [U, 2H, W]
-    do = d_weight @ block.patches + block.weight @ _taps(dx0, model.conv.kernel_size) + d_bias.view(1, -1, 1)
-    return (do * block.mask).reshape(len(dh), -1)  # [U, F]
+    count = block.patches.shape[0]
+    base = _bn0_part(model, block, tangent, d_bias) if "bn0.weight" in tangent or "bn0.bias" in tangent \
+        else d_bias.view(1, -1, 1)  # [U, C, L] or [1, C, 1]
+    do = torch.baddbmm(base, d_weight.expand(count, -1, -1), block.patches)  # [U, C, L]
+    rows = (dh.abs().sum(1) + dr.abs().sum(1) > 0).nonzero().squeeze(1)  # pairs touched by the row tangent
+    if len(rows):
+        image = torch.cat([dh[rows], dr[rows]], dim=1).view(len(rows), *block.normalised.shape[1:])  # [u, 2H, W]
+        do[rows] += block.weight @ _taps(image * block.gain0, model.conv.kernel_size)
+    return do.mul_(block.active > 0).view(count, -1)  # [U, F], relu's derivative
+
+
+def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], d_bias: Tensor) -> Tensor:
+    """d_bias + W' taps(t_w * normalised + t_b), [U, C, L], exact wherever relu passes (see :func:`block_jvp`)."""
+    bn0 = model.bn0
+    t_w = tangent.get("bn0.weight", torch.zeros_like(bn0.weight))  # [1]
+    t_b = tangent.get("bn0.bias", torch.zeros_like(bn0.bias))  # [1]
+    rowsum = block.weight.sum(1)  # [C]
+    if bool(bn0.weight == 0):  # gamma0 = 0 leaves no way back from P to normalised: take the taps
+        taps = _taps(block.normalised * t_w + t_b, model.conv.kernel_size)  # [U, K, L]
+        return torch.baddbmm(d_bias.view(1, -1, 1), block.weight.expand(len(taps), -1, -1), taps)
+    scale = t_w / bn0.weight  # [1]
+    shift = d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum)  # [C]
+    return torch.add(shift.view(1, -1, 1), block.active, alpha=float(scale))  # one pass over [U, C, L]
