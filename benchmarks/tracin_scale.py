@@ -15,11 +15,14 @@ cores takes hours, and TracIn's cost does not depend on how good the weights are
 Each size is then measured in a fresh process with --threads torch threads: ``kgtrace.load_run``,
 then ``TracIn(run, params="last").top_k(test[:n_test], k=10)``, the exact streaming path over all
 training triples and checkpoints. Reported per size: seconds (and minutes) of TracIn, training
-triples per second, the RSS after loading the run (baseline: model, dataset, id maps), the peak RSS
-while loading and the peak RSS during TracIn (the high-water mark is reset after loading, through
-/proc/self/clear_refs), and their difference, TracIn's working memory. That difference should not
-grow with the training set; ``tracin_memory_ratio`` is its value at the largest size over the
-smallest. Files are written under a temporary folder, removed after each size unless --keep.
+triples per second, the distinct (head, relation) pairs (much of the time is per pair: ConvE's fc
+input and its products with the test triples' at every checkpoint; on a skewed graph pairs grow
+slower than triples), the RSS after loading the run (baseline: model, dataset, id maps), the peak
+RSS while loading and the peak RSS during TracIn (the high-water mark is reset after loading,
+through /proc/self/clear_refs), and their difference, TracIn's working memory. That difference
+should not grow with the training set; ``tracin_memory_ratio`` is its value at the largest size
+over the smallest. Files are written under a temporary folder, removed after each size unless
+--keep.
 
     python benchmarks/tracin_scale.py [--sizes 250000,500000,1000000] [--entities 100000]
         [--relations 40] [--n-test 100] [--checkpoints 4] [--threads 2] [--keep DIR]
@@ -179,8 +182,9 @@ def measure(folder: Path, n_test: int, threads: int) -> dict:
     peak = status_mb("VmHWM")
     assert len(results) == min(n_test, len(run.dataset.test))
     assert all(bool(torch.isfinite(r.proponent_influence).all()) for r in results)
-    n_train = len(run.dataset.train)
-    return {"n_train": n_train, "n_test": len(results), "checkpoints": len(tracin.checkpoints),
+    n_train, train = len(run.dataset.train), run.dataset.train
+    pairs = len(torch.unique(train[:, 0] * run.dataset.num_relations + train[:, 1]))
+    return {"n_train": n_train, "distinct_pairs": pairs, "n_test": len(results), "checkpoints": len(tracin.checkpoints),
             "chunk_size": tracin.chunk_size, "chunks": -(-n_train // tracin.chunk_size), "path": tracin.path,
             "params": tracin.names, "load_seconds": load_seconds, "tracin_seconds": seconds,
             "tracin_minutes": seconds / 60, "train_triples_per_second": n_train / seconds,
