@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("explain", add_explain_args, cmd_explain,
          "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
         ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
+        ("import-pykeen", add_import_pykeen_args, cmd_import_pykeen,
+         "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -254,6 +256,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     run = load_run(args.run_dir, args.checkpoint, device=device)
     ds = run.dataset
+    if not len(getattr(ds, args.split)):
+        raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
+                           "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
     compile_ = device.type == "cuda" if args.compile is None else args.compile
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
@@ -504,6 +509,54 @@ def cmd_index(args: argparse.Namespace) -> int:
     print(f"indexed {meta.num_train} training triples x {len(meta.checkpoints)} checkpoints at dim {meta.dim} "
           f"({', '.join(meta.params)}) in {meta.seconds:.1f} s into {out}; "
           f"query with: kgtrace explain {args.run_dir} --index {out} --triple HEAD REL TAIL")
+    return 0
+
+
+# ----------------------------------------------------------------------------- PyKEEN interop
+
+
+IMPORT_PYKEEN_EPILOG = """\
+SOURCE forms (any mix; folders are searched): a pipeline folder written by save_to_directory (its
+training_triples/ gives the id maps and training triples, results.json the losses); training-loop
+checkpoints (training_kwargs checkpoint_name=...; PyKEEN overwrites that file each epoch, so keep a copy
+per epoch for a series); model checkpoints of callbacks='checkpoint' (one file per epoch, weights only).
+Each checkpoint becomes an epoch checkpoint of the run, weighed by its learning rate in kgtrace explain;
+checkpoints are read without running code. trained_model.pkl is a pickle and is read only with
+--trust-pickle. Evaluation splits: --dataset names the data PyKEEN was trained on (its labels are
+re-mapped to PyKEEN's ids; its train split must be PyKEEN's training triples); without it the run gets a
+dataset folder of PyKEEN's training triples (plus validation_triples/ and testing_triples/ where SOURCE has
+them, as export-pykeen writes), enough for kgtrace explain; evaluate needs a test split.
+What came from where is recorded in RUN_DIR/pykeen_import.json.
+"""
+
+
+def add_import_pykeen_args(p: argparse.ArgumentParser) -> None:
+    p.epilog = IMPORT_PYKEEN_EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="PyKEEN pipeline folder, checkpoint folder or checkpoint file (see below)")
+    p.add_argument("--out", required=True, help="run folder to write (must not exist or be empty)")
+    p.add_argument("--dataset", metavar="umls|PATH",
+                   help="bundled dataset or dataset folder with the valid and test splits (default: none; the run "
+                        "keeps PyKEEN's training triples only)")
+    p.add_argument("--model", choices=("conve", "distmult", "complex"),
+                   help="the PyKEEN model class, when the weights cannot tell (default: from the weights)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter the weights do not fix, e.g. embedding_height=8 for ConvE (repeatable)")
+    p.add_argument("--lr", type=float, help="learning rate of every checkpoint (default: the training-loop "
+                                            "checkpoint's optimizer rate)")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="also read trained_model.pkl, which runs code named in the file when loaded")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+
+
+def cmd_import_pykeen(args: argparse.Namespace) -> int:
+    from kgtrace.interop.pykeen_import import import_pykeen
+
+    report = import_pykeen(args.sources, args.out, dataset=args.dataset, model=args.model,
+                           model_args=model_args(args.model_arg), lr=args.lr, trust_pickle=args.trust_pickle,
+                           overwrite=args.overwrite)
+    print(report.summary())
     return 0
 
 

@@ -313,6 +313,10 @@ def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log) -> N
         return
     saved = load_checkpoint(path)
     check_digests(saved, dataset.entities.digest(), dataset.relations.digest(), path)
+    if "optimizer_state" not in saved:
+        raise KgtraceError(f"{path}: holds weights only ({saved.get('imported_from', {}).get('tool', 'imported')} "
+                           "checkpoint), no optimizer or random state to continue from. Fix: continue training where "
+                           "the model came from, or train a new kgtrace run")
     restore_state(state, saved)
     truncate_metrics(out, state.epoch)
     log(f"resuming {out} from {path.name} (epoch {state.epoch}, step {state.step})")
