@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
         ("import-pykeen", add_import_pykeen_args, cmd_import_pykeen,
          "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
+        ("export-pykeen", add_export_pykeen_args, cmd_export_pykeen,
+         "a kgtrace run as files PyKEEN loads (triples factories and state dicts) with equal scores"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -557,6 +559,25 @@ def cmd_import_pykeen(args: argparse.Namespace) -> int:
                            model_args=model_args(args.model_arg), lr=args.lr, trust_pickle=args.trust_pickle,
                            overwrite=args.overwrite)
     print(report.summary())
+    return 0
+
+
+def add_export_pykeen_args(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write a kgtrace run as files PyKEEN loads: training_triples/ (and validation_triples/, "
+                     "testing_triples/) via TriplesFactory.to_path_binary, model_state.pt and checkpoints/ as "
+                     "{'state_dict', 'version'} files, config.json with the model class and model_kwargs. Load with "
+                     "TriplesFactory.from_path_binary, model_resolver.make(config['model'], config['model_kwargs'], "
+                     "triples_factory=...) and load_state_dict (README: PyKEEN interop). Needs PyKEEN installed.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a kgtrace run folder")
+    p.add_argument("--out", required=True, help="folder to write (must not exist or be empty)")
+    p.add_argument("--checkpoint", default="best", help="the model written as model_state.pt: best, last or a file")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+
+
+def cmd_export_pykeen(args: argparse.Namespace) -> int:
+    from kgtrace.interop.pykeen_export import export_pykeen
+
+    print(export_pykeen(args.run_dir, args.out, checkpoint=args.checkpoint, overwrite=args.overwrite).summary())
     return 0
 
 
