@@ -1,4 +1,4 @@
-"""Process-level settings that make CPU training faster."""
+"""Process-level settings that make CPU training and TracIn faster."""
 
 from __future__ import annotations
 

@@ -47,6 +47,7 @@ from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open
 from kgtrace.run import Run, model_from_checkpoint
+from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
 
 __all__ = ["FACTORISERS", "TopK", "TracIn"]
@@ -91,6 +92,7 @@ class TracIn:
         chunk_size: int | None = None,
         precision: Literal["fp32", "bf16", "fp16"] = "fp32",
     ):
+        keep_freed_memory()  # chunk after chunk frees and re-allocates the same [pairs, F] blocks: no page faults
         self.device = torch.device(device)
         self.model = copy.deepcopy(run.model).to(self.device).eval()
         self.names = select_parameters(self.model, params)
