@@ -6,7 +6,8 @@ every --checkpoint-every epochs (or an existing run, --run DIR). Influence of al
 triples on the first n test triples, n in --n-test, loss l = softplus(-score) =
 BCE-with-logits against label 1, model in eval mode. Each (tool, n_test) cell runs in its
 own process at --threads threads, so peak RSS is that cell's alone; a cell's seconds cover
-building the tool and computing the [n_test, n_train] influence (not loading the run).
+building the tool and computing the [n_test, n_train] influence (not loading the run), the
+median of --repeats such processes (on a shared 2-core machine single runs vary by +-30%).
 
 Cells:
 
@@ -46,7 +47,7 @@ Differences are reported against our influence over the same parameters:
 max |captum - ours| / |ours| over the entries with |ours| > 1e-3 max |ours|.
 
     python benchmarks/tracin_vs_captum.py [--run DIR] [--epochs 8] [--checkpoint-every 2]
-        [--n-test 1,100] [--threads 1] [--with-tracincp] [--skip-all] [--with-bf16]
+        [--n-test 1,100] [--threads 1] [--repeats 5] [--with-tracincp] [--skip-all] [--with-bf16]
 
 Needs Captum (``pip install captum==0.9.0`` beside kgtrace).
 """
@@ -57,6 +58,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -181,6 +183,20 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
+    """The median of --repeats runs of a cell, each in a fresh process (TracInCP: one run); peak RSS: the largest."""
+    runs = []
+    for _ in range(1 if tool == "captum_cp" else args.repeats):
+        runs.append(one_cell(tool, n, args, run, scratch))
+        if "error" in runs[-1]:
+            return runs[-1]
+    out = dict(runs[-1])
+    out["seconds_runs"] = [r["seconds"] for r in runs]
+    out["seconds"] = statistics.median(out["seconds_runs"])
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    return out
+
+
+def one_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
     save = scratch / f"{tool.replace(':', '_')}_{n}.pt"
     batch = args.cp_batch_size if tool == "captum_cp" else args.batch_size
     cmd = [sys.executable, __file__, "--worker", tool, "--run", str(run), "--n", str(n),
@@ -219,6 +235,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-test", default="1,100", help="numbers of test triples (first n of the test split)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="runs per cell, each in a fresh process; seconds are their median (TracInCP: one run)")
     parser.add_argument("--batch-size", type=int, default=4096, help="TracInCPFast's training batch size")
     parser.add_argument("--cp-batch-size", type=int, default=128,
                         help="TracInCP's training batch size (it holds batch x |fc| per-example gradients)")
@@ -249,7 +267,7 @@ def main() -> None:
                  "model": info.config.model, "model_args": info.config.model_args,
                  "n_train": len(info.dataset.train),
                  "checkpoints": [{"epoch": c.epoch, "lr": c.lr} for c in info.checkpoints],
-                 "threads": args.threads, "captum_fast_batch_size": args.batch_size,
+                 "threads": args.threads, "repeats": args.repeats, "captum_fast_batch_size": args.batch_size,
                  "captum_cp_batch_size": args.cp_batch_size}
         del info
         results = []
