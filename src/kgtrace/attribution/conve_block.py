@@ -11,7 +11,8 @@ Input and feature-map dropout are the identity in eval mode. Written out, a trip
 needs only batched matmuls over cached per-pair pieces (patches, fc inputs), and no autograd
 or torch.func machinery: the reverse pass (:func:`block_vjp`, one per training triple) and the
 forward pass (:func:`block_jvp`, one per test direction and pair) are each a few matmuls.
-Tests check both against autograd (through the reference TracIn).
+tests/test_conve_block.py checks both against autograd and torch.func, with and without batch
+norm; tests/test_tracin.py checks the influences they give against the reference.
 """
 
 from __future__ import annotations
