@@ -92,7 +92,6 @@ class TracIn:
         chunk_size: int | None = None,
         precision: Literal["fp32", "bf16", "fp16"] = "fp32",
     ):
-        keep_freed_memory()  # chunk after chunk frees and re-allocates the same [pairs, F] blocks: no page faults
         self.device = torch.device(device)
         self.model = copy.deepcopy(run.model).to(self.device).eval()
         self.names = select_parameters(self.model, params)
@@ -198,6 +197,10 @@ class TracIn:
                 if test is None:
                     parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
                 elif self._forward_mode(test, triples):
+                    # Forward mode re-allocates same-sized blocks per test triple: keeping freed memory saves
+                    # their page faults (15% of its time). Not for the other passes, whose chunk-sized blocks
+                    # vary: kept, they fragment the heap (working memory +20% from 250k to 1M triples).
+                    keep_freed_memory()
                     influence = FORWARD_MODE[type(self.model).__name__][1]
                     parts = [lr * influence(m, tf, test, triples, self.names)
                              for m, lr, tf in zip(models, lrs, test_factors)]
