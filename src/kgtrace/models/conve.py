@@ -235,7 +235,7 @@ class ConvE(nn.Module):
 
         One batched matmul computes conv, bn1 and the feature-map dropout together: the
         dropout keeps or zeroes whole channels per sample with a non-negative scale m, and
-        relu(z) * m == relu(z * m), so m is folded into per-sample weights [B, C, K].
+        relu(z) * m == relu(z * m), so m is folded into per-sample weights [B, C, K + 1] (bias included).
         """
         patches = self._patches(image, ones=True)  # [K + 1, B, L], the last plane ones
         weight, bias = self._conv_affine(patches[:-1])  # [C, K], [C]
