@@ -1,8 +1,9 @@
-"""Atomic file writes: a crash leaves the old file or none, never half a new one."""
+"""Atomic file and folder writes: a crash leaves the old file (or folder) or none, never half a new one."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -49,6 +50,32 @@ def atomic_write_text(path: str | os.PathLike, chunks: str | Iterable[str]) -> N
     with atomic_open(path) as f:
         for chunk in [chunks] if isinstance(chunks, str) else chunks:
             f.write(chunk)
+
+
+@contextmanager
+def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``out``; on success it replaces ``out``, on error it is removed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        _swap_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_folder(new: Path, out: Path) -> None:
+    """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+    os.rename(out, old / "replaced")
+    os.rename(new, out)
+    shutil.rmtree(old)
 
 
 def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike | None],

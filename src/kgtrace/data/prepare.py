@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations,
 from kgtrace.data.triples import encode_triples, read_labeled_triples
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError
+from kgtrace.io import atomic_folder
 
 SPLIT_METHODS = ("random", "predicate")
 
@@ -120,7 +119,8 @@ def prepare(
         held = _held_relations(cut, holdout_predicate) or [holdout_predicate]
         train, valid, test, report = holdout_relations(cut.triples, held, fractions[1], seed, holdout_fraction)
     ds = _dataset(out, train, valid, test, cut, names)
-    _write_folder(ds, out)
+    with atomic_folder(out) as tmp:  # a temporary sibling, swapped into place whole
+        save_dataset(ds, tmp)
     return _report(out, "triples" if triples is not None else "kgx", cut, split, report, ds)
 
 
@@ -227,28 +227,6 @@ def _dataset(out: Path, train: np.ndarray, valid: np.ndarray, test: np.ndarray, 
     )
 
 
-def _write_folder(ds: Dataset, out: Path) -> None:
-    """Save into a temporary sibling folder, then swap it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        save_dataset(ds, tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        _swap(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _swap(new: Path, out: Path) -> None:
-    """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
-    if not out.exists():
-        os.rename(new, out)
-        return
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-    os.rename(out, old / "dataset")
-    os.rename(new, out)
-    shutil.rmtree(old)
 
 
 def _report(out: Path, kind: str, cut: _Cut, split: str, report: SplitReport, ds: Dataset) -> PrepareReport:

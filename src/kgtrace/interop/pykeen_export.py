@@ -37,8 +37,8 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import EXPORT_FORMAT as FORMAT
-from kgtrace.interop.staging import check_out, staged_folder
-from kgtrace.io import atomic_open, atomic_write_text
+from kgtrace.interop.staging import check_out
+from kgtrace.io import atomic_folder, atomic_open, atomic_write_text
 from kgtrace.models import MODELS
 from kgtrace.run import Run, load_run, model_from_checkpoint
 from kgtrace.training.checkpoint import load_checkpoint
@@ -80,7 +80,7 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
     if not difference <= TOLERANCE:
         raise RuntimeError(f"the exported PyKEEN {layout.PYKEEN_NAMES[name]} scores differ from the run's by "
                            f"{difference:.2e}; this is a bug in kgtrace, please report it")
-    with staged_folder(out) as tmp:
+    with atomic_folder(out) as tmp:
         write_export(tmp, run, factories, state, theirs.state_dict(), kwargs)
     return ExportReport(out, layout.PYKEEN_NAMES[name], kwargs, [c.epoch for c in run.checkpoints], difference)
 

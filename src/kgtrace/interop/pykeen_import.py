@@ -38,8 +38,8 @@ from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
                                            pykeen_vocabs, read_source, split_triples)
-from kgtrace.interop.staging import check_out, staged_folder
-from kgtrace.io import atomic_write_text
+from kgtrace.interop.staging import check_out
+from kgtrace.io import atomic_folder, atomic_write_text
 from kgtrace.models import build_model
 from kgtrace.training.checkpoint import epoch_path, save_checkpoint
 
@@ -91,7 +91,7 @@ def import_pykeen(sources: list[str | Path], out: str | Path, *, dataset: str | 
     if lr is not None and not lr > 0:
         raise ConfigError([f"lr={lr}: must be positive, e.g. 0.001"])
     plan = make_plan(read_source(sources), out, dataset, model, dict(model_args or {}), lr, trust_pickle)
-    with staged_folder(out) as tmp:
+    with atomic_folder(out) as tmp:
         write_run(plan, tmp, sources)
     return ImportReport(out, plan.name, plan.args, [(s.epoch, s.lr) for s in plan.series], plan.dataset, plan.notes)
 
