@@ -18,7 +18,7 @@ import yaml
 
 from kgtrace.config import TrainConfig, parse_size
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import check_outputs_spare_inputs
+from kgtrace.io import check_json_out, check_outputs_spare_inputs
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
@@ -319,6 +319,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
+    if args.out:
+        check_json_out(args.out)
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
     found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
                     new_only=args.new_only, category=args.category)
@@ -355,6 +357,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError([str(e)]) from None
     if args.out:
+        check_json_out(args.out)
         check_outputs_spare_inputs([args.out, Path(args.out).with_suffix(".tsv")], [args.triples])
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
     scored = score_triples(run, args.triples, memory_budget=budget)
@@ -428,7 +431,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
     out = Path(args.out) if args.out else Path(args.run_dir) / (
         "self_influence.json" if args.self_influence else "explain.json")
-    report.check_path(out)
+    check_json_out(out)
     outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
     check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
     device = resolve_device(args.device)

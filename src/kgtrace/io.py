@@ -86,3 +86,9 @@ def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Ite
     if clash:
         raise KgtraceError(f"{option}: writing {', '.join(clash)} would replace an input file. "
                            f"Fix: choose another {option} name")
+
+
+def check_json_out(path: str | os.PathLike) -> None:
+    """Refuse an --out that is not .json (a TSV with the same stem is written beside it)."""
+    if Path(path).suffix.lower() != ".json":
+        raise KgtraceError(f"--out {path}: must end in .json (a .tsv is written beside it). Fix: e.g. --out out.json")

@@ -163,9 +163,3 @@ def write_self_influence(ranking: dict, path_json: str | Path) -> Path:
     tsv = _tsv_path(path_json)
     atomic_write_text(tsv, rows)
     return tsv
-
-
-def check_path(path: str | Path) -> None:
-    """Refuse an output path that is not .json (the TSV goes beside it)."""
-    if Path(path).suffix.lower() != ".json":
-        raise KgtraceError(f"--out {path}: must end in .json (a .tsv is written beside it). Fix: e.g. --out explain.json")

@@ -24,9 +24,10 @@ from torch import Tensor
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.lookup import find_ids, lookup_problem
 from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
-from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.errors import ConfigError, DataError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
-from kgtrace.io import atomic_write_text
+from kgtrace.evaluation.output import true_scores
+from kgtrace.io import atomic_write_text, check_json_out
 from kgtrace.run import Run
 
 __all__ = ["Predictions", "ScoredTriples", "predict", "score_triples", "write_table"]
@@ -98,8 +99,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
                         "write head<TAB>relation<TAB>tail per line with labels from the run's node_dict and rel_dict")
     triples = torch.from_numpy(ids[good].astype(np.int64))
     model = run.model.eval()
-    with torch.no_grad():
-        scores = torch.cat([model.score_hrt(c.to(model_device(model))).float().cpu() for c in triples.split(65536)])
+    scores = true_scores(model, triples[:, :2], triples[:, 2])  # [n]
     ranks = rank_queries(model, triples, known=ds.all_triples(), memory_budget=memory_budget)
     table = pl.DataFrame({
         "line": lines[good],
@@ -115,8 +115,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
 def write_table(table: pl.DataFrame, path_json: str | Path, extra: dict) -> Path:
     """Write ``{**extra, "rows": [...]}`` as JSON and the table as a TSV beside it (same stem); returns the TSV path."""
     path_json = Path(path_json)
-    if path_json.suffix.lower() != ".json":
-        raise KgtraceError(f"--out {path_json}: must end in .json (a .tsv is written beside it). Fix: e.g. --out out.json")
+    check_json_out(path_json)
     atomic_write_text(path_json, json.dumps({**extra, "rows": table.to_dicts()}, indent=2) + "\n")
     tsv = path_json.with_suffix(".tsv")
     atomic_write_text(tsv, table.write_csv(separator="\t", quote_style="never"))
