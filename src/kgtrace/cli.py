@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtrace", description="Link prediction on knowledge graphs that shows why.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, add, function, summary in (
+        ("run", add_run_args, cmd_run,
+         "the whole path: train, evaluate, explain and write report.html into one run folder (reuses finished steps)"),
         ("prepare", add_prepare_args, cmd_prepare, "write a dataset folder from labelled triples or KGX files"),
         ("train", add_train_args, cmd_train, "train a model into a run folder and report filtered test metrics"),
         ("evaluate", add_evaluate_args, cmd_evaluate, "filtered rank metrics of a run on its test or valid split"),
@@ -90,6 +92,33 @@ def build_parser() -> argparse.ArgumentParser:
         add(sub)
         sub.set_defaults(command=function, subcommand=name)
     return parser
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
+    p.add_argument("--out", help="run folder (default: runs/DATASET-MODEL); an existing one is reused step by step")
+    p.add_argument("--model", default="conve", help=TRAIN_HELP["model"])
+    p.add_argument("--epochs", type=int, default=100, help=TRAIN_HELP["epochs"] + " (a checkpoint every fifth of them)")
+    p.add_argument("--seed", type=int, default=0, help=TRAIN_HELP["seed"])
+    p.add_argument("--threads", type=int, default=0, help=TRAIN_HELP["threads"])
+    p.add_argument("--explain", type=int, default=3, help="well-predicted test triples to explain")
+    p.add_argument("--queries", type=int, default=2, help="test queries whose best new tails are explained")
+    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing the run in --out")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kgtrace.job import JobSettings, run_job
+
+    settings = JobSettings(dataset=args.dataset, model=args.model, epochs=args.epochs, seed=args.seed,
+                           threads=args.threads, explain_triples=args.explain, predict_queries=args.queries)
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.dataset).name}-{args.model}"
+    report = run_job(settings, out, overwrite=args.overwrite, progress=args.progress)
+    print(f"open {report} in a browser")
+    return 0
 
 
 # ----------------------------------------------------------------------------- prepare

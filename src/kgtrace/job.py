@@ -1,0 +1,169 @@
+"""The main job, ``kgtrace run``: train -> evaluate -> explain -> report in one run folder.
+
+Each step writes its outputs atomically and is skipped when they already exist, so that a
+re-run (after a kill, or to add a report) redoes only what is missing; once a step has
+redone its work, every later step is redone too (its inputs changed). ``overwrite``
+starts the run afresh. Outputs, beside what training writes:
+
+    test_metrics.json       filtered test metrics (all entities, the three tie policies)
+    test_ranks.tsv          each test query's ranks and true score
+    explain/test.json       TracIn explanations of a few well-predicted test triples (+ .tsv)
+    explain/predicted.json  ... of the model's best new tails for a few test queries (+ .tsv)
+    report.html             everything above on one self-contained page
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kgtrace.config import TrainConfig, read_yaml
+from kgtrace.errors import ConfigError, KgtraceError
+
+__all__ = ["JobSettings", "run_job"]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What ``kgtrace run`` trains and explains; validated by :meth:`config`."""
+
+    dataset: str = "umls"
+    model: str = "conve"
+    epochs: int = 100
+    seed: int = 0
+    threads: int = 0
+    explain_triples: int = 3  # well-predicted test triples explained
+    predict_queries: int = 2  # test queries whose best new tails are explained
+    top_n: int = 3  # new tails per query
+    top_k: int = 10  # proponents and opponents per explained triple
+
+    def config(self) -> TrainConfig:
+        """The training config: checkpoints at a fifth of the epochs, so that TracIn has about five."""
+        problems = [f"{key}={value}: must be at least 1" for key, value in
+                    (("explain_triples", self.explain_triples), ("predict_queries", self.predict_queries),
+                     ("top_n", self.top_n), ("top_k", self.top_k)) if value < 1]
+        if problems:
+            raise ConfigError(problems)
+        return TrainConfig(dataset=self.dataset, model=self.model, epochs=self.epochs, seed=self.seed,
+                           threads=self.threads, checkpoint_every=max(1, self.epochs // 5)).validate()
+
+
+def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, progress: bool = True,
+            log: Callable[[str], None] = print) -> Path:
+    """Train, evaluate, explain and report into ``out``, reusing finished steps; returns report.html's path."""
+    out = Path(out)
+    redo = _train_step(settings, out, overwrite, progress, log)
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    run = load_run(out, device=resolve_device("auto"))
+    redo = _evaluate_step(run, redo, log)
+    redo = _explain_step(run, settings, redo, progress, log)
+    return _report_step(out, redo, log)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: bool, log) -> bool:
+    """Train, resume or reuse the run; True when weights changed."""
+    from kgtrace.training.checkpoint import latest_checkpoint
+    from kgtrace.training.loop import resume, train
+
+    config = settings.config()
+    if overwrite or not (out / "config.yaml").is_file():
+        train(config, out, overwrite=overwrite, progress=progress, log=log)
+        return True
+    _check_same_run(out, config)
+    latest = latest_checkpoint(out / "checkpoints")
+    done = 0 if latest is None else int(latest.stem.split("-")[1])
+    if done >= config.epochs:
+        log(f"train: reusing {out} ({done} epochs)")
+        return False
+    log(f"train: resuming {out} at epoch {done} of {config.epochs}")
+    resume(out, progress=progress, log=log, epochs=config.epochs)
+    return True
+
+
+def _check_same_run(out: Path, config: TrainConfig) -> None:
+    """Refuse to reuse a run trained on other data or with another model."""
+    saved = read_yaml(out / "config.yaml")
+    wanted = config.to_dict()
+    differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
+              if _normalise(saved.get(key)) != _normalise(wanted[key])]
+    if differ:
+        raise KgtraceError(f"{out}: holds another run ({'; '.join(differ)}). "
+                           "Fix: pass --overwrite to replace it, or choose another --out")
+
+
+def _normalise(value):
+    """Dataset paths are stored absolute: compare folders by their resolved path, names as they are."""
+    if isinstance(value, str) and Path(value).exists() and ("/" in value or value.startswith(".")):
+        return str(Path(value).resolve())
+    return value
+
+
+def _evaluate_step(run, redo: bool, log) -> bool:
+    """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
+    from kgtrace.cli import write_json
+    from kgtrace.evaluation.evaluate import metrics_of, rank_queries
+    from kgtrace.evaluation.output import query_table, write_query_table
+
+    metrics_path, ranks_path = run.path / "test_metrics.json", run.path / "test_ranks.tsv"
+    if not redo and metrics_path.is_file() and ranks_path.is_file():
+        log("evaluate: reusing test_metrics.json and test_ranks.tsv")
+        return False
+    ds = run.dataset
+    ranks = rank_queries(run.model, ds.test, known=ds.known_triples("test"))
+    metrics = metrics_of(ranks)
+    write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), ranks_path)
+    write_json(metrics, metrics_path)  # last: its presence says the step finished
+    m = metrics["both"]["realistic"]
+    log(f"evaluate: test MRR {m['mrr']:.4f}, Hits@1 {m['hits_at_1']:.4f}, Hits@10 {m['hits_at_10']:.4f} (realistic)")
+    return True
+
+
+def _explain_step(run, settings: JobSettings, redo: bool, progress: bool, log) -> bool:
+    """TracIn explanations of well-predicted test triples and of the best new tails of a few test queries."""
+    from kgtrace.attribution import TracIn, report
+
+    folder = run.path / "explain"
+    test_path, predicted_path = folder / "test.json", folder / "predicted.json"
+    if not redo and test_path.is_file() and predicted_path.is_file():
+        log("explain: reusing explain/test.json and explain/predicted.json")
+        return False
+    tracin = TracIn(run, params="last", device=next(run.model.parameters()).device)
+    chosen = _well_predicted(run, settings.explain_triples)
+    queries = chosen[: settings.predict_queries]
+    predicted = torch.cat([report.predicted_triples(run, int(h), int(r), settings.top_n) for h, r, _ in queries.tolist()])
+    epochs = [c.epoch for c in tracin.checkpoints]
+    for triples, path in ((chosen, test_path), (predicted, predicted_path)):
+        found = tracin.top_k(triples, settings.top_k, progress=progress)
+        report.write_explanations(report.explain_triples(run, triples, found, epochs), path)
+    log(f"explain: {len(chosen)} test triples and {len(predicted)} new predictions, {len(epochs)} checkpoints")
+    return True
+
+
+def _well_predicted(run, count: int) -> torch.Tensor:
+    """``count`` test triples whose tail the model ranks best (realistic; ties: test order)."""
+    import polars as pl
+
+    table = pl.read_csv(run.path / "test_ranks.tsv", separator="\t")
+    tails = table.filter(pl.col("side") == "tail").sort(["rank_realistic", "index"])
+    rows = tails["index"].head(count).to_list()
+    return run.dataset.test[torch.tensor(rows, dtype=torch.long)]
+
+
+def _report_step(out: Path, redo: bool, log) -> Path:
+    from kgtrace.report import write_report
+
+    path = out / "report.html"
+    if not redo and path.is_file():
+        log(f"report: reusing {path}")
+        return path
+    write_report(out, path)
+    log(f"report: wrote {path}")
+    return path
