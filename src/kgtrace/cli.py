@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("score", add_score_args, cmd_score, "score a file of triples, with their filtered head and tail ranks"),
         ("explain", add_explain_args, cmd_explain,
          "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
+        ("report", add_report_args, cmd_report,
+         "one self-contained HTML page of a run: config, training curve, metrics, ranks and explanations"),
         ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
         ("import-pykeen", add_import_pykeen_args, cmd_import_pykeen,
          "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
@@ -324,6 +326,22 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
 
         rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
                        title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (with test_metrics.json, test_ranks.tsv and "
+                                                     "explain/*.json where written)")
+    p.add_argument("--out", metavar="FILE.html", help="the page to write (default: RUN_DIR/report.html)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from kgtrace.report import write_report
+
+    print(f"wrote {write_report(args.run_dir, args.out)}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- predict and score

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ from kgtrace.io import atomic_open  # noqa: E402
 
 
 def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
-    """Loss per epoch (left axis) and validation MRR where measured (right axis)."""
+    """Loss per epoch (left axis) and validation MRR where measured (right axis), as a PNG file."""
+    save_figure(training_curve_figure(records), path)
+
+
+def training_curve_figure(records: list[dict[str, Any]]):
+    """The figure of :func:`training_curve`."""
     fig, loss_ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     loss_ax.plot([r["epoch"] for r in records], [r["loss"] for r in records], color="tab:blue", label="training loss")
     loss_ax.set_xlabel("epoch")
@@ -27,7 +33,7 @@ def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
         mrr_ax.set_ylabel("validation MRR (filtered)", color="tab:orange")
         mrr_ax.set_ylim(0, 1)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
 def save_figure(fig, path: str | Path) -> None:
@@ -36,8 +42,21 @@ def save_figure(fig, path: str | Path) -> None:
     plt.close(fig)
 
 
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (then closed), e.g. to embed in a page."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def rank_histogram(ranks_by_side: dict[str, np.ndarray], path: str | Path, title: str = "") -> None:
-    """Histogram of realistic filtered ranks per side, on logarithmic bins (rank 1 has its own bin)."""
+    """Histogram of realistic filtered ranks per side, on logarithmic bins (rank 1 has its own bin), as a PNG file."""
+    save_figure(rank_histogram_figure(ranks_by_side, title), path)
+
+
+def rank_histogram_figure(ranks_by_side: dict[str, np.ndarray], title: str = ""):
+    """The figure of :func:`rank_histogram`."""
     largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
     edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
@@ -49,4 +68,4 @@ def rank_histogram(ranks_by_side: dict[str, np.ndarray], path: str | Path, title
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig

@@ -1,0 +1,84 @@
+"""write_report: one self-contained HTML page (inline CSS, images as data URIs) summarising a run folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from kgtrace.errors import KgtraceError
+from kgtrace.io import atomic_write_text
+from kgtrace.report import sections as s
+from kgtrace.report.html import missing, page
+
+
+def _guarded(build: Callable[[], str], path: Path, command: str) -> str:
+    """A section's body, or a notice when its input file cannot be read."""
+    try:
+        return build()
+    except s.READ_ERRORS as e:
+        return s.unreadable(path, e, command)
+
+
+def _explain_sections(run_dir: Path) -> list[tuple[str, str, str]]:
+    """One section per explain/*.json, or one notice saying how to make one."""
+    files = sorted((run_dir / "explain").glob("*.json"))
+    if not files:
+        command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
+        return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command))]
+    command = f"kgtrace explain {run_dir} --triples FILE --out FILE.json"
+    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p), p, command))
+            for i, p in enumerate(files)]
+
+
+def _read_quietly(path: Path, parse) -> dict:
+    """A mapping parsed from ``path``, or {} if it is missing or unreadable (the header only shows what it finds)."""
+    try:
+        data = parse(path.read_text(encoding="utf-8"))
+    except (*s.READ_ERRORS, FileNotFoundError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cards(run_dir: Path) -> list[tuple[str, str]]:
+    """Summary figures for the page header: dataset, model, epochs, realistic test MRR and Hits@10."""
+    config = _read_quietly(run_dir / "config.yaml", yaml.safe_load)
+    both = _read_quietly(run_dir / "test_metrics.json", json.loads).get("both", {}).get("realistic", {})
+    cards = [(label, str(config[key])) for label, key in (("dataset", "dataset"), ("model", "model"),
+                                                           ("epochs", "epochs")) if key in config]
+    cards += [(label, f"{both[key]:.3f}") for label, key in (("test MRR", "mrr"), ("test Hits@10", "hits_at_10"))
+              if isinstance(both.get(key), int | float)]
+    return cards
+
+
+def build_html(run_dir: str | Path) -> str:
+    """The report page of ``run_dir`` as a string."""
+    run_dir = Path(run_dir)
+    train = f"kgtrace train --out {run_dir}"
+    sections = [
+        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), run_dir / "config.yaml", train)),
+        ("training", "Training", _guarded(lambda: s.training_section(run_dir), run_dir / "metrics.jsonl", train)),
+        ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), run_dir / "test_metrics.json",
+                                             f"kgtrace evaluate {run_dir} --out {run_dir / 'test_metrics.json'}")),
+        ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), run_dir / "test_ranks.tsv",
+                                             f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}")),
+        *_explain_sections(run_dir),
+    ]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return page(f"kgtrace report: {run_dir.resolve().name}", str(run_dir.resolve()), _cards(run_dir), sections,
+                f"written by kgtrace report, {stamp}")
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``run_dir`` (default RUN_DIR/report.html) atomically; returns its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise KgtraceError(f"{run_dir}: no such run folder. Fix: give a folder written by kgtrace train")
+    target = run_dir / "report.html" if out is None else Path(out)
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise KgtraceError(f"--out {target}: a report is an HTML page. Fix: name it .html, e.g. --out report.html")
+    atomic_write_text(target, build_html(run_dir))
+    return target

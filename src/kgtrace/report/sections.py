@@ -1,0 +1,184 @@
+"""The report's sections, one function each: read a run folder's file, return the section's HTML body.
+
+A missing input gives a notice naming the file and the command that writes it; a file
+that cannot be parsed gives a notice with the parser's message. Neither stops the report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import yaml
+
+from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
+from kgtrace.report.drawing import subgraph_png
+from kgtrace.report.html import esc, image, missing, number, table
+
+SIDES = ("head", "tail", "both")
+POLICIES = ("realistic", "optimistic", "pessimistic")
+METRICS = (("mrr", "MRR"), ("mr", "MR"), ("hits_at_1", "Hits@1"), ("hits_at_3", "Hits@3"), ("hits_at_10", "Hits@10"))
+EXPLAIN_TITLES = {"test": "Test triples", "predicted": "Best new predictions"}
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, yaml.YAMLError, pl.exceptions.PolarsError)
+
+
+def unreadable(path: Path, error: Exception, command: str) -> str:
+    """The notice of a file that exists but cannot be read."""
+    return missing(f"{path.name} could not be read ({type(error).__name__}: {error})", command)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The epoch records of metrics.jsonl (blank lines skipped)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested mappings as dotted keys, e.g. model_args.embedding_dim."""
+    rows = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            rows.extend(_flatten(value, f"{prefix}{key}."))
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
+
+
+def config_section(run_dir: Path) -> str:
+    """config.yaml as a two-column table of settings."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return missing(f"{path.name} is missing", f"kgtrace train --out {run_dir}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping of settings")
+    rows = [(f"<code>{esc(k)}</code>", esc(json.dumps(v) if isinstance(v, list | dict) else v))
+            for k, v in _flatten(data)]
+    return table(("setting", "value"), rows)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def training_section(run_dir: Path) -> str:
+    """The training curve re-plotted from metrics.jsonl, and the last epoch's figures."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return missing(f"{path.name} is missing", f"kgtrace train --out {run_dir}")
+    records = read_records(path)
+    if not records:
+        return missing(f"{path.name} has no epoch yet", f"kgtrace train --out {run_dir}")
+    last = records[-1]
+    valid = [r for r in records if "valid_mrr" in r]
+    facts = f"{len(records)} epochs, final loss <b>{number(last['loss'], 5)}</b>, " \
+            f"{number(sum(r.get('seconds', 0.0) for r in records), 1)} s of training"
+    if valid:
+        best = max(valid, key=lambda r: r["valid_mrr"])
+        facts += f"; best validation MRR <b>{number(best['valid_mrr'])}</b> at epoch {number(best['epoch'])}"
+    return f'<p class="facts">{facts}</p>' + image(png_bytes(training_curve_figure(records)), "training curve")
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def metrics_section(run_dir: Path, name: str = "test_metrics.json") -> str:
+    """Filtered test metrics: one row per side and tie policy (realistic in bold)."""
+    path = run_dir / name
+    if not path.is_file():
+        return missing(f"{name} is missing", f"kgtrace evaluate {run_dir} --out {path}")
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    rows, classes = [], []
+    for side in (s for s in SIDES if s in metrics):
+        for policy in (p for p in POLICIES if p in metrics[side]):
+            values = metrics[side][policy]
+            rows.append([esc(side), esc(policy)] + [number(values.get(key), 2 if key == "mr" else 4)
+                                                    for key, _ in METRICS])
+            classes.append("main" if policy == "realistic" else "")
+    facts = f"{number(metrics.get('num_queries', '?'))} test triples, candidates: {esc(metrics.get('candidates', '?'))}"
+    return f'<p class="facts">{facts}</p>' + table(("side", "ties") + tuple(n for _, n in METRICS), rows,
+                                                     numeric=(False, False) + (True,) * len(METRICS), row_classes=classes)
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+def ranks_section(run_dir: Path, name: str = "test_ranks.tsv") -> str:
+    """Histogram of the realistic filtered ranks per side, from the per-query table."""
+    path = run_dir / name
+    if not path.is_file():
+        return missing(f"{name} is missing", f"kgtrace evaluate {run_dir} --per-query {path}")
+    frame = pl.read_csv(path, separator="\t", infer_schema_length=0)
+    ranks = {side: frame.filter(pl.col("side") == side)["rank_realistic"].cast(pl.Float64).to_numpy()
+             for side in ("head", "tail") if (frame["side"] == side).any()}
+    if not ranks:
+        return missing(f"{name} has no ranked query", f"kgtrace evaluate {run_dir} --per-query {path}")
+    every = np.concatenate(list(ranks.values()))
+    facts = f"{len(every):,} queries; median rank <b>{number(float(np.median(every)), 1)}</b>, " \
+            f"rank 1 for <b>{100 * float(np.mean(every <= 1)):.1f}%</b>"
+    return f'<p class="facts">{facts}</p>' + image(png_bytes(rank_histogram_figure(ranks)), "rank histogram")
+
+
+# ----------------------------------------------------------------------------- explanations
+
+
+def explain_title(path: Path) -> str:
+    """A section title from an explain file's stem: known stems have their own, others are title-cased."""
+    return EXPLAIN_TITLES.get(path.stem, path.stem.replace("_", " ").replace("-", " ").title())
+
+
+def _entity(entry: dict, side: str) -> str:
+    """The readable name of an entity, with its label in small print when they differ."""
+    label, name = entry[side], entry.get(f"{side}_name") or entry[side]
+    return esc(name) if name == label else f'{esc(name)} <span class="rel">({esc(label)})</span>'
+
+
+def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list[str]]:
+    bar = "pro" if kind == "proponents" else "opp"
+    rows = []
+    for i, e in enumerate(entries, 1):
+        width = round(80 * abs(e["influence"]) / largest) if largest else 0
+        rows.append([str(i), _entity(e, "head"), f'<span class="rel">{esc(e.get("relation_name", e["relation"]))}</span>',
+                     _entity(e, "tail"), f'<span class="bar {bar}" style="width:{width}px"></span>'
+                                         f"{number(e['influence'], 5)}"])
+    return rows
+
+
+def influence_tables(item: dict) -> str:
+    """Proponents and opponents of one item, with readable names and bars scaled to the largest |influence|."""
+    entries = item.get("proponents", []) + item.get("opponents", [])
+    largest = max((abs(e["influence"]) for e in entries), default=0.0)
+    parts = []
+    for kind, cls in (("proponents", "kind-pro"), ("opponents", "kind-opp")):
+        if item.get(kind):
+            header = ("#", "head", "relation", "tail", "influence")
+            parts.append(f'<h3 class="{cls}">{kind.title()}</h3>'
+                         + table(header, _influence_rows(item[kind], kind, largest), numeric=(True, False, False, False, True)))
+    return "".join(parts) or "<p>No influential training triple was recorded.</p>"
+
+
+def explanation(item: dict) -> str:
+    """One explained triple: title, score and ranks, drawing beside the influence tables."""
+    test = item["test"]
+    title = (f"{_entity(test, 'head')} <span class=\"rel\">\u2014 {esc(test.get('relation_name', test['relation']))}"
+             f" \u2192</span> {_entity(test, 'tail')}")
+    rank = item.get("rank", {})
+    facts = (f"score <b>{number(item.get('score'))}</b> &middot; filtered rank (realistic): tail <b>"
+             f"{number(rank.get('tail', '?'), 1)}</b>, head <b>{number(rank.get('head', '?'), 1)}</b>"
+             f" &middot; checkpoints {esc(', '.join(map(str, item.get('checkpoints', []))))}")
+    drawing = image(subgraph_png(item), f"subgraph around {test['head']} {test['relation']} {test['tail']}")
+    return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
+            f'<div class="grid"><div>{drawing}</div><div>{influence_tables(item)}</div></div></div>')
+
+
+def explain_section(path: Path) -> str:
+    """Every explained triple of one ``kgtrace explain --out FILE.json``."""
+    items = json.loads(path.read_text(encoding="utf-8"))["explanations"]
+    if not items:
+        return "<p>The file lists no explained triple.</p>"
+    return f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code></p>' + \
+        "".join(explanation(item) for item in items)
