@@ -60,6 +60,9 @@ def test_user_labels_are_escaped(tmp_path, full_run):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;/script&gt;&amp;" in page
     assert page.count("<script>") == 1  # the page's own image check only
     assert "<h2>Evil &lt;B&gt;</h2>" in page
+    (run / "explain" / "predicted.json").write_text(json.dumps(data))
+    titles = re.findall(r"<h2>([^<]*)</h2>", build_html(run))
+    assert titles[-3:] == ["Test triples", "Best new predictions", "Evil &lt;B&gt;"]
 
 
 def test_missing_inputs_say_which_command_makes_them(tmp_path, full_run):

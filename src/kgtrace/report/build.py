@@ -25,7 +25,9 @@ def _guarded(build: Callable[[], str], path: Path, command: str) -> str:
 
 def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
     """One section per explain/*.json, or one notice saying how to make one."""
-    files = sorted((run_dir / "explain").glob("*.json"))
+    known = list(s.EXPLAIN_TITLES)  # test triples, then predictions, then other files by name
+    files = sorted((run_dir / "explain").glob("*.json"),
+                   key=lambda p: (known.index(p.stem) if p.stem in known else len(known), p.name))
     if not files:
         command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
         return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command), True)]

@@ -46,21 +46,21 @@ def _edges(item: dict) -> list[tuple[str, str, str, str, float]]:
     return edges
 
 
-def _arrow(ax, a, b, colour: str, width: float, rad: float, style: str = "-") -> None:
+def _arrow(ax, a, b, colour: str, width: float, rad: float, style: str = "-", zorder: float = 2) -> None:
     ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=colour, lw=width, linestyle=style,
-                                 connectionstyle=f"arc3,rad={rad}", shrinkA=14, shrinkB=14, alpha=0.85, zorder=2))
+                                 connectionstyle=f"arc3,rad={rad}", shrinkA=14, shrinkB=14, alpha=0.85, zorder=zorder))
 
 
 def _self_loop(ax, p, colour: str, width: float) -> None:
     ax.add_patch(plt.Circle((p[0], p[1] + 0.2), 0.2, fill=False, color=colour, lw=width, alpha=0.85, zorder=2))
 
 
-def _edge_label(ax, a, b, rad: float, text: str, colour: str, lift: float = 0.0) -> None:
-    """The relation name near the middle of an arc (arc3 bends by rad times the chord, to its left), ``lift`` higher."""
-    mx, my = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + lift
+def _edge_label(ax, a, b, rad: float, text: str, colour: str) -> None:
+    """The relation name near the middle of an arc (arc3 bends by rad times the chord, to its left)."""
+    mx, my = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
     dx, dy = b[0] - a[0], b[1] - a[1]
     x, y = mx + rad * dy / 2, my - rad * dx / 2
-    ax.text(x, y, short(text, 20), fontsize=6.5, color=colour, ha="center", va="center", parse_math=False, zorder=3,
+    ax.text(x, y, short(text, 20), fontsize=7, color=colour, ha="center", va="center", parse_math=False, zorder=3.6,
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
 
 
@@ -118,9 +118,8 @@ def subgraph_png(item: dict) -> bytes:
     pos = layout(test["head"], test["tail"], [e for h, t, *_ in edges for e in (h, t)])
     fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
     if test["head"] != test["tail"]:
-        _arrow(ax, pos[test["head"]], pos[test["tail"]], TEST, 3.5, 0.0, "--")
-        _edge_label(ax, pos[test["head"]], pos[test["tail"]], 0.0, test.get("relation_name", test["relation"]), TEST,
-                    lift=0.16)
+        _arrow(ax, pos[test["head"]], pos[test["tail"]], TEST, 3.5, 0.0, "--", zorder=3.5)
+        _edge_label(ax, pos[test["head"]], pos[test["tail"]], 0.0, test.get("relation_name", test["relation"]), TEST)
     _draw_edges(ax, pos, edges)
     _draw_nodes(ax, pos, _names(item), (test["head"], test["tail"]))
     handles = [plt.Line2D([], [], color=c, lw=2.5, linestyle=s) for c, s in ((TEST, "--"), (PRO, "-"), (OPP, "-"))]
