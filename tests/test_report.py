@@ -24,6 +24,7 @@ def test_every_section_is_present(page, full_run):
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in page
     assert "class=\"missing\"" not in page
+    assert "<code>model_args.embedding_dim</code></td><td><b>16</b>" in page  # nested settings, dotted
     items = json.loads((full_run / "explain" / "test.json").read_text())["explanations"]
     for item in items:  # each explained triple's readable names and its influencers
         assert breakable(item["test"]["head_name"]) in page

@@ -60,10 +60,14 @@ def config_section(run_dir: Path) -> str:
         raise ValueError("expected a mapping of settings")
     cells = [(f"<code>{esc(k)}</code>", f"<b>{esc(json.dumps(v) if isinstance(v, list | dict) else v)}</b>")
              for k, v in _flatten(data)]
-    per_row = -(-len(cells) // CONFIG_COLUMNS)  # settings read down each column pair
-    rows = [[c for col in range(CONFIG_COLUMNS) for c in (cells[col * per_row + i] if col * per_row + i < len(cells)
-                                                          else ("", ""))] for i in range(per_row)]
-    return table(("setting", "value") * CONFIG_COLUMNS, rows)
+    return table(("setting", "value") * CONFIG_COLUMNS, _side_by_side(cells, CONFIG_COLUMNS))
+
+
+def _side_by_side(pairs: list[tuple[str, str]], columns: int) -> list[list[str]]:
+    """Rows that show ``pairs`` in ``columns`` column pairs, read down each pair; the last is padded with blanks."""
+    height = -(-len(pairs) // columns)
+    padded = pairs + [("", "")] * (height * columns - len(pairs))
+    return [[cell for col in range(columns) for cell in padded[col * height + row]] for row in range(height)]
 
 
 # ----------------------------------------------------------------------------- training
