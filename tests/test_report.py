@@ -7,34 +7,12 @@ import shutil
 import pytest
 
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
 from kgtrace.errors import KgtraceError
 from kgtrace.report import build_html, write_report
 from kgtrace.report.drawing import layout, subgraph_png
-from kgtrace.training.loop import train
+from kgtrace.report.sections import breakable
 
 SECTIONS = ("Configuration", "Training", "Test metrics", "Rank histogram", "Test triples")
-
-
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    """A tiny ConvE run with every input of the report, written by the CLI commands that make them."""
-    out = tmp_path_factory.mktemp("run")
-    config = TrainConfig(dataset="nations", model="conve",
-                         model_args={"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}, epochs=2,
-                         checkpoint_every=1, eval_every=1, threads=1, device="cpu")
-    train(config, out, progress=False, log=lambda *_: None)
-    assert main(["evaluate", str(out), "--out", str(out / "test_metrics.json"),
-                 "--per-query", str(out / "test_ranks.tsv"), "--device", "cpu", "--no-compile"]) == 0
-    from kgtrace.run import load_run
-
-    ds = load_run(out).dataset
-    triples = tmp_path_factory.mktemp("in") / "two.tsv"
-    triples.write_text("".join(f"{ds.entity_label(h)}\t{ds.relation_label(r)}\t{ds.entity_label(t)}\n"
-                               for h, r, t in ds.test[:2].tolist()))
-    assert main(["explain", str(out), "--triples", str(triples), "--top-k", "3", "--device", "cpu", "--no-progress",
-                 "--out", str(out / "explain" / "test.json")]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +24,10 @@ def test_every_section_is_present(page, full_run):
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in page
     assert "class=\"missing\"" not in page
+    assert "<code>model_args.embedding_dim</code></td><td><b>16</b>" in page  # nested settings, dotted
     items = json.loads((full_run / "explain" / "test.json").read_text())["explanations"]
     for item in items:  # each explained triple's readable names and its influencers
-        assert f"{item['test']['head_name']}" in page
+        assert breakable(item["test"]["head_name"]) in page
         for entry in item["proponents"] + item["opponents"]:
             assert f"{entry['influence']:.5f}" in page
     assert page.count('class="bar pro"') == sum(len(i["proponents"]) for i in items)
@@ -82,6 +61,9 @@ def test_user_labels_are_escaped(tmp_path, full_run):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;/script&gt;&amp;" in page
     assert page.count("<script>") == 1  # the page's own image check only
     assert "<h2>Evil &lt;B&gt;</h2>" in page
+    (run / "explain" / "predicted.json").write_text(json.dumps(data))
+    titles = re.findall(r"<h2>([^<]*)</h2>", build_html(run))
+    assert titles[-3:] == ["Test triples", "Best new predictions", "Evil &lt;B&gt;"]
 
 
 def test_missing_inputs_say_which_command_makes_them(tmp_path, full_run):

@@ -23,14 +23,16 @@ def _guarded(build: Callable[[], str], path: Path, command: str) -> str:
         return s.unreadable(path, e, command)
 
 
-def _explain_sections(run_dir: Path) -> list[tuple[str, str, str]]:
+def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
     """One section per explain/*.json, or one notice saying how to make one."""
-    files = sorted((run_dir / "explain").glob("*.json"))
+    known = list(s.EXPLAIN_TITLES)  # test triples, then predictions, then other files by name
+    files = sorted((run_dir / "explain").glob("*.json"),
+                   key=lambda p: (known.index(p.stem) if p.stem in known else len(known), p.name))
     if not files:
         command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
-        return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command))]
+        return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command), True)]
     command = f"kgtrace explain {run_dir} --triples FILE --out FILE.json"
-    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p), p, command))
+    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p), p, command), True)
             for i, p in enumerate(files)]
 
 
@@ -59,12 +61,12 @@ def build_html(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     train = f"kgtrace train --out {run_dir}"
     sections = [
-        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), run_dir / "config.yaml", train)),
-        ("training", "Training", _guarded(lambda: s.training_section(run_dir), run_dir / "metrics.jsonl", train)),
+        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), run_dir / "config.yaml", train), False),
+        ("training", "Training", _guarded(lambda: s.training_section(run_dir), run_dir / "metrics.jsonl", train), False),
         ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), run_dir / "test_metrics.json",
-                                             f"kgtrace evaluate {run_dir} --out {run_dir / 'test_metrics.json'}")),
+                                             f"kgtrace evaluate {run_dir} --out {run_dir / 'test_metrics.json'}"), False),
         ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), run_dir / "test_ranks.tsv",
-                                             f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}")),
+                                             f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}"), False),
         *_explain_sections(run_dir),
     ]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

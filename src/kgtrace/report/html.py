@@ -24,24 +24,28 @@ header .sub { opacity: .85; font-size: 14px; }
 .card span { font-size: 12px; text-transform: uppercase; letter-spacing: .05em; opacity: .85; }
 nav { padding: 10px 40px; background: #fff; border-bottom: 1px solid var(--line); font-size: 14px; }
 nav a { color: var(--accent); margin-right: 18px; text-decoration: none; }
-main { max-width: 1200px; margin: 0 auto; padding: 8px 40px 40px; }
-section { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 18px 24px; margin: 22px 0; }
+main { max-width: 1400px; margin: 0 auto; padding: 12px 32px 40px; display: grid;
+       grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 22px; }
+section.wide { grid-column: 1 / -1; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 18px 24px; }
 h2 { margin: 0 0 12px; font-size: 20px; font-weight: 600; }
 h3 { margin: 22px 0 6px; font-size: 16px; font-weight: 600; }
 table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 10px; }
 th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 th { color: var(--muted); font-weight: 600; background: #fafbfc; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.main td { font-weight: 600; }
 .missing { background: #fff8e6; border-left: 4px solid #e0a800; padding: 10px 14px; border-radius: 4px; }
 .missing code, p code { background: #f0f2f5; padding: 1px 5px; border-radius: 3px; }
 figure { margin: 8px 0; }
+.grid td { overflow-wrap: break-word; }
+.grid table { width: 100%; }
 figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 .triple { border-top: 1px solid var(--line); padding-top: 6px; margin-top: 18px; }
 .facts { color: var(--muted); font-size: 13.5px; }
 .facts b { color: var(--ink); }
 .rel { color: var(--muted); font-style: italic; }
-.grid { display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 18px; align-items: start; }
+.grid { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 18px; align-items: start; }
 .bar { display: inline-block; height: 9px; border-radius: 2px; vertical-align: middle; margin-right: 6px; }
 .pro { background: var(--pro); } .opp { background: var(--opp); }
 .kind-pro { color: var(--pro); } .kind-opp { color: var(--opp); }
@@ -96,18 +100,19 @@ def missing(what: str, command: str) -> str:
     return f'<p class="missing">{esc(what)}. Make it with <code>{esc(command)}</code></p>'
 
 
-def section(anchor: str, title: str, body: str) -> str:
-    """A titled section, reachable as #anchor."""
-    return f'<section id="{esc(anchor)}"><h2>{esc(title)}</h2>{body}</section>'
+def section(anchor: str, title: str, body: str, wide: bool = False) -> str:
+    """A titled section, reachable as #anchor; a wide one spans both columns of the page."""
+    cls = ' class="wide"' if wide else ""
+    return f'<section id="{esc(anchor)}"{cls}><h2>{esc(title)}</h2>{body}</section>'
 
 
-def page(title: str, subtitle: str, cards: Sequence[tuple[str, str]], sections: Sequence[tuple[str, str, str]],
-         footer: str) -> str:
-    """The whole document: header with summary cards, a table of contents, the sections (anchor, title, body)."""
+def page(title: str, subtitle: str, cards: Sequence[tuple[str, str]],
+         sections: Sequence[tuple[str, str, str, bool]], footer: str) -> str:
+    """The whole document: header with summary cards, a table of contents, the sections (anchor, title, body, wide)."""
     card_html = "".join(f"<div class=\"card\"><b>{esc(value)}</b><span>{esc(label)}</span></div>"
                         for label, value in cards)
-    links = "".join(f'<a href="#{esc(anchor)}">{esc(name)}</a>' for anchor, name, _ in sections)
-    body = "".join(section(anchor, name, content) for anchor, name, content in sections)
+    links = "".join(f'<a href="#{esc(anchor)}">{esc(name)}</a>' for anchor, name, *_ in sections)
+    body = "".join(section(*parts) for parts in sections)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{esc(title)}</title><style>{CSS}</style><script>{IMAGES_LOADED_SCRIPT}</script></head>"

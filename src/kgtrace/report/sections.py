@@ -15,12 +15,13 @@ import polars as pl
 import yaml
 
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
-from kgtrace.report.drawing import subgraph_png
+from kgtrace.report.drawing import DRAWN, subgraph_png
 from kgtrace.report.html import esc, image, missing, number, table
 
 SIDES = ("head", "tail", "both")
 POLICIES = ("realistic", "optimistic", "pessimistic")
 METRICS = (("mrr", "MRR"), ("mr", "MR"), ("hits_at_1", "Hits@1"), ("hits_at_3", "Hits@3"), ("hits_at_10", "Hits@10"))
+CONFIG_COLUMNS = 2
 EXPLAIN_TITLES = {"test": "Test triples", "predicted": "Best new predictions"}
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, yaml.YAMLError, pl.exceptions.PolarsError)
 
@@ -57,9 +58,16 @@ def config_section(run_dir: Path) -> str:
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise ValueError("expected a mapping of settings")
-    rows = [(f"<code>{esc(k)}</code>", esc(json.dumps(v) if isinstance(v, list | dict) else v))
-            for k, v in _flatten(data)]
-    return table(("setting", "value"), rows)
+    cells = [(f"<code>{esc(k)}</code>", f"<b>{esc(json.dumps(v) if isinstance(v, list | dict) else v)}</b>")
+             for k, v in _flatten(data)]
+    return table(("setting", "value") * CONFIG_COLUMNS, _side_by_side(cells, CONFIG_COLUMNS))
+
+
+def _side_by_side(pairs: list[tuple[str, str]], columns: int) -> list[list[str]]:
+    """Rows that show ``pairs`` in ``columns`` column pairs, read down each pair; the last is padded with blanks."""
+    height = -(-len(pairs) // columns)
+    padded = pairs + [("", "")] * (height * columns - len(pairs))
+    return [[cell for col in range(columns) for cell in padded[col * height + row]] for row in range(height)]
 
 
 # ----------------------------------------------------------------------------- training
@@ -131,18 +139,23 @@ def explain_title(path: Path) -> str:
     return EXPLAIN_TITLES.get(path.stem, path.stem.replace("_", " ").replace("-", " ").title())
 
 
+def breakable(text: object) -> str:
+    """Escaped text that may wrap after underscores (long snake_case labels in narrow columns)."""
+    return esc(text).replace("_", "_<wbr>")
+
+
 def _entity(entry: dict, side: str) -> str:
     """The readable name of an entity, with its label in small print when they differ."""
     label, name = entry[side], entry.get(f"{side}_name") or entry[side]
-    return esc(name) if name == label else f'{esc(name)} <span class="rel">({esc(label)})</span>'
+    return breakable(name) if name == label else f'{breakable(name)} <span class="rel">({breakable(label)})</span>'
 
 
 def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list[str]]:
     bar = "pro" if kind == "proponents" else "opp"
     rows = []
     for i, e in enumerate(entries, 1):
-        width = round(80 * abs(e["influence"]) / largest) if largest else 0
-        rows.append([str(i), _entity(e, "head"), f'<span class="rel">{esc(e.get("relation_name", e["relation"]))}</span>',
+        width = round(60 * abs(e["influence"]) / largest) if largest else 0
+        rows.append([str(i), _entity(e, "head"), f'<span class="rel">{breakable(e.get("relation_name", e["relation"]))}</span>',
                      _entity(e, "tail"), f'<span class="bar {bar}" style="width:{width}px"></span>'
                                          f"{number(e['influence'], 5)}"])
     return rows
@@ -170,7 +183,8 @@ def explanation(item: dict) -> str:
     facts = (f"score <b>{number(item.get('score'))}</b> &middot; filtered rank (realistic): tail <b>"
              f"{number(rank.get('tail', '?'), 1)}</b>, head <b>{number(rank.get('head', '?'), 1)}</b>"
              f" &middot; checkpoints {esc(', '.join(map(str, item.get('checkpoints', []))))}")
-    drawing = image(subgraph_png(item), f"subgraph around {test['head']} {test['relation']} {test['tail']}")
+    drawing = image(subgraph_png(item), f"subgraph around {test['head']} {test['relation']} {test['tail']}") + \
+        f'<p class="facts">The strongest {DRAWN} proponents (green) and opponents (red); width grows with |influence|.</p>'
     return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
             f'<div class="grid"><div>{drawing}</div><div>{influence_tables(item)}</div></div></div>')
 
