@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("predict", add_predict_args, cmd_predict,
          "a model's best tails of (HEAD, REL, ?) or heads of (?, REL, TAIL), with names and which are already known"),
         ("score", add_score_args, cmd_score, "score a file of triples, with their filtered head and tail ranks"),
+        ("summarize", add_summarize_args, cmd_summarize,
+         "one table (TSV) and plot (PNG) of the test metrics of several runs"),
         ("explain", add_explain_args, cmd_explain,
          "TracIn: the training triples that most support or oppose predictions, or the most self-influential ones"),
         ("report", add_report_args, cmd_report,
@@ -424,6 +426,29 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- summarize
+
+
+def add_summarize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders with config.yaml and a metrics JSON")
+    p.add_argument("--out", required=True, metavar="FILE.tsv", help="the table: one row per run")
+    p.add_argument("--plot", metavar="FILE.png", help="also a plot of test MRR per dataset and model")
+    p.add_argument("--metrics", default="test_metrics.json",
+                   help="each run's metrics file, as kgtrace evaluate --out or kgtrace train wrote it")
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.summary import plot_summary, summarize_runs, write_summary
+
+    table = summarize_runs(args.run_dirs, args.metrics)
+    write_summary(table, args.out)
+    if args.plot:
+        plot_summary(table, args.plot)
+    print(table)
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
 # ----------------------------------------------------------------------------- explain
 
 
@@ -434,6 +459,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                       help="explain one triple, given by labels or integer ids")
     what.add_argument("--triples", metavar="FILE",
                       help="explain every triple of a labelled file, head<TAB>relation<TAB>tail per line")
+    what.add_argument("--test", type=int, metavar="N", help="explain the first N triples of the run's test split")
     what.add_argument("--predict", nargs=2, metavar=("HEAD", "REL"),
                       help="explain the model's best new tails of (HEAD, REL, ?) (see --top-n)")
     what.add_argument("--self", dest="self_influence", action="store_true",
@@ -513,7 +539,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def explain_targets(args: argparse.Namespace, run) -> Tensor:
-    """The test triples [n, 3] that --triple, --triples or --predict name."""
+    """The test triples [n, 3] that --triple, --triples, --test or --predict name."""
     from kgtrace.attribution import report
     from kgtrace.data.lookup import parse_triple
 
@@ -521,6 +547,10 @@ def explain_targets(args: argparse.Namespace, run) -> Tensor:
         return parse_triple(run.dataset, *args.triple).view(1, 3)
     if args.predict:
         return report.predicted_triples(run, *args.predict, args.top_n)
+    if args.test is not None:
+        if args.test < 1 or not len(run.dataset.test):
+            raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])
+        return run.dataset.test[: args.test]
     from kgtrace.data.triples import encode_triples, read_labeled_triples
 
     test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
