@@ -90,20 +90,15 @@ def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: boo
 
 def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to reuse a run trained on other data or with another model."""
+    from kgtrace.training.loop import dataset_source
+
     saved = read_yaml(out / "config.yaml")
-    wanted = config.to_dict()
+    wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
-              if _normalise(saved.get(key)) != _normalise(wanted[key])]
+              if saved.get(key) != wanted[key]]
     if differ:
         raise KgtraceError(f"{out}: holds another run ({'; '.join(differ)}). "
                            "Fix: pass --overwrite to replace it, or choose another --out")
-
-
-def _normalise(value):
-    """Dataset paths are stored absolute: compare folders by their resolved path, names as they are."""
-    if isinstance(value, str) and Path(value).exists() and ("/" in value or value.startswith(".")):
-        return str(Path(value).resolve())
-    return value
 
 
 def _evaluate_step(run, redo: bool, log) -> bool:
