@@ -21,7 +21,10 @@ METRICS = ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")
 
 
 def summarize_runs(run_dirs: list[str | Path], metrics_file: str = "test_metrics.json") -> pl.DataFrame:
-    """One row per run: run, dataset, model, seed, epochs and the realistic metrics of both sides.
+    """One row per run: run, dataset, model, seed, epochs and the realistic filtered test metrics.
+
+    Columns ``mrr``, ``mr``, ``hits_at_1/3/10`` are over both sides (head and tail queries together);
+    ``head_mrr`` ... and ``tail_mrr`` ... are each side alone.
 
     Every missing or unreadable file is reported together in one KgtraceError.
     """
@@ -32,21 +35,35 @@ def summarize_runs(run_dirs: list[str | Path], metrics_file: str = "test_metrics
             problems.append(f"{run_dir}: no {' and no '.join(missing)}")
             continue
         try:
-            rows.append(_row(run_dir, metrics_file))
-        except (ValueError, KeyError, TypeError) as e:  # a file that is not what evaluate and train write
-            problems.append(f"{run_dir}: unreadable metrics or config ({type(e).__name__}: {e})")
+            config = read_yaml(run_dir / "config.yaml")
+            row = _settings(config)
+        except (OSError, ValueError, KeyError, TypeError, KgtraceError) as e:  # not a config.yaml that train writes
+            problems.append(f"{run_dir}: unreadable {run_dir / 'config.yaml'} ({type(e).__name__}: {e})")
+            continue
+        try:
+            metrics = json.loads((run_dir / metrics_file).read_text(encoding="utf-8"))
+            row.update(_metrics(metrics))
+        except (OSError, ValueError, KeyError, TypeError) as e:  # not a metrics JSON that evaluate writes
+            problems.append(f"{run_dir}: unreadable {run_dir / metrics_file} ({type(e).__name__}: {e})")
+            continue
+        rows.append({"run": run_dir.name, **row})
     if problems:
         raise KgtraceError("cannot summarize:\n  - " + "\n  - ".join(problems)
                            + f"\nFix: run kgtrace evaluate RUN --out RUN/{metrics_file} for each run first")
     return pl.DataFrame(rows).sort(["dataset", "model", "seed"])
 
 
-def _row(run_dir: Path, metrics_file: str) -> dict:
-    config = read_yaml(run_dir / "config.yaml")
-    metrics = json.loads((run_dir / metrics_file).read_text(encoding="utf-8"))
-    both = metrics["both"]["realistic"]
-    return {"run": run_dir.name, "dataset": Path(str(config["dataset"])).name, "model": config["model"],
-            "seed": int(config["seed"]), "epochs": int(config["epochs"]), **{m: float(both[m]) for m in METRICS}}
+def _settings(config: dict) -> dict:
+    return {"dataset": Path(str(config["dataset"])).name, "model": config["model"],
+            "seed": int(config["seed"]), "epochs": int(config["epochs"])}
+
+
+def _metrics(metrics: dict) -> dict:
+    row = {}
+    for side, prefix in (("both", ""), ("head", "head_"), ("tail", "tail_")):
+        realistic = metrics[side]["realistic"]
+        row.update({prefix + m: float(realistic[m]) for m in METRICS})
+    return row
 
 
 def write_summary(table: pl.DataFrame, path: str | Path) -> None:
