@@ -30,7 +30,10 @@ differentiated call (``training=True``, the training step) is compiled with its 
 graph at once (AOTAutograd otherwise compiles it lazily on the first ``backward()``, outside
 these counters), and with inductor's ``fallback_random``, so that dropout draws its masks from
 the same generator and in the same way as eager: compiled training equals eager training up
-to float rounding.
+to float rounding. Its graph may keep the static buffers for the backward pass (embedding
+indices): run each call's backward before the same call runs again (one forward per backward,
+as a training step or a gradient-accumulation micro-batch). Otherwise the refilled buffer
+makes autograd refuse the earlier backward ("modified by an inplace operation"), loudly.
 
 Counters. Each call keeps :class:`CompileStats`; :func:`compile_log` collects the calls that
 ran inside it, so that a command logs and writes them at its end (``compile_stats.json``).

@@ -4,8 +4,9 @@ Each entry point is built as the commands build it (the same functions, model, b
 device and compile mode), from the run's configuration; without RUN_DIR, from a small ConvE
 trained for one epoch on the bundled UMLS in a temporary folder:
 
-* ``rank_side``: all-entity ranking (``evaluate --compile``) of the test split, its batch
-  chosen from the run's memory budget as evaluate chooses it;
+* ``rank_side``: all-entity ranking of the validation split, as ``train --compile`` validates
+  (its batch from the run's memory budget; ``evaluate --compile`` ranks the test split with
+  the same function);
 * ``train_kvsall`` / ``train_1vsall``: the training step (``train --compile``) at the run's
   batch size and at the epoch's remainder, which gets its own call (training never pads:
   :mod:`kgtrace.training.compiled`);
@@ -170,16 +171,17 @@ def format_table(checks: list[Check]) -> str:
 
 
 def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generator) -> Probe:
-    """Evaluation's compiled ranking of the test split, as ``kgtrace evaluate --compile``."""
+    """The compiled ranking of the validation split, as ``kgtrace train --compile`` validates
+    (``kgtrace evaluate --compile`` runs the same function on the test split)."""
     from kgtrace.data.answers import AnswerIndex
     from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
     from kgtrace.evaluation.evaluate import query_chunk_size, side_queries
 
     ds, model = run.dataset, run.model.to(device).eval()
-    sides = [side_queries(ds.test, ds.num_relations, side) for side in ("head", "tail")]
+    sides = [side_queries(ds.valid, ds.num_relations, side) for side in ("head", "tail")]
     queries, answers = torch.cat([s.queries for s in sides]), torch.cat([s.answers for s in sides])
-    known = AnswerIndex.build(ds.known_triples("test"), ds.num_relations)
-    batch = balanced_batch(len(ds.test), query_chunk_size(model.num_entities, memory_budget))
+    known = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    batch = balanced_batch(len(ds.valid), query_chunk_size(model.num_entities, memory_budget))
     call = compiled_ranker(model, batch, device)
 
     def sample(n: int) -> dict[str, Tensor]:

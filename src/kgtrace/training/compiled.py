@@ -19,6 +19,9 @@ inputs are the static buffers and the parameters, whose addresses never change (
 optimizer updates them in place); its outputs are per-row losses [B], cloned at the
 boundary; the backward graph writes fresh gradients that ``zero_grad(set_to_none=True)``
 releases before the next step, whose ``cudagraph_mark_step_begin`` starts a new generation.
+The graph keeps its input buffers for backward (the embedding indices), so each step's
+backward runs before the next step's forward, as the training loop does (and gradient
+accumulation would: forward and backward per micro-batch).
 
 Batches are never padded. Batch normalisation in training mode normalises every row by
 statistics over the whole batch, so a padded row changes the real rows' loss and gradients
