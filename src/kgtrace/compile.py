@@ -66,8 +66,8 @@ class CompileStats:
     calls: int = 0  # __call__ invocations
     batches: int = 0  # compiled runs (an input larger than batch_size takes several)
     input_sizes: set[int] = field(default_factory=set)  # distinct n passed to __call__
-    compile_seconds: float = 0.0  # the first compiled run: compilation plus one run
-    run_seconds: float = 0.0  # every other second spent in __call__ (copies and clones included)
+    compile_seconds: float = 0.0  # the first compiled run: compilation (a training call's backward too) plus one run
+    run_seconds: float = 0.0  # every other second spent in __call__ (copies and clones included; not backward)
     compilations: int = 0  # graphs dynamo compiled (1 after the first call)
     recompilations: int = 0  # compilations after the first call (0 while guards hold)
     graph_breaks: int = 0  # always 0 with fullgraph=True: a break raises instead

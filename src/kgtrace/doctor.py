@@ -159,8 +159,8 @@ def format_table(checks: list[Check]) -> str:
                      f"{c.max_error:.1e}" if c.max_error else "0", str(c.recompilations), str(c.graph_breaks),
                      f"{c.compile_seconds:.1f}", "ok" if c.ok else "FAILED"))
     widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if j in (0, 3, 8) else cell.rjust(w) for j, (cell, w) in enumerate(zip(r, widths)))
-             for r in rows]
+    lines = ["  ".join(cell.ljust(w) if j in (0, 3, 8) else cell.rjust(w)
+                       for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     lines += [f"{c.entry_point} (batch {c.batch_size}): {p}" for c in checks for p in c.problems]
     failed = sum(not c.ok for c in checks)
     lines.append(f"{len(checks) - failed} of {len(checks)} entry points passed" + (f"; {failed} FAILED" if failed else ""))
