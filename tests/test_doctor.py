@@ -6,7 +6,7 @@ import torch
 
 from kgtrace.cli import main
 from kgtrace.compile import CompiledCall
-from kgtrace.doctor import Check, Probe, cuda_graph_problems, format_table, relative_error, run_probes
+from kgtrace.doctor import Check, Probe, cuda_graph_problems, format_table, norm_error, relative_error, run_probes
 
 BATCH = 4
 
@@ -47,10 +47,21 @@ def test_failures_are_caught():
 
         return run
 
-    good, wrong, overwritten, recompiles = run_probes([
+    def wrong_gradient(probe):  # a flat "gradient" as last output, 10% off
+        probe.gradient = True
+        run, eager = probe.compiled, probe.eager
+        probe.compiled = lambda inputs: (*run(inputs), run(inputs)[0].flatten() * 1.1)
+        probe.eager = lambda inputs: (*eager(inputs), eager(inputs)[0].flatten())
+        return probe
+
+    good, wrong, overwritten, recompiles, gradient = run_probes([
         toy_probe(), toy_probe(off_by_one), toy_probe(reuses_its_output), toy_probe(flags=(True, True, False)),
+        wrong_gradient(toy_probe()),
     ])
+    assert gradient.max_error < 1e-6 and abs(gradient.gradient_error - 0.1) < 1e-5
+    assert gradient.problems == ["gradient differs from eager: relative norm 0.1 > 0.001"]
     assert good.ok and good.calls == 6 and good.sizes == [1, 3, 4, 9] and good.max_error < 1e-6
+    assert good.gradient_error is None
     assert wrong.problems == [f"differs from eager: relative error {wrong.max_error:.3g} > 0.0001"]
     assert overwritten.problems == ["an output held from an earlier call was overwritten by a later call"]
     assert recompiles.recompilations == 1 and len(recompiles.problems) == 1
@@ -72,6 +83,8 @@ def test_relative_error():
     assert relative_error(torch.tensor([1, 3]), torch.tensor([1, 2])) == float("inf")
     assert relative_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])) == 0.2
     assert relative_error(torch.zeros(2), torch.zeros(3)) == float("inf")
+    assert norm_error(torch.tensor([3.0, 4.0]), torch.tensor([0.0, 4.0])) == 0.75
+    assert norm_error(torch.zeros(2), torch.zeros(3)) == float("inf")
     assert Check("x", 1, 1, [1], 0.0, 0, 0, 0.0).ok
 
 

@@ -18,9 +18,12 @@ at their sizes. Calls of all entry points are interleaved, as in a command that 
 compiled graphs in one step. A row of the table fails when:
 
 * parity: a call's outputs differ from the eager function's on the same inputs (ranks
-  exactly; losses, gradients and factors by more than 1e-4 relative to the largest value).
-  The eager training step runs on a twin of the model from the same random state, so that
-  dropout draws the same masks, and the gradient over all parameters is compared too;
+  exactly; losses and factors by more than 1e-4 relative to the largest value). The eager
+  training step runs on a twin of the model from the same random state, so that dropout draws
+  the same masks, and the gradient over all parameters is compared too, by the norm of the
+  difference over the norm of the gradient (at most 1e-3): a pre-activation within rounding of
+  a ReLU's kink passes its gradient on one side and not on the other, which moves single
+  gradient entries by up to 1e-3 of the largest while the norm moves by about 1e-5;
 * held outputs: outputs kept from the first call after warm-up changed during later calls
   (what a CUDA-graph replay does to outputs not cloned at the boundary);
 * recompilations after warm-up, graph breaks, or static buffers that moved;
@@ -45,6 +48,7 @@ from kgtrace.compile import CompiledCall
 __all__ = ["Check", "Probe", "cuda_graph_problems", "doctor", "format_table", "run_probes"]
 
 TOLERANCE = 1e-4  # relative to the largest eager value of an output
+GRADIENT_TOLERANCE = 1e-3  # norm of the difference over the norm of the eager gradient
 TINY_CONVE = {"embedding_dim": 32, "embedding_height": 4, "output_channels": 8}
 
 
@@ -59,6 +63,7 @@ class Probe:
     sizes: tuple[int, ...]  # rows per call, the first one the warm-up
     mode: Callable[[], AbstractContextManager]  # grad mode and autocast of the command
     held: int = 0  # how many leading outputs are the call's own (checked for being held); 0: all
+    gradient: bool = False  # the last output is a flat gradient, compared by norm (module docstring)
 
 
 @dataclass
@@ -69,11 +74,12 @@ class Check:
     batch_size: int
     calls: int
     sizes: list[int]
-    max_error: float  # largest relative difference to eager over every call and output
+    max_error: float  # largest relative difference to eager over every call and output (the gradient's aside)
     recompilations: int
     graph_breaks: int
     compile_seconds: float
     problems: list[str] = field(default_factory=list)
+    gradient_error: float | None = None  # largest norm-relative gradient difference (training steps)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +95,13 @@ def relative_error(got: Tensor, expected: Tensor) -> float:
     scale = float(expected.abs().max()) if expected.numel() else 0.0
     diff = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
     return diff / max(scale, 1e-30)
+
+
+def norm_error(got: Tensor, expected: Tensor) -> float:
+    """||got - expected|| / ||expected||; inf for another shape."""
+    if got.shape != expected.shape:
+        return float("inf")
+    return float((got.float() - expected.float()).norm()) / max(float(expected.float().norm()), 1e-30)
 
 
 def cuda_graph_problems(device: torch.device, mode: str, skipped: int) -> list[str]:
@@ -112,7 +125,7 @@ def _cudagraph_skips() -> int:
 def run_probes(probes: list[Probe]) -> list[Check]:
     """Run every probe's calls, interleaved round-robin, and check them (see the module docstring)."""
     pointers = [{k: b.data_ptr() for k, b in p.call.buffers.items()} for p in probes]
-    errors = [0.0] * len(probes)
+    errors = [[0.0, 0.0] for _ in probes]  # outputs, gradient
     held: list[tuple[tuple[Tensor, ...], list[Tensor]] | None] = [None] * len(probes)
     skips = _cudagraph_skips()
     for step in range(max(len(p.sizes) for p in probes)):
@@ -125,19 +138,24 @@ def run_probes(probes: list[Probe]) -> list[Check]:
                 with torch.random.fork_rng(devices=devices):  # eager and compiled draw the same numbers
                     expected = probe.eager(inputs)
                 got = probe.compiled(inputs)
-            errors[i] = max([errors[i]] + [relative_error(g, e) for g, e in zip(got, expected, strict=True)])
+            plain = len(got) - probe.gradient
+            errors[i][0] = max([errors[i][0]] + [relative_error(g, e) for g, e in zip(got[:plain], expected[:plain])])
+            if probe.gradient:
+                errors[i][1] = max(errors[i][1], norm_error(got[-1], expected[-1]))
             if step == 1:  # the first call after warm-up: keep its outputs and a copy to compare against
                 own = got[: probe.held or len(got)]
                 held[i] = (own, [t.clone() for t in own])
     skipped = _cudagraph_skips() - skips
-    return [_check(p, errors[i], held[i], pointers[i], skipped) for i, p in enumerate(probes)]
+    return [_check(p, *errors[i], held[i], pointers[i], skipped) for i, p in enumerate(probes)]
 
 
-def _check(probe: Probe, error: float, held, pointers: dict[str, int], skipped: int) -> Check:
+def _check(probe: Probe, error: float, gradient_error: float, held, pointers: dict[str, int], skipped: int) -> Check:
     stats = probe.call.stats
     problems = []
     if error > TOLERANCE:
         problems.append(f"differs from eager: relative error {error:.3g} > {TOLERANCE:g}")
+    if gradient_error > GRADIENT_TOLERANCE:
+        problems.append(f"gradient differs from eager: relative norm {gradient_error:.3g} > {GRADIENT_TOLERANCE:g}")
     if held is not None and not all(torch.equal(a, b) for a, b in zip(*held)):
         problems.append("an output held from an earlier call was overwritten by a later call")
     if stats.recompilations:
@@ -148,23 +166,29 @@ def _check(probe: Probe, error: float, held, pointers: dict[str, int], skipped: 
         problems.append("static buffers moved")
     problems += cuda_graph_problems(probe.call.device, probe.call.mode, skipped)
     return Check(probe.call.name, probe.call.batch_size, stats.calls, sorted(stats.input_sizes), error,
-                 stats.recompilations, stats.graph_breaks, stats.compile_seconds, problems)
+                 stats.recompilations, stats.graph_breaks, stats.compile_seconds, problems,
+                 gradient_error if probe.gradient else None)
 
 
 def format_table(checks: list[Check]) -> str:
     """The doctor's report: one row per entry point, then each problem, then a verdict."""
-    rows = [("entry point", "batch", "calls", "sizes", "max rel err", "recompiles", "breaks", "compile s", "result")]
+    rows = [("entry point", "batch", "calls", "sizes", "max rel err", "grad err", "recompiles", "breaks", "compile s",
+             "result")]
     for c in checks:
-        rows.append((c.entry_point, str(c.batch_size), str(c.calls), ",".join(map(str, c.sizes)),
-                     f"{c.max_error:.1e}" if c.max_error else "0", str(c.recompilations), str(c.graph_breaks),
-                     f"{c.compile_seconds:.1f}", "ok" if c.ok else "FAILED"))
+        rows.append((c.entry_point, str(c.batch_size), str(c.calls), ",".join(map(str, c.sizes)), _number(c.max_error),
+                     "-" if c.gradient_error is None else _number(c.gradient_error), str(c.recompilations),
+                     str(c.graph_breaks), f"{c.compile_seconds:.1f}", "ok" if c.ok else "FAILED"))
     widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if j in (0, 3, 8) else cell.rjust(w)
+    lines = ["  ".join(cell.ljust(w) if j in (0, 3, 9) else cell.rjust(w)
                        for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     lines += [f"{c.entry_point} (batch {c.batch_size}): {p}" for c in checks for p in c.problems]
     failed = sum(not c.ok for c in checks)
     lines.append(f"{len(checks) - failed} of {len(checks)} entry points passed" + (f"; {failed} FAILED" if failed else ""))
     return "\n".join(lines)
+
+
+def _number(x: float) -> str:
+    return f"{x:.1e}" if x else "0"
 
 
 # ----------------------------------------------------------------------------- the entry points of a run
@@ -237,7 +261,7 @@ def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]
             stack.enter_context(precision_context(config.precision, device))
             return stack
 
-        return Probe(call, compiled, eager, sample, (size,) * 4, mode, held=1)
+        return Probe(call, compiled, eager, sample, (size,) * 4, mode, held=1, gradient=True)
 
     sizes = [min(config.batch_size, len(batches)), len(batches) % config.batch_size]
     return [probe(size) for size in sizes if size]
@@ -290,6 +314,7 @@ def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -
             run_dir = tiny_run(Path(scratch) / "run", where, log)
         run = load_run(run_dir, device=where)
         gen = torch.Generator().manual_seed(0)
+        torch.manual_seed(0)  # the dropout masks: the same check every time
         log(f"compiling each entry point of {run_dir} ({type(run.model).__name__}, {where}); this takes a while")
         probes = [rank_probe(run, where, parse_size(run.config.memory_budget), gen), *train_probes(run, where, gen),
                   tracin_probe(run, where, gen)]
