@@ -14,6 +14,7 @@ import torch
 
 from kgtrace.cli import build_parser
 from kgtrace.config import TrainConfig
+from kgtrace.doctor import norm_error
 from kgtrace.errors import ConfigError
 from kgtrace.models import ConvE, DistMult
 from kgtrace.training.checkpoint import load_checkpoint
@@ -95,8 +96,8 @@ def test_repeated_calls_in_one_step_keep_held_outputs():
         for rows, kept, eager in held:
             assert torch.equal(rows.detach(), kept)  # not overwritten by the later calls
             torch.testing.assert_close(rows, eager, rtol=1e-5, atol=1e-4)
-        scale = float(flat_grad(twin).abs().max())
-        torch.testing.assert_close(flat_grad(model), flat_grad(twin), rtol=0, atol=1e-5 * scale)
+        # By norm: a pre-activation within rounding of a ReLU kink moves single entries (kgtrace.doctor).
+        assert norm_error(flat_grad(model), flat_grad(twin)) < 1e-4
         model.zero_grad(set_to_none=True)
         twin.zero_grad(set_to_none=True)
     assert {k: b.data_ptr() for k, b in call.buffers.items()} == pointers
