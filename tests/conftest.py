@@ -25,3 +25,24 @@ def full_run(tmp_path_factory):
     assert main(["explain", str(out), "--triples", str(triples), "--top-k", "3", "--device", "cpu", "--no-progress",
                  "--out", str(out / "explain" / "test.json")]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def compiled_runs(tmp_path_factory):
+    """The doctor's small ConvE on UMLS (dropout and batch norm on), trained twice, eagerly and compiled.
+
+    Batch 128 leaves a last batch of 24 queries per epoch; validation at epoch 2. The graphs
+    compiled here are those ``kgtrace doctor`` compiles without RUN_DIR, so later tests load
+    them from Inductor's cache instead of compiling again.
+    """
+    from kgtrace.doctor import TINY_CONVE
+
+    runs, logs = {}, {}
+    for compile_ in (False, True):
+        out = tmp_path_factory.mktemp("compiled" if compile_ else "eager")
+        config = TrainConfig(dataset="umls", model="conve", model_args=dict(TINY_CONVE), epochs=2, lr=0.01,
+                             checkpoint_every=1, eval_every=2, threads=1, device="cpu", compile=compile_)
+        logs[compile_] = []
+        train(config, out, progress=False, log=logs[compile_].append)
+        runs[compile_] = out
+    return runs, logs

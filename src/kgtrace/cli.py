@@ -42,6 +42,8 @@ TRAIN_HELP = {
     "patience": "stop after this many validations without improvement (0: never)",
     "threads": "CPU threads for torch (0: torch's default)",
     "memory_budget": "memory for ranking during validation, e.g. 2GB",
+    "compile": "run the training step and validation ranking through torch.compile (same results as eager; "
+               "counters in RUN_DIR/compile_stats.json); --no-compile runs eagerly",
 }
 
 
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("report", add_report_args, cmd_report,
          "one self-contained HTML page of a run: config, training curve, metrics, ranks and explanations"),
         ("index", add_index_args, cmd_index, "TracIn: project every training gradient once, for fast repeated queries"),
+        ("doctor", add_doctor_args, cmd_doctor,
+         "check every torch.compile entry point of a run: parity with eager, held outputs, no recompilation"),
         ("import-pykeen", add_import_pykeen_args, cmd_import_pykeen,
          "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
         ("export-pykeen", add_export_pykeen_args, cmd_export_pykeen,
@@ -185,6 +189,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     for f in fields(TrainConfig):
         if f.name == "model_args":
             continue
+        if str(f.type) == "bool":
+            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{TRAIN_HELP[f.name]} (default: {str(getattr(defaults, f.name)).lower()})")
+            continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
                        help=f"{TRAIN_HELP[f.name]} (default: {getattr(defaults, f.name)})")
@@ -194,7 +202,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of settings; command-line options override it")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint (only --epochs, --patience, "
-                        "--device and --threads may change)")
+                        "--device, --threads and --compile may change)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
 
@@ -275,6 +283,7 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from kgtrace.compile import logged_compilation
     from kgtrace.evaluation.evaluate import Candidates, metrics_of, rank_queries
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
@@ -297,12 +306,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     compile_ = device.type == "cuda" if args.compile is None else args.compile
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
-    ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
-                         memory_budget=budget)
+    with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"), compile_):
+        ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
+                             memory_budget=budget)
     metrics = metrics_of(ranks, ks)
     write_outputs(args, run, ranks, metrics)
     print_metrics(metrics, args.split)
     return 0
+
+
+def compile_stats_path(out: str | Path | None, default: Path) -> Path:
+    """Where a command's compile counters go: beside its JSON output (OUT.compile_stats.json)."""
+    out = Path(out) if out else default
+    return out.with_name(out.stem + ".compile_stats.json")
 
 
 def restriction_of(dataset, rules: list[str]):
@@ -477,6 +493,9 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
     p.add_argument("--index", metavar="FOLDER",
                    help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="compute per-triple gradients through torch.compile (same influences up to rounding; counters "
+                        "in OUT.compile_stats.json). A failed compilation is an error, never a silent fallback")
     p.add_argument("--out", metavar="FILE.json",
                    help="JSON to write; a TSV with every row goes beside it (default: RUN_DIR/explain.json, "
                         "or RUN_DIR/self_influence.json with --self)")
@@ -489,6 +508,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.attribution import TracIn, report
+    from kgtrace.compile import logged_compilation
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
@@ -511,9 +531,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, args.checkpoint, device=device)
     # Progress of a long pass is saved here now and then; rerunning the same command resumes from it.
     state = Path(str(args.out_dir or out) + ".state")
+    compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
+                                  else compile_stats_path(out, out), args.compile)
     if args.self_influence:
-        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision)
-        ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress, state=state)
+        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
+                        compile=args.compile)
+        with compiled:
+            ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress, state=state)
         print_self_influence(ranking)
         print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
         return 0
@@ -524,8 +548,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         finder = ProjectedIndex(args.index, run, device=device)
         found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
     else:
-        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision)
-        found = tracin.top_k(test, args.top_k, progress=args.progress, state=state)
+        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
+                        compile=args.compile)
+        with compiled:
+            found = tracin.top_k(test, args.top_k, progress=args.progress, state=state)
         epochs = [c.epoch for c in tracin.checkpoints]
     items = report.explain_triples(run, test, found, epochs)
     print_explanations(items)
@@ -592,6 +618,25 @@ def cmd_index(args: argparse.Namespace) -> int:
           f"({', '.join(meta.params)}) in {meta.seconds:.1f} s into {out}; "
           f"query with: kgtrace explain {args.run_dir} --index {out} --triple HEAD REL TAIL")
     return 0
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def add_doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                   help="a run folder written by kgtrace train (default: a small ConvE trained for one epoch on UMLS "
+                        "in a temporary folder)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to compile and run (auto: CUDA when available, where CUDA graphs are checked too)")
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from kgtrace.doctor import doctor, format_table
+
+    checks = doctor(args.run_dir, args.device)
+    print(format_table(checks))
+    return 0 if all(c.ok for c in checks) else 1
 
 
 # ----------------------------------------------------------------------------- PyKEEN interop

@@ -25,22 +25,36 @@ invariants so that no caller has to think about them:
   the name shows up in ``TORCH_LOGS`` output.
 
 Gradients are the caller's business: run under ``torch.no_grad()`` for inference; the
-static buffers are plain data, so no gradient flows back into the caller's inputs.
+static buffers are plain data, so no gradient flows back into the caller's inputs. A
+differentiated call (``training=True``, the training step) is compiled with its backward
+graph at once (AOTAutograd otherwise compiles it lazily on the first ``backward()``, outside
+these counters), and with inductor's ``fallback_random``, so that dropout draws its masks from
+the same generator and in the same way as eager: compiled training equals eager training up
+to float rounding. Its graph may keep the static buffers for the backward pass (embedding
+indices): run each call's backward before the same call runs again (one forward per backward,
+as a training step or a gradient-accumulation micro-batch). Otherwise the refilled buffer
+makes autograd refuse the earlier backward ("modified by an inplace operation"), loudly.
+
+Counters. Each call keeps :class:`CompileStats`; :func:`compile_log` collects the calls that
+ran inside it, so that a command logs and writes them at its end (``compile_stats.json``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from kgtrace.errors import KgtraceError
 
-__all__ = ["CompileStats", "CompiledCall"]
+__all__ = ["CompileLog", "CompileStats", "CompiledCall", "compile_log", "logged_compilation"]
 
 VALID = "valid"  # the name under which fn receives the [batch_size] bool mask of real rows
 
@@ -52,11 +66,18 @@ class CompileStats:
     calls: int = 0  # __call__ invocations
     batches: int = 0  # compiled runs (an input larger than batch_size takes several)
     input_sizes: set[int] = field(default_factory=set)  # distinct n passed to __call__
-    compile_seconds: float = 0.0  # the first compiled run: compilation plus one run
-    run_seconds: float = 0.0  # every other second spent in __call__ (copies and clones included)
+    compile_seconds: float = 0.0  # the first compiled run: compilation (a training call's backward too) plus one run
+    run_seconds: float = 0.0  # every other second spent in __call__ (copies and clones included; not backward)
     compilations: int = 0  # graphs dynamo compiled (1 after the first call)
     recompilations: int = 0  # compilations after the first call (0 while guards hold)
     graph_breaks: int = 0  # always 0 with fullgraph=True: a break raises instead
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: input sizes sorted, seconds rounded to the microsecond."""
+        data = asdict(self)
+        data["input_sizes"] = sorted(self.input_sizes)
+        data["compile_seconds"], data["run_seconds"] = round(self.compile_seconds, 6), round(self.run_seconds, 6)
+        return data
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -84,6 +105,8 @@ class CompiledCall:
         batch); only the row shape, dtype and device are taken, to size the buffers.
     :param mode: torch.compile mode; None picks "reduce-overhead" (CUDA graphs) on CUDA
         and "default" on CPU.
+    :param training: fn's outputs will be differentiated: compile its backward graph with
+        the forward, and draw random numbers as eager does (module docstring).
     """
 
     def __init__(
@@ -96,6 +119,7 @@ class CompiledCall:
         mode: str | None = None,
         dynamic: bool = False,
         fullgraph: bool = True,
+        training: bool = False,
     ):
         if batch_size < 1:
             raise ValueError(f"{name}: batch_size must be >= 1, got {batch_size}")
@@ -118,6 +142,7 @@ class CompiledCall:
             # CUDA-graph trees then read the buffers in place instead of copying them in.
             torch._dynamo.mark_static_address(buffer)
         self._stats = CompileStats()
+        self.training = training
         self._compiled = torch.compile(_entry_point(name, fn), mode=self.mode, dynamic=dynamic, fullgraph=fullgraph)
 
     @property
@@ -134,6 +159,8 @@ class CompiledCall:
         on them, so passing another object may recompile (counted in ``stats``).
         """
         n = self._check(inputs)
+        for log in _OPEN_LOGS:
+            log.add(self)
         self._stats.calls += 1
         self._stats.input_sizes.add(n)
         started, compiling = time.perf_counter(), self._stats.compile_seconds
@@ -179,7 +206,7 @@ class CompiledCall:
         began = time.perf_counter()
         torch.compiler.cudagraph_mark_step_begin()
         try:
-            with torch._dynamo.config.patch(suppress_errors=False):
+            with torch._dynamo.config.patch(suppress_errors=False), self._settings():
                 outputs = self._compiled(*static, **self.buffers)
         except Exception as error:
             if first or isinstance(error, _compile_errors()):
@@ -205,6 +232,19 @@ class CompiledCall:
         # Clone at the boundary: the next replay of a CUDA graph overwrites these outputs.
         return tuple(out[: stop - start].clone() for out in outputs)
 
+    @contextmanager
+    def _settings(self) -> Iterator[None]:
+        """Compiler settings in force while this call runs (and so while it compiles)."""
+        if not self.training:
+            yield
+            return
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config as inductor_config
+
+        with functorch_config.patch(force_non_lazy_backward_lowering=True), \
+                inductor_config.patch(fallback_random=True):
+            yield
+
     def _error(self, error: BaseException) -> KgtraceError:
         cause = (str(error).strip().splitlines() or [""])[0]
         return KgtraceError(
@@ -226,3 +266,76 @@ def _entry_point(name: str, fn: Callable) -> Callable:
 
 
 _serial = iter(range(1, 1 << 62))
+
+
+# ----------------------------------------------------------------------------- counters of a run
+
+
+class CompileLog:
+    """The compiled calls that ran while the log was open (see :func:`compile_log`), in order of first run."""
+
+    def __init__(self):
+        self.calls: list[CompiledCall] = []
+
+    def add(self, call: CompiledCall) -> None:
+        if not any(c is call for c in self.calls):
+            self.calls.append(call)
+
+    def entries(self) -> list[dict[str, object]]:
+        """One record per call: entry point, batch size, device, mode and its :class:`CompileStats`."""
+        return [{"entry_point": c.name, "batch_size": c.batch_size, "device": str(c.device), "mode": c.mode,
+                 **c.stats.to_dict()} for c in self.calls]
+
+    def lines(self) -> list[str]:
+        """One readable line per call, for the end of a command's output."""
+        return [f"compiled {e['entry_point']} (batch {e['batch_size']}, {e['device']}, {e['mode']}): "
+                f"{e['calls']} calls, input sizes {_sizes(e['input_sizes'])}, {e['compilations']} compilation(s), "
+                f"{e['recompilations']} recompilation(s), {e['graph_breaks']} graph break(s), "
+                f"{e['compile_seconds']:.1f} s compiling, {e['run_seconds']:.2f} s running"
+                for e in self.entries()]
+
+    def write(self, path: str | Path) -> Path:
+        """Write the entries as JSON, atomically; returns the path."""
+        from kgtrace.io import atomic_write_text
+
+        data = {"torch": torch.__version__, "entry_points": self.entries()}
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+        return Path(path)
+
+
+def _sizes(sizes: list[int], shown: int = 6) -> str:
+    text = ", ".join(map(str, sizes[:shown]))
+    return "{" + text + (f", ... ({len(sizes)} sizes)" if len(sizes) > shown else "") + "}"
+
+
+_OPEN_LOGS: list[CompileLog] = []
+
+
+@contextmanager
+def compile_log() -> Iterator[CompileLog]:
+    """Collect every :class:`CompiledCall` run inside the block (nested logs each see them)."""
+    log = CompileLog()
+    _OPEN_LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _OPEN_LOGS.remove(log)
+
+
+@contextmanager
+def logged_compilation(path: str | Path, enabled: bool, log: Callable[[str], object] = print) -> Iterator[None]:
+    """A command's counters: collect the calls run inside; at the end (an error too) log them and write ``path``.
+
+    Nothing is logged or written when ``enabled`` is false or nothing was compiled.
+    """
+    if not enabled:
+        yield
+        return
+    with compile_log() as compiled:
+        try:
+            yield
+        finally:
+            for line in compiled.lines():
+                log(line)
+            if compiled.calls:
+                compiled.write(path)

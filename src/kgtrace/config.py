@@ -47,6 +47,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without improvement (0: never stop early)
     threads: int = 0  # torch CPU threads (0: torch's default)
     memory_budget: str = "2GB"  # for validation ranking
+    compile: bool = False  # training step and validation ranking through torch.compile (same results as eager)
 
     def validate(self) -> "TrainConfig":
         """Return self, or raise ConfigError listing every invalid setting."""
@@ -75,6 +76,11 @@ class TrainConfig:
         if self.entity_chunk and self.precision == "fp16":
             problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which the fp16 "
                             "gradient scaler cannot scale; use precision bf16 or fp32, or entity_chunk 0")
+        if not isinstance(self.compile, bool):
+            problems.append(f"compile={self.compile!r}: must be true or false")
+        elif self.compile and self.entity_chunk:
+            problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which are not compiled; "
+                            "set entity_chunk 0 or compile false")
         try:
             parse_size(self.memory_budget)
         except ValueError as e:

@@ -19,7 +19,7 @@ from torch.func import functional_call, grad, vmap
 
 from kgtrace.attribution.factors import Factors
 
-__all__ = ["ScoreHRT", "dense_factors", "per_sample_gradients"]
+__all__ = ["ScoreHRT", "dense_factors", "per_sample_gradients", "wrapped_gradients"]
 
 
 class ScoreHRT(nn.Module):
@@ -35,8 +35,13 @@ class ScoreHRT(nn.Module):
 
 def per_sample_gradients(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Tensor:
     """Flattened per-triple gradients [n, P] over the parameters ``names`` (model's dtype)."""
-    wrapper = ScoreHRT(model)
-    all_params = dict(model.named_parameters())
+    return wrapped_gradients(ScoreHRT(model), triples, names)
+
+
+def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> Tensor:
+    """:func:`per_sample_gradients` of ``wrapper.model``; the wrapper is built by the caller
+    (outside a compiled region, where building a module is not allowed)."""
+    all_params = dict(wrapper.model.named_parameters())
     params = {f"model.{n}": all_params[n].detach() for n in names}
 
     def loss(p: dict[str, Tensor], triple: Tensor) -> Tensor:

@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.grads import ScoreHRT
 
-__all__ = ["ROW_TABLES", "row_factors", "row_tables"]
+__all__ = ["ROW_TABLES", "row_factors", "row_gradients", "row_tables", "rows_to_factors"]
 
 #: Per model class: embedding-table parameters and the id space that indexes them.
 ROW_TABLES: dict[str, dict[str, str]] = {
@@ -43,13 +43,23 @@ def row_tables(model: nn.Module) -> dict[str, str]:
 
 def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
     """Factored gradients of softplus(-score_hrt) of ``triples`` [n, 3] over ``names``; model in eval mode."""
+    return rows_to_factors(model, triples, names, row_gradients(ScoreHRT(model), triples, names))
+
+
+def row_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> tuple[Tensor, ...]:
+    """The tensors of :func:`row_factors`: dense gradients [n, P] ([n, 0] when no dense parameter is
+    selected), then per id space of :data:`SLOTS` with a selected table, its row gradients [n, S, W].
+
+    The wrapper of the model is built by the caller (outside a compiled region, where building a
+    module is not allowed).
+    """
+    model = wrapper.model
     tables = row_tables(model)
     params = dict(model.named_parameters())
     dense_names = [n for n in names if n not in tables]
     diff = {f"model.{n}": params[n].detach() for n in dense_names}
     local = {f"model.{n}": params[n].detach()[triples[:, SLOTS[space]]] for n, space in tables.items()}  # [n, S, ...]
     hrt = torch.tensor([LOCAL_TRIPLE], device=triples.device)  # [1, 3]
-    wrapper = ScoreHRT(model)
 
     def loss(d: dict[str, Tensor], rows: dict[str, Tensor]) -> Tensor:
         return F.softplus(-functional_call(wrapper, {**d, **rows}, (hrt,))).sum()
@@ -58,11 +68,19 @@ def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Fact
         g_dense, g_rows = vmap(grad(loss, argnums=(0, 1)), in_dims=(None, 0), randomness="error")(diff, local)
     n = len(triples)
     dense = [g_dense[f"model.{name}"].reshape(n, -1) for name in dense_names]
-    rows = {}
+    out = [torch.cat(dense, dim=1) if dense else triples.new_zeros(n, 0, dtype=params[names[0]].dtype)]
     for space, slots in SLOTS.items():
         chosen = [n_ for n_ in names if tables.get(n_) == space]
         if chosen:
             # Tables of one space share ids: their row gradients sit side by side, [n, S, W].
-            grads = torch.cat([g_rows[f"model.{c}"].reshape(n, len(slots), -1) for c in chosen], dim=2)
-            rows[space] = (triples[:, slots], grads)
-    return Factors(n, torch.cat(dense, dim=1) if dense else None, rows)
+            out.append(torch.cat([g_rows[f"model.{c}"].reshape(n, len(slots), -1) for c in chosen], dim=2))
+    return tuple(out)
+
+
+def rows_to_factors(model: nn.Module, triples: Tensor, names: Sequence[str], grads: Sequence[Tensor]) -> Factors:
+    """:class:`Factors` of the tensors :func:`row_gradients` returned for ``triples`` [n, 3]."""
+    tables = row_tables(model)
+    dense, spaces = grads[0], iter(grads[1:])
+    rows = {space: (triples[:, slots], next(spaces)) for space, slots in SLOTS.items()
+            if any(tables.get(name) == space for name in names)}
+    return Factors(len(triples), dense if dense.shape[1] else None, rows)

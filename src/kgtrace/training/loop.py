@@ -23,12 +23,13 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from kgtrace.compile import logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, write_yaml
 from kgtrace.data.answers import AnswerIndex, reciprocal_queries
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.vocab import write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import evaluate
+from kgtrace.evaluation.evaluate import Candidates, evaluate
 from kgtrace.io import atomic_open
 from kgtrace.models import build_model
 from kgtrace.system import keep_freed_memory
@@ -99,6 +100,10 @@ class Batches:
 
 def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainConfig, device: torch.device) -> Tensor:
     """Mean loss of the examples at ``pos`` (forward only; chunked KvsAll also runs backward)."""
+    if config.compile:
+        from kgtrace.training.compiled import compiled_batch_loss
+
+        return compiled_batch_loss(model, batches, pos, config, device)
     queries = batches.queries[pos].to(device)
     if batches.index is None:
         return onevsall_ce(model.score_t(queries).float(), batches.answers[pos].to(device))
@@ -219,7 +224,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     out.mkdir(parents=True)
 
 
-RESUMABLE = ("epochs", "patience", "device", "threads")
+RESUMABLE = ("epochs", "patience", "device", "threads", "compile")
 
 
 def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
@@ -266,7 +271,8 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     prepare_run_dir(out, resume=False, overwrite=overwrite)
     write_run_files(out, config, dataset)
     state = new_state(config, dataset, device)
-    return fit(state, config, dataset, out, device, progress, log)
+    with logged_compilation(out / "compile_stats.json", config.compile, log):
+        return fit(state, config, dataset, out, device, progress, log)
 
 
 def resume(out: str | Path, *, progress: bool = True, log=print, **overrides: Any) -> TrainResult:
@@ -278,7 +284,8 @@ def resume(out: str | Path, *, progress: bool = True, log=print, **overrides: An
     dataset = load_run_dataset(out, config)
     state = new_state(config, dataset, device)
     resume_from_latest(state, out, dataset, log)
-    return fit(state, config, dataset, out, device, progress, log)
+    with logged_compilation(out / "compile_stats.json", config.compile, log):
+        return fit(state, config, dataset, out, device, progress, log)
 
 
 def setup_device(config: TrainConfig) -> torch.device:
@@ -353,8 +360,8 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
 def validate(state: TrainState, config: TrainConfig, dataset: Dataset, known: AnswerIndex,
              device: torch.device) -> dict[str, Any]:
     """Filtered validation metrics (never filtered with test) and the early-stopping bookkeeping."""
-    metrics = evaluate(state.model, dataset.valid, known=known, memory_budget=parse_size(config.memory_budget),
-                       device=device)["both"]["realistic"]
+    metrics = evaluate(state.model, dataset.valid, known=known, candidates=Candidates(compile=config.compile),
+                       memory_budget=parse_size(config.memory_budget), device=device)["both"]["realistic"]
     improved = metrics["mrr"] > state.best_mrr
     if improved:
         state.best_mrr, state.best_epoch, state.bad_validations = metrics["mrr"], state.epoch, 0

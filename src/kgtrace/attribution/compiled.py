@@ -1,0 +1,126 @@
+"""TracIn's gradient functions under torch.compile (``TracIn(compile=True)``, ``kgtrace explain --compile``).
+
+Each entry point goes through :class:`~kgtrace.compile.CompiledCall` (static buffers, padded
+last chunk, mark-step, clone at the boundary, no eager fallback):
+
+* ``tracin_general``: per-triple gradients [B, P] of the general path (``vmap(grad)`` over
+  ``functional_call``, :func:`~.grads.wrapped_gradients`);
+* ``tracin_rows``: the embedding-row form (the rows path, and DistMult's and ComplEx's fast
+  path): dense gradients and row gradients per id space (:func:`~.rows.row_gradients`);
+* ``tracin_conve_pairs``: ConvE's fast path per distinct (head, relation) pair, its fc input
+  and bn2 output (:func:`~.conve.pair_pass`, the convolution and the fc layer: the factors'
+  costly part). The per-triple closed form, O(D) per triple, stays eager; so do the
+  upstream pull-back through the convolution (:mod:`.conve_block`, needed only when conv,
+  batch norm or embedding parameters are selected) and forward mode's JVPs.
+
+Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
+(distinct pairs, shared ids), which a static graph cannot take.
+
+The model is in eval mode (batch norm on running statistics, no dropout), so rows are
+independent: padding the last chunk changes no real row, and the padded rows are dropped at
+the boundary. Every checkpoint's model is passed to the same compiled call as an argument:
+models of one architecture share one graph (dynamo guards on their structure, not their
+identity), so C checkpoints compile once. Results equal the eager functions up to float
+rounding (tests/test_compiled_tracin.py: influences within 1e-4 relative).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from kgtrace.attribution.conve import conve_factors, conve_forward_influence, pair_pass
+from kgtrace.attribution.factors import Factors
+from kgtrace.attribution.grads import ScoreHRT, dense_factors, wrapped_gradients
+from kgtrace.attribution.rows import row_factors, row_gradients, rows_to_factors
+from kgtrace.compile import CompiledCall
+
+__all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_point_for"]
+
+#: Distinct pairs per compiled run of ConvE's pair pass: a chunk of 4096 triples sorted by
+#: (head, relation) holds a few hundred to thousands of pairs; padding wastes less than one batch.
+PAIR_BATCH = 512
+
+
+def _general(wrapper: ScoreHRT, names: tuple[str, ...], triples: Tensor, valid: Tensor) -> Tensor:
+    return wrapped_gradients(wrapper, triples, names)
+
+
+def _rows(wrapper: ScoreHRT, names: tuple[str, ...], triples: Tensor, valid: Tensor) -> tuple[Tensor, ...]:
+    return row_gradients(wrapper, triples, names)
+
+
+def _pairs(model: nn.Module, pairs: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return pair_pass(model, pairs)
+
+
+def entry_point_for(model: nn.Module, path: str) -> str:
+    """The entry point TracIn's resolved ``path`` ("fast", "rows" or "general") compiles for this model."""
+    if path == "general":
+        return "tracin_general"
+    return "tracin_conve_pairs" if path == "fast" and type(model).__name__ == "ConvE" else "tracin_rows"
+
+
+class CompiledGradients:
+    """Compiled stand-ins for TracIn's gradient functions, each entry point compiled on first use.
+
+    batch_size: triples per compiled run of the general and rows forms (TracIn's chunk size,
+    which bounds their memory); ConvE's pair pass runs :data:`PAIR_BATCH` pairs at a time.
+    """
+
+    def __init__(self, batch_size: int, device: torch.device):
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self._calls: dict[str, CompiledCall] = {}
+
+    def wrap(self, function: Callable) -> Callable:
+        """The compiled form of one of TracIn's functions (a factoriser, or forward mode's influence)."""
+        forms = {
+            dense_factors: self.dense_factors,
+            row_factors: self.row_factors,
+            conve_factors: partial(conve_factors, pairs_fn=self.pair_pass),
+            conve_forward_influence: partial(conve_forward_influence, pairs_fn=self.pair_pass),
+        }
+        if function not in forms:
+            raise ValueError(f"no compiled form of {getattr(function, '__name__', function)!r}")
+        return forms[function]
+
+    @property
+    def calls(self) -> list[CompiledCall]:
+        """The entry points compiled so far."""
+        return list(self._calls.values())
+
+    def dense_factors(self, model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
+        """As :func:`~.grads.dense_factors`, compiled."""
+        (grads,) = self.call("tracin_general")(ScoreHRT(model), tuple(names), triples=triples)
+        return Factors(len(triples), grads)
+
+    def row_factors(self, model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
+        """As :func:`~.rows.row_factors`, compiled."""
+        grads = self.call("tracin_rows")(ScoreHRT(model), tuple(names), triples=triples)
+        return rows_to_factors(model, triples, names, grads)
+
+    def pair_pass(self, model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """As :func:`~.conve.pair_pass`, compiled."""
+        return self.call("tracin_conve_pairs")(model, pairs=pairs)
+
+    def call(self, name: str) -> CompiledCall:
+        """The compiled call of entry point ``name`` (see :data:`ENTRY_POINTS`), built on first use."""
+        if name not in self._calls:
+            fn, key, width = ENTRY_POINTS[name]
+            batch_size = min(self.batch_size, PAIR_BATCH) if key == "pairs" else self.batch_size
+            example = {key: torch.zeros(1, width, dtype=torch.long, device=self.device)}
+            self._calls[name] = CompiledCall(name, fn, batch_size, example)
+        return self._calls[name]
+
+
+#: name -> (compiled function, its input's name, the input's width). The functions take
+#: (wrapper, names) or (model) before their input: see CompiledGradients' methods.
+ENTRY_POINTS: dict[str, tuple[Callable, str, int]] = {
+    "tracin_general": (_general, "triples", 3),
+    "tracin_rows": (_rows, "triples", 3),
+    "tracin_conve_pairs": (_pairs, "pairs", 2),
+}

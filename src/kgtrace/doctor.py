@@ -1,0 +1,333 @@
+"""``kgtrace doctor [RUN_DIR]``: check every compiled entry point before relying on it.
+
+Each entry point is built as the commands build it (the same functions, model, batch sizes,
+device and compile mode), from the run's configuration; without RUN_DIR, from a small ConvE
+trained for one epoch on the bundled UMLS in a temporary folder:
+
+* ``rank_side``: all-entity ranking of the validation split, as ``train --compile`` validates
+  (its batch from the run's memory budget; ``evaluate --compile`` ranks the test split with
+  the same function);
+* ``train_kvsall`` / ``train_1vsall``: the training step (``train --compile``) at the run's
+  batch size and at the epoch's remainder, which gets its own call (training never pads:
+  :mod:`kgtrace.training.compiled`);
+* TracIn's gradient function for the run's model (``explain --compile``, path auto).
+
+Each is called again and again with fresh values: the row-independent ones with a full
+batch, a padded last chunk (1 and batch - 1 rows) and more than a batch; the training calls
+at their sizes. Calls of all entry points are interleaved, as in a command that calls several
+compiled graphs in one step. A row of the table fails when:
+
+* parity: a call's outputs differ from the eager function's on the same inputs (ranks
+  exactly; losses and factors by more than 1e-4 relative to the largest value). The eager
+  training step runs on a twin of the model from the same random state, so that dropout draws
+  the same masks, and the gradient over all parameters is compared too, by the norm of the
+  difference over the norm of the gradient (at most 1e-3): a pre-activation within rounding of
+  a ReLU's kink passes its gradient on one side and not on the other, which moves single
+  gradient entries by up to 1e-3 of the largest while the norm moves by about 1e-5;
+* held outputs: outputs kept from the first call after warm-up changed during later calls
+  (what a CUDA-graph replay does to outputs not cloned at the boundary);
+* recompilations after warm-up, graph breaks, or static buffers that moved;
+* on CUDA: the mode is not "reduce-overhead", or Inductor skipped CUDA graphs
+  (its ``cudagraph_skips`` counter grew): :func:`cuda_graph_problems`.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from kgtrace.compile import CompiledCall
+
+__all__ = ["Check", "Probe", "cuda_graph_problems", "doctor", "format_table", "run_probes"]
+
+TOLERANCE = 1e-4  # relative to the largest eager value of an output
+GRADIENT_TOLERANCE = 1e-3  # norm of the difference over the norm of the eager gradient
+TINY_CONVE = {"embedding_dim": 32, "embedding_height": 4, "output_channels": 8}
+
+
+@dataclass
+class Probe:
+    """One entry point, ready to be checked: its call, how to run it compiled and eagerly, and on what."""
+
+    call: CompiledCall
+    compiled: Callable[[dict[str, Tensor]], tuple[Tensor, ...]]  # through the command's own code path
+    eager: Callable[[dict[str, Tensor]], tuple[Tensor, ...]]  # the same outputs, eagerly
+    sample: Callable[[int], dict[str, Tensor]]  # inputs of n rows, fresh values each time
+    sizes: tuple[int, ...]  # rows per call, the first one the warm-up
+    mode: Callable[[], AbstractContextManager]  # grad mode and autocast of the command
+    held: int = 0  # how many leading outputs are the call's own (checked for being held); 0: all
+    gradient: bool = False  # the last output is a flat gradient, compared by norm (module docstring)
+
+
+@dataclass
+class Check:
+    """One row of the doctor's table."""
+
+    entry_point: str
+    batch_size: int
+    calls: int
+    sizes: list[int]
+    max_error: float  # largest relative difference to eager over every call and output (the gradient's aside)
+    recompilations: int
+    graph_breaks: int
+    compile_seconds: float
+    problems: list[str] = field(default_factory=list)
+    gradient_error: float | None = None  # largest norm-relative gradient difference (training steps)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def relative_error(got: Tensor, expected: Tensor) -> float:
+    """Largest |got - expected| over the largest |expected| (float); 0 or inf for exact types."""
+    if got.shape != expected.shape:
+        return float("inf")
+    if not expected.is_floating_point():
+        return 0.0 if torch.equal(got, expected) else float("inf")
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    diff = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
+    return diff / max(scale, 1e-30)
+
+
+def norm_error(got: Tensor, expected: Tensor) -> float:
+    """||got - expected|| / ||expected||; inf for another shape."""
+    if got.shape != expected.shape:
+        return float("inf")
+    return float((got.float() - expected.float()).norm()) / max(float(expected.float().norm()), 1e-30)
+
+
+def cuda_graph_problems(device: torch.device, mode: str, skipped: int) -> list[str]:
+    """CUDA-graph checks of one entry point: on CUDA the mode must record graphs and none may be skipped."""
+    if device.type != "cuda":
+        return []
+    problems = []
+    if mode != "reduce-overhead":
+        problems.append(f"mode {mode!r} on CUDA records no CUDA graphs; expected 'reduce-overhead'")
+    if skipped:
+        problems.append(f"Inductor skipped CUDA graphs {skipped} time(s) (see TORCH_LOGS=perf_hints)")
+    return problems
+
+
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def run_probes(probes: list[Probe]) -> list[Check]:
+    """Run every probe's calls, interleaved round-robin, and check them (see the module docstring)."""
+    pointers = [{k: b.data_ptr() for k, b in p.call.buffers.items()} for p in probes]
+    errors = [[0.0, 0.0] for _ in probes]  # outputs, gradient
+    held: list[tuple[tuple[Tensor, ...], list[Tensor]] | None] = [None] * len(probes)
+    skips = _cudagraph_skips()
+    for step in range(max(len(p.sizes) for p in probes)):
+        for i, probe in enumerate(probes):
+            if step >= len(probe.sizes):
+                continue
+            inputs = probe.sample(probe.sizes[step])
+            with probe.mode():
+                devices = [probe.call.device] if probe.call.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):  # eager and compiled draw the same numbers
+                    expected = probe.eager(inputs)
+                got = probe.compiled(inputs)
+            plain = len(got) - probe.gradient
+            errors[i][0] = max([errors[i][0]] + [relative_error(g, e) for g, e in zip(got[:plain], expected[:plain])])
+            if probe.gradient:
+                errors[i][1] = max(errors[i][1], norm_error(got[-1], expected[-1]))
+            if step == 1:  # the first call after warm-up: keep its outputs and a copy to compare against
+                own = got[: probe.held or len(got)]
+                held[i] = (own, [t.clone() for t in own])
+    skipped = _cudagraph_skips() - skips
+    return [_check(p, *errors[i], held[i], pointers[i], skipped) for i, p in enumerate(probes)]
+
+
+def _check(probe: Probe, error: float, gradient_error: float, held, pointers: dict[str, int], skipped: int) -> Check:
+    stats = probe.call.stats
+    problems = []
+    if error > TOLERANCE:
+        problems.append(f"differs from eager: relative error {error:.3g} > {TOLERANCE:g}")
+    if gradient_error > GRADIENT_TOLERANCE:
+        problems.append(f"gradient differs from eager: relative norm {gradient_error:.3g} > {GRADIENT_TOLERANCE:g}")
+    if held is not None and not all(torch.equal(a, b) for a, b in zip(*held)):
+        problems.append("an output held from an earlier call was overwritten by a later call")
+    if stats.recompilations:
+        problems.append(f"{stats.recompilations} recompilation(s) after warm-up (run with TORCH_LOGS=recompiles)")
+    if stats.graph_breaks:
+        problems.append(f"{stats.graph_breaks} graph break(s)")
+    if {k: b.data_ptr() for k, b in probe.call.buffers.items()} != pointers:
+        problems.append("static buffers moved")
+    problems += cuda_graph_problems(probe.call.device, probe.call.mode, skipped)
+    return Check(probe.call.name, probe.call.batch_size, stats.calls, sorted(stats.input_sizes), error,
+                 stats.recompilations, stats.graph_breaks, stats.compile_seconds, problems,
+                 gradient_error if probe.gradient else None)
+
+
+def format_table(checks: list[Check]) -> str:
+    """The doctor's report: one row per entry point, then each problem, then a verdict."""
+    rows = [("entry point", "batch", "calls", "sizes", "max rel err", "grad err", "recompiles", "breaks", "compile s",
+             "result")]
+    for c in checks:
+        rows.append((c.entry_point, str(c.batch_size), str(c.calls), ",".join(map(str, c.sizes)), _number(c.max_error),
+                     "-" if c.gradient_error is None else _number(c.gradient_error), str(c.recompilations),
+                     str(c.graph_breaks), f"{c.compile_seconds:.1f}", "ok" if c.ok else "FAILED"))
+    widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if j in (0, 3, 9) else cell.rjust(w)
+                       for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines += [f"{c.entry_point} (batch {c.batch_size}): {p}" for c in checks for p in c.problems]
+    failed = sum(not c.ok for c in checks)
+    lines.append(f"{len(checks) - failed} of {len(checks)} entry points passed" + (f"; {failed} FAILED" if failed else ""))
+    return "\n".join(lines)
+
+
+def _number(x: float) -> str:
+    return f"{x:.1e}" if x else "0"
+
+
+# ----------------------------------------------------------------------------- the entry points of a run
+
+
+def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generator) -> Probe:
+    """The compiled ranking of the validation split, as ``kgtrace train --compile`` validates
+    (``kgtrace evaluate --compile`` runs the same function on the test split)."""
+    from kgtrace.data.answers import AnswerIndex
+    from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
+    from kgtrace.evaluation.evaluate import query_chunk_size, side_queries
+
+    ds, model = run.dataset, run.model.to(device).eval()
+    sides = [side_queries(ds.valid, ds.num_relations, side) for side in ("head", "tail")]
+    queries, answers = torch.cat([s.queries for s in sides]), torch.cat([s.answers for s in sides])
+    known = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    batch = balanced_batch(len(ds.valid), query_chunk_size(model.num_entities, memory_budget))
+    call = compiled_ranker(model, batch, device)
+
+    def sample(n: int) -> dict[str, Tensor]:
+        at = torch.randint(len(answers), (n,), generator=gen)
+        return {"queries": queries[at], "answers": answers[at].to(device),
+                "filtered": filter_mask(known, queries[at], model.num_entities, device)}
+
+    def eager(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
+        valid = torch.ones(len(inputs["answers"]), dtype=torch.bool, device=device)
+        return rank_chunk(model, inputs["queries"].to(device), inputs["answers"], inputs["filtered"], valid)
+
+    return Probe(call, lambda inputs: call(model, **inputs), eager, sample, _row_sizes(batch), torch.inference_mode)
+
+
+def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
+    """The training step at the run's batch size and at the epoch's remainder, as ``kgtrace train --compile``."""
+    from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
+    from kgtrace.training.loop import Batches, precision_context
+
+    config, ds = run.config, run.dataset
+    batches = Batches.build(ds.train, ds.num_relations, config.training)
+    twins = [copy.deepcopy(run.model).to(device).train() for _ in range(2)]  # eager, compiled: kept in step
+    rows_fn = kvsall_rows if config.training == "kvsall" else onevsall_rows
+
+    def step(model: nn.Module, run_rows: Callable) -> tuple[Tensor, Tensor]:
+        """Per-row losses [n] and the gradient of their sum over every parameter, flattened [P].
+
+        One flat gradient: its error is measured against the whole gradient's scale, as some
+        parameters' gradients vanish mathematically (bn0.weight before bn1) and are rounding noise.
+        """
+        model.zero_grad(set_to_none=True)
+        rows = run_rows(model)
+        rows.sum().backward()
+        return rows.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+    def probe(size: int) -> Probe:
+        call = train_call(twins[1], config.training, size, device)
+
+        def sample(n: int) -> dict[str, Tensor]:
+            return step_inputs(batches, torch.randperm(len(batches), generator=gen)[:n], ds.num_entities, device)
+
+        def eager(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
+            valid = torch.ones(len(inputs["queries"]), dtype=torch.bool, device=device)
+            on_device = {k: v.to(device) for k, v in inputs.items()}
+            return step(twins[0], lambda m: rows_fn(*step_static(m, config), **on_device, valid=valid))
+
+        def compiled(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
+            return step(twins[1], lambda m: call(*step_static(m, config), **inputs)[0])
+
+        def mode() -> AbstractContextManager:
+            stack = ExitStack()
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(precision_context(config.precision, device))
+            return stack
+
+        return Probe(call, compiled, eager, sample, (size,) * 4, mode, held=1, gradient=True)
+
+    sizes = [min(config.batch_size, len(batches)), len(batches) % config.batch_size]
+    return [probe(size) for size in sizes if size]
+
+
+def tracin_probe(run, device: torch.device, gen: torch.Generator) -> Probe:
+    """TracIn's compiled gradient function for the run's model, as ``kgtrace explain --compile``."""
+    from kgtrace.attribution import TracIn
+    from kgtrace.attribution.compiled import entry_point_for
+    from kgtrace.attribution.conve import pair_pass
+    from kgtrace.attribution.grads import ScoreHRT, wrapped_gradients
+    from kgtrace.attribution.rows import row_gradients
+
+    tracin = TracIn(run, device=device, compile=True)
+    model, names, train = tracin.model, tuple(tracin.names), tracin.train
+    name = entry_point_for(model, tracin.path)
+    call = tracin.compiled.call(name)
+    if name == "tracin_conve_pairs":
+        key, static, eager_fn = "pairs", (model,), lambda x: pair_pass(model, x)
+    else:
+        function = wrapped_gradients if name == "tracin_general" else row_gradients
+        key, static = "triples", (ScoreHRT(model), names)
+
+        def eager_fn(x: Tensor) -> tuple[Tensor, ...]:
+            out = function(ScoreHRT(model), x, names)
+            return out if isinstance(out, tuple) else (out,)
+
+    def sample(n: int) -> dict[str, Tensor]:
+        triples = train[torch.randint(len(train), (n,), generator=gen)]
+        return {key: triples[:, :2] if key == "pairs" else triples}
+
+    return Probe(call, lambda inputs: call(*static, **inputs), lambda inputs: eager_fn(inputs[key]), sample,
+                 _row_sizes(call.batch_size), torch.no_grad)
+
+
+def _row_sizes(batch: int) -> tuple[int, ...]:
+    """Warm-up, then a full batch, padded last chunks of 1 and batch - 1 rows, two batches and one more."""
+    return tuple(n for n in (batch, batch, 1, batch - 1, 2 * batch + 1, batch) if n > 0)
+
+
+def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -> list[Check]:
+    """Check every compiled entry point of the run in ``run_dir`` (None: a tiny ConvE on UMLS); see the module doc."""
+    from kgtrace.config import parse_size
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import resolve_device
+
+    where = torch.device(resolve_device(device))
+    with tempfile.TemporaryDirectory(prefix="kgtrace-doctor-") as scratch:
+        if run_dir is None:
+            run_dir = tiny_run(Path(scratch) / "run", where, log)
+        run = load_run(run_dir, device=where)
+        gen = torch.Generator().manual_seed(0)
+        torch.manual_seed(0)  # the dropout masks: the same check every time
+        log(f"compiling each entry point of {run_dir} ({type(run.model).__name__}, {where}); this takes a while")
+        probes = [rank_probe(run, where, parse_size(run.config.memory_budget), gen), *train_probes(run, where, gen),
+                  tracin_probe(run, where, gen)]
+        return run_probes(probes)
+
+
+def tiny_run(out: Path, device: torch.device, log) -> Path:
+    """A small ConvE trained for one epoch on UMLS (eagerly), with one epoch checkpoint."""
+    from kgtrace.config import TrainConfig
+    from kgtrace.training.loop import train
+
+    config = TrainConfig(dataset="umls", model="conve", model_args=dict(TINY_CONVE), epochs=1, eval_every=0,
+                         checkpoint_every=1, device=device.type)
+    log(f"no RUN_DIR: training a small ConvE on UMLS for one epoch into {out}")
+    train(config, out, progress=False, log=lambda *_: None)
+    return out
