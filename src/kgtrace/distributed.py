@@ -13,9 +13,12 @@ an error instead of waiting for ever; torchrun also stops the other processes as
 exits with an error, and a process that fails aborts the group so that its partners'
 pending collectives fail at once.
 
-Results are exact, not merely close: work is split so that every process computes exactly
-what one process would compute for its part (whole chunks of the single-process plan), and
-parts are gathered, never summed in a different order (:meth:`World.all_gather_cat`).
+Evaluation and TracIn results are exact, not merely close: work is split so that every
+process computes exactly what one process would compute for its part (whole chunks of the
+single-process plan), and parts are gathered, never summed in a different order
+(:mod:`kgtrace.evaluation.sharded`, :meth:`World.all_gather_cat`, ``RunningTopK.merge``).
+Training follows one process to float rounding where the model has no batch statistics or
+dropout (DistMult, ComplEx; see :mod:`kgtrace.training.sharded`).
 """
 
 from __future__ import annotations
@@ -144,8 +147,9 @@ class World:
     def on_main(self, function: Callable[[], T]) -> T | None:
         """Run ``function`` on rank 0 only (e.g. preparing an output folder); the others wait for it.
 
-        An error there is raised on rank 0 as it is and on the others as :class:`StoppedByPeer`, so
-        that every process stops, with the error printed once. Returns the result on rank 0, None elsewhere.
+        An error there is raised on rank 0 as it is and on the others as :class:`StoppedByPeer`
+        carrying its message, so that every process stops and says why. Returns the result on rank 0,
+        None elsewhere.
         """
         if not self.distributed:
             return function()
@@ -155,7 +159,8 @@ class World:
                 result = function()
             except Exception as e:  # told to the others, then raised here as it is
                 error = e
-        message = self.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+        told = f"{error}" if isinstance(error, KgtraceError) else f"{type(error).__name__}: {error}"
+        message = self.broadcast_object(None if error is None else told)
         if error is not None:
             raise error
         if message is not None:
@@ -243,6 +248,10 @@ def session(command: str) -> Iterator[World]:
                            "or run without torchrun")
     timeout = timedelta(seconds=timeout_seconds())
     if torch.cuda.is_available():
+        if world.local_rank >= torch.cuda.device_count():
+            raise ConfigError([f"LOCAL_RANK={world.local_rank}, but this machine shows {torch.cuda.device_count()} "
+                               "CUDA device(s) and each process needs its own; fix: --nproc-per-node at most the "
+                               "number of GPUs, or CUDA_VISIBLE_DEVICES= (empty) to run on the CPUs with gloo"])
         torch.cuda.set_device(world.local_rank)  # "cuda" now means this process's own device
         backend = "cpu:gloo,cuda:nccl"
     else:
