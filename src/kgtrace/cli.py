@@ -2,6 +2,8 @@
 
 Errors a user can fix print as one message and exit with status 2; an
 unexpected error prints one line too (set KGTRACE_DEBUG=1 for its traceback).
+Launched by torchrun, evaluate, explain and train split their work over the processes
+(kgtrace.distributed); only rank 0 prints and writes, and errors name the rank.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from kgtrace.config import TrainConfig, parse_size
+from kgtrace.distributed import ONE, StoppedByPeer, World, session
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
 
@@ -53,19 +56,29 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "command"):
         parser.print_help()
         return 2
+    where = ""  # " [rank R/N]" in a distributed job
     try:
-        return args.command(args) or 0
+        with session(args.subcommand) as world:
+            where = f" [{world.label()}]" if world.distributed else ""
+            args.world = world
+            if not world.is_main and hasattr(args, "progress"):
+                args.progress = False
+            return args.command(args) or 0
+    except StoppedByPeer as e:  # another process failed and reports why
+        print(f"kgtrace {args.subcommand}{where}: {e}", file=sys.stderr)
+        return 2
     except KgtraceError as e:
-        print(f"kgtrace {args.subcommand}: error: {e}", file=sys.stderr)
+        print(f"kgtrace {args.subcommand}{where}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"kgtrace {args.subcommand}: interrupted", file=sys.stderr)
+        print(f"kgtrace {args.subcommand}{where}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, not a user error: one line unless asked for more
         if os.environ.get("KGTRACE_DEBUG"):
             raise
-        print(f"kgtrace {args.subcommand}: internal error: {type(e).__name__}: {e} "
-              "(set KGTRACE_DEBUG=1 to see the traceback, and please report it)", file=sys.stderr)
+        hint = " If another process of the job failed first, its error is printed above." if where else ""
+        print(f"kgtrace {args.subcommand}{where}: internal error: {type(e).__name__}: {e} "
+              f"(set KGTRACE_DEBUG=1 to see the traceback, and please report it).{hint}", file=sys.stderr)
         return 1
 
 
@@ -226,18 +239,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
     if args.resume:
-        result = resume(args.out, progress=args.progress, **overrides)
+        result = resume(args.out, progress=args.progress, world=args.world, **overrides)
     else:
         if args.model_arg:
             overrides["model_args"] = model_args(args.model_arg)
         config = from_sources(TrainConfig, args.config, overrides)
         print("config:", json.dumps(config.to_dict()))
-        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress)
+        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress, world=args.world)
     print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
           + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
              if result.best_epoch else ""))
-    metrics = evaluate_run(result.run_dir, "test")
-    write_json(metrics, Path(result.run_dir) / "test_metrics.json")
+    metrics = evaluate_run(result.run_dir, "test", world=args.world)
+    if args.world.is_main:
+        write_json(metrics, Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0
 
@@ -284,7 +298,8 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.compile import logged_compilation
-    from kgtrace.evaluation.evaluate import Candidates, metrics_of, rank_queries
+    from kgtrace.evaluation.evaluate import Candidates, metrics_of
+    from kgtrace.evaluation.sharded import rank_queries_sharded
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
@@ -306,11 +321,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     compile_ = device.type == "cuda" if args.compile is None else args.compile
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
-    with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"), compile_):
-        ranks = rank_queries(run.model, getattr(ds, args.split), known=known, sides=sides, candidates=candidates,
-                             memory_budget=budget)
+    with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
+                            compile_ and args.world.is_main):
+        ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
+                                     candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
-    write_outputs(args, run, ranks, metrics)
+    if args.world.is_main:
+        write_outputs(args, run, ranks, metrics)
     print_metrics(metrics, args.split)
     return 0
 
@@ -518,6 +535,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
+    if args.index and args.world.distributed:
+        problems.append("--index: queries of a projected index run in one process; fix: run it without torchrun")
     if problems:
         raise ConfigError(problems)
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
@@ -532,12 +551,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     # Progress of a long pass is saved here now and then; rerunning the same command resumes from it.
     state = Path(str(args.out_dir or out) + ".state")
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
-                                  else compile_stats_path(out, out), args.compile)
+                                  else compile_stats_path(out, out), args.compile and args.world.is_main)
     if args.self_influence:
         tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
-                        compile=args.compile)
+                        compile=args.compile, world=args.world)
         with compiled:
             ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress, state=state)
+        if not args.world.is_main:
+            return 0
         print_self_influence(ranking)
         print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
         return 0
@@ -549,10 +570,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
     else:
         tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
-                        compile=args.compile)
+                        compile=args.compile, world=args.world)
         with compiled:
             found = tracin.top_k(test, args.top_k, progress=args.progress, state=state)
         epochs = [c.epoch for c in tracin.checkpoints]
+    if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
+        return 0
     items = report.explain_triples(run, test, found, epochs)
     print_explanations(items)
     if args.out_dir:
@@ -728,14 +751,18 @@ def print_self_influence(ranking: dict) -> None:
               f"--{e['relation_name']}--> {e['tail_name']}")
 
 
-def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30) -> dict:
-    """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports."""
-    from kgtrace.evaluation.evaluate import evaluate
+def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30, world: World = ONE) -> dict:
+    """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports.
+
+    world: split the ranking over a distributed job's processes (the same metrics).
+    """
+    from kgtrace.evaluation.sharded import evaluate_sharded
     from kgtrace.run import load_run
 
     run = load_run(run_dir)
     ds = run.dataset
-    return evaluate(run.model, getattr(ds, split), known=ds.known_triples(split), memory_budget=memory_budget)
+    return evaluate_sharded(run.model, getattr(ds, split), world=world, known=ds.known_triples(split),
+                            memory_budget=memory_budget)
 
 
 def write_json(data: dict, path: str | Path) -> None:

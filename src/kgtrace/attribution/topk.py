@@ -48,6 +48,22 @@ class RunningTopK:
         values = torch.cat([self.values, parts.double().sum(0)], dim=1)  # [n, k + c]
         cols = torch.cat([self.columns, columns.unsqueeze(0).expand(n, -1)], dim=1)  # [n, k + c]
         per = torch.cat([self.parts, parts.permute(1, 2, 0)], dim=1)  # [n, k + c, C]
+        self._select(values, cols, per)
+
+    def merge(self, states: list[dict[str, Tensor]]) -> None:
+        """Merge other running top-k's of the same rows over disjoint columns (another process's, see :meth:`state`).
+
+        The result is the top-k over all their columns, as if one stream had seen them all:
+        the same values, and ties again broken towards the lower column.
+        """
+        device = self.values.device
+        values = torch.cat([self.values, *(s["values"].to(device) for s in states)], dim=1)  # [n, m]
+        cols = torch.cat([self.columns, *(s["columns"].to(device) for s in states)], dim=1)  # [n, m]
+        per = torch.cat([self.parts, *(s["parts"].to(device) for s in states)], dim=1)  # [n, m, C]
+        self._select(values, cols, per)
+
+    def _select(self, values: Tensor, cols: Tensor, per: Tensor) -> None:
+        """Keep the k best of candidates values [n, m] at columns [n, m] with parts [n, m, C]."""
         by_column = torch.argsort(cols, dim=1, stable=True)
         values, cols = values.gather(1, by_column), cols.gather(1, by_column)
         best = torch.argsort(values, dim=1, descending=self.largest, stable=True)[:, : self.k]  # [n, k]

@@ -45,6 +45,7 @@ from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.reference import reference_influence
 from kgtrace.attribution.rows import row_factors, row_tables
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
+from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open
 from kgtrace.run import Run, model_from_checkpoint
@@ -82,6 +83,9 @@ class TracIn:
         products in that type (faster where the hardware has it, less exact: see the README).
     compile: compute the per-triple gradients through torch.compile (:mod:`.compiled`; same
         influences up to float rounding); the counters are in ``compiled.calls``.
+    world: the processes of a distributed job (:mod:`kgtrace.distributed`); each streams every
+        ``world.size``-th training chunk and results are merged, equal to one process's. Every
+        process must make the same calls; each gets the whole result.
     """
 
     def __init__(
@@ -95,8 +99,10 @@ class TracIn:
         chunk_size: int | None = None,
         precision: Literal["fp32", "bf16", "fp16"] = "fp32",
         compile: bool = False,
+        world: World = ONE,
     ):
         self.device = torch.device(device)
+        self.world = world
         self.model = copy.deepcopy(run.model).to(self.device).eval()
         self.names = select_parameters(self.model, params)
         chosen, problems = _choose_checkpoints(run.checkpoints, checkpoints)
@@ -186,7 +192,9 @@ class TracIn:
         """Positions in ``self.train``, sorted by (head, relation) and cut into chunks."""
         num_ids = int(self.train[:, 1].max()) + 1 if len(self.train) else 1
         order = torch.argsort(self.train[:, 0] * num_ids + self.train[:, 1], stable=True)
-        return list(order.split(self.chunk_size))
+        # A process of a distributed job takes every world.size-th of one process's chunks: the same
+        # chunks, so the same arithmetic, whatever the number of processes.
+        return list(order.split(self.chunk_size))[self.world.rank :: self.world.size]
 
     def _stream(self, test: Tensor | None, desc: str, progress: bool, state: "_State") -> Iterator[tuple[int, Tensor, Tensor]]:
         """(chunk number, positions [c], lr-weighted parts [C, n_test, c] or [C, c] with test None), from state.next."""
@@ -228,7 +236,7 @@ class TracIn:
         total = torch.zeros(len(test), len(self.train), dtype=torch.float64, device=self.device)
         for _, positions, parts in self._stream(test, "influence", False, _State.fresh()):
             total[:, positions] = parts.double().sum(0)
-        return total.float().cpu()
+        return self.world.all_reduce_sum(total).float().cpu()  # each column is non-zero on one process only
 
     def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None) -> list[TopK]:
         """Per test triple, the k strongest proponents (descending) and opponents (ascending).
@@ -245,7 +253,7 @@ class TracIn:
             return self._top_k_of(test, self.influence(test).unsqueeze(0), k)
         best = RunningTopK(len(test), k, len(self.checkpoints), largest=True, device=self.device)
         worst = RunningTopK(len(test), k, len(self.checkpoints), largest=False, device=self.device)
-        saved = _State.open(state, self._signature("top_k", test, k))
+        saved = _State.open(self._state_file(state), self._signature("top_k", test, k))
         if saved.data:
             best.load(saved.data["best"])
             worst.load(saved.data["worst"])
@@ -253,8 +261,24 @@ class TracIn:
             best.update(parts, positions)
             worst.update(parts, positions)
             saved.step(number, lambda: {"best": best.state(), "worst": worst.state()})
+        self._merge_processes(best, worst)
         saved.finish()
         return top_k_results(test, self.train_indices, best, worst)
+
+    def _merge_processes(self, *running: RunningTopK) -> None:
+        """In a distributed job: every process's running top-k merged into each (exact, see RunningTopK.merge)."""
+        if not self.world.distributed:
+            return
+        mine = [{key: value.cpu() for key, value in r.state().items()} for r in running]
+        everyone = self.world.all_gather_objects(mine)  # [process][which running top-k]
+        for i, r in enumerate(running):
+            r.merge([states[i] for rank, states in enumerate(everyone) if rank != self.world.rank])
+
+    def _state_file(self, state: str | Path | None) -> Path | None:
+        """Each process of a distributed job saves its own progress beside ``state``."""
+        if state is None or not self.world.distributed:
+            return None if state is None else Path(state)
+        return Path(f"{state}.rank{self.world.rank}-of-{self.world.size}")
 
     def _top_k_of(self, test: Tensor, parts: Tensor, k: int) -> list[TopK]:
         """Top-k from a full [C, n_test, n_train] (the reference path: one part, the total)."""
@@ -275,12 +299,13 @@ class TracIn:
                 for j, z in enumerate(self.train):
                     out[c, j] = reference_influence(self.model, one, z.view(1, 3), z.view(1, 3), self.names)[0, 0]
             return out
-        saved = _State.open(state, self._signature("self", None, 0))
+        saved = _State.open(self._state_file(state), self._signature("self", None, 0))
         out = saved.data["parts"] if saved.data else torch.zeros(len(self.checkpoints), len(self.train),
                                                                  device=self.device)
         for number, positions, parts in self._stream(None, "TracIn self-influence", progress, saved):
             out[:, positions] = parts
             saved.step(number, lambda: {"parts": out})
+        self.world.all_reduce_sum(out)  # each column is non-zero on one process only: the sum is exact
         saved.finish()
         return out.cpu()
 
@@ -295,6 +320,8 @@ class TracIn:
             stat = c.path.stat()
             h.update(f"{c.path.resolve()}|{c.epoch}|{c.lr!r}|{stat.st_size}|{stat.st_mtime_ns};".encode())
         h.update(f"{kind}|{self.names}|{self.path}|{self.precision}|{self.chunk_size}|{k};".encode())
+        if self.world.distributed:  # a process's progress is its share of the chunks
+            h.update(f"rank {self.world.rank} of {self.world.size};".encode())
         h.update(self.train.cpu().numpy().tobytes())
         if test is not None:
             h.update(test.cpu().numpy().tobytes())

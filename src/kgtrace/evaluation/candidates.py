@@ -232,6 +232,16 @@ def parse_restrict(texts: list[str]) -> dict[tuple[str, str], set[str]]:
 # ----------------------------------------------------------------------------- ranking among allowed entities
 
 
+def restricted_queries_per_chunk(num_entities: int, memory_budget: int) -> int:
+    """Queries ranked at once by :func:`rank_side_restricted`: their [B, E] scores plus the [B, E] bool mask."""
+    return max(1, min(MAX_QUERIES_PER_CHUNK, memory_budget // (num_entities * (BYTES_PER_SCORE + 1))))
+
+
+def sampled_queries_per_chunk(model: Scorer, memory_budget: int) -> int:
+    """Queries ranked at once by :func:`rank_side_sampled` (its plan for this budget)."""
+    return _plan(model, memory_budget).queries_per_chunk
+
+
 @torch.inference_mode()
 def rank_side_restricted(
     model: Scorer, sq: SideQueries, known: AnswerIndex, restriction: CandidateRestriction, *,
@@ -245,8 +255,7 @@ def rank_side_restricted(
     against the allowed entities.
     """
     num_entities = model.num_entities
-    # The [B, E] scores plus the [B, E] bool mask of excluded entities.
-    chunk = max(1, min(MAX_QUERIES_PER_CHUNK, memory_budget // (num_entities * (BYTES_PER_SCORE + 1))))
+    chunk = restricted_queries_per_chunk(num_entities, memory_budget)
     restriction = restriction.to(device)
     parts = []
     for start in range(0, len(sq.answers), chunk):
@@ -463,7 +472,8 @@ def rank_side_sampled(
         queries, answers = sq.queries[start:stop], sq.answers[start:stop].to(device)
         eligible = _eligible(queries, answers, known, allowed, model.num_entities, device)
         num_candidates = 1 + eligible.count.clamp(max=num_corruptions)
-        perms = _Permutations.of(seed, sq.side, torch.arange(start, stop), model.num_entities, device)
+        perms = _Permutations.of(seed, sq.side, torch.arange(sq.offset + start, sq.offset + stop), model.num_entities,
+                                 device)
         tiles = _walk(perms, eligible, num_corruptions, plan.tile_elems)
         if plan.by_score_t:
             greater, equal = _count_by_score_t(model, queries.to(device), answers, tiles, sq, start)

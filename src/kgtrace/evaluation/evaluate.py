@@ -28,11 +28,16 @@ BYTES_PER_SCORE = 16
 
 @dataclass(frozen=True)
 class SideQueries:
-    """The queries of one side: (anchor, relation in [0, 2R)) [Q, 2] and true answers [Q]."""
+    """The queries of one side: (anchor, relation in [0, 2R)) [Q, 2] and true answers [Q].
+
+    offset: index of the first query among all queries of its side (a process of a
+    distributed job ranks a slice): sampled corruptions are keyed and errors named by it.
+    """
 
     side: str
     queries: Tensor
     answers: Tensor
+    offset: int = 0
 
 
 def side_queries(triples: Tensor, num_relations: int, side: str) -> SideQueries:
@@ -58,6 +63,7 @@ def check_finite(scores: Tensor, sq: SideQueries, start: int) -> None:
     if bool(bad.any()):
         i = start + int(torch.nonzero(bad)[0])
         anchor, relation = (int(x) for x in sq.queries[i])
+        i += sq.offset
         raise KgtraceError(
             f"non-finite score for {sq.side} query #{i} (anchor entity id {anchor}, relation id {relation}): "
             "a NaN or infinite score has no rank. Fix: check the checkpoint (a diverged run), "

@@ -124,12 +124,14 @@ def step_static(model: nn.Module, config: TrainConfig) -> tuple:
 
 
 def compiled_batch_loss(model: nn.Module, batches: "Batches", pos: Tensor, config: TrainConfig,
-                        device: torch.device) -> Tensor:
+                        device: torch.device, *, batch_rows: float | None = None) -> Tensor:
     """Mean loss of the examples at ``pos``, as ``batch_loss``, through the compiled call of len(pos) rows.
 
+    batch_rows: the rows the mean is over (default len(pos)), as in ``batch_loss``.
     Returns a scalar whose ``backward()`` runs the compiled backward graph.
     """
     n = len(pos)
     call = train_call(model, config.training, n, device)
     (rows,) = call(*step_static(model, config), **step_inputs(batches, pos, model.num_entities, device))
-    return rows.sum() / (n * model.num_entities if config.training == "kvsall" else n)
+    mean_over = n if batch_rows is None else batch_rows
+    return rows.sum() / (mean_over * model.num_entities if config.training == "kvsall" else mean_over)

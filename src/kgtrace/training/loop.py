@@ -28,8 +28,10 @@ from kgtrace.config import TrainConfig, parse_size, read_yaml, write_yaml
 from kgtrace.data.answers import AnswerIndex, reciprocal_queries
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.vocab import write_vocab
+from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.evaluation.evaluate import Candidates
+from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.io import atomic_open
 from kgtrace.models import build_model
 from kgtrace.system import keep_freed_memory
@@ -98,20 +100,27 @@ class Batches:
         return len(self.queries)
 
 
-def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainConfig, device: torch.device) -> Tensor:
-    """Mean loss of the examples at ``pos`` (forward only; chunked KvsAll also runs backward)."""
+def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainConfig, device: torch.device, *,
+               batch_rows: float | None = None) -> Tensor:
+    """Mean loss of the examples at ``pos`` (forward only; chunked KvsAll also runs backward).
+
+    batch_rows: the rows the mean is over (default len(pos)); a process of a distributed job
+    holding part of a batch passes a share of the whole batch's rows (see training.sharded).
+    """
     if config.compile:
         from kgtrace.training.compiled import compiled_batch_loss
 
-        return compiled_batch_loss(model, batches, pos, config, device)
+        return compiled_batch_loss(model, batches, pos, config, device, batch_rows=batch_rows)
     queries = batches.queries[pos].to(device)
     if batches.index is None:
-        return onevsall_ce(model.score_t(queries).float(), batches.answers[pos].to(device))
+        return onevsall_ce(model.score_t(queries).float(), batches.answers[pos].to(device), batch_rows)
     rows, cols = batches.index.pairs_at(pos)
     rows, cols = rows.to(device), cols.to(device)
+    denominator = batch_rows * model.num_entities if batch_rows is not None else None
     if config.entity_chunk:
-        return kvsall_bce_chunked_backward(model, queries, rows, cols, config.label_smoothing, config.entity_chunk)
-    return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing)
+        return kvsall_bce_chunked_backward(model, queries, rows, cols, config.label_smoothing, config.entity_chunk,
+                                           denominator)
+    return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing, denominator=denominator)
 
 
 def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
@@ -262,20 +271,28 @@ def truncate_metrics(out: Path, epoch: int) -> None:
 
 
 def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, progress: bool = True,
-          log=print) -> TrainResult:
-    """Train a model as ``config`` says into a new run folder ``out``; see the module docstring."""
+          log=print, world: World = ONE) -> TrainResult:
+    """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
+
+    world: the processes of a distributed job (every one calls train alike; see training.sharded);
+    only rank 0 writes into ``out`` and logs.
+    """
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
     device = setup_device(config)
     dataset = load_dataset(config.dataset)
-    prepare_run_dir(out, resume=False, overwrite=overwrite)
-    write_run_files(out, config, dataset)
+
+    def make_run_dir() -> None:
+        prepare_run_dir(out, resume=False, overwrite=overwrite)
+        write_run_files(out, config, dataset)
+
+    world.on_main(make_run_dir)
     state = new_state(config, dataset, device)
-    with logged_compilation(out / "compile_stats.json", config.compile, log):
-        return fit(state, config, dataset, out, device, progress, log)
+    with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+        return fit(state, config, dataset, out, device, progress, log, world)
 
 
-def resume(out: str | Path, *, progress: bool = True, log=print, **overrides: Any) -> TrainResult:
+def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, **overrides: Any) -> TrainResult:
     """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE)."""
     out = Path(out)
     prepare_run_dir(out, resume=True, overwrite=False)
@@ -283,9 +300,13 @@ def resume(out: str | Path, *, progress: bool = True, log=print, **overrides: An
     device = setup_device(config)
     dataset = load_run_dataset(out, config)
     state = new_state(config, dataset, device)
-    resume_from_latest(state, out, dataset, log)
-    with logged_compilation(out / "compile_stats.json", config.compile, log):
-        return fit(state, config, dataset, out, device, progress, log)
+    resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
+    with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+        return fit(state, config, dataset, out, device, progress, log, world)
+
+
+def _quiet(*_: Any) -> None:
+    """The log of a process other than rank 0."""
 
 
 def setup_device(config: TrainConfig) -> torch.device:
@@ -312,11 +333,12 @@ def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
     (out / "checkpoints").mkdir(exist_ok=True)
 
 
-def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log) -> None:
+def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writes: bool = True) -> None:
     path = latest_checkpoint(out / "checkpoints")
     if path is None:
         log(f"{out}: no checkpoint yet; starting from epoch 0")
-        truncate_metrics(out, 0)
+        if writes:
+            truncate_metrics(out, 0)
         return
     saved = load_checkpoint(path)
     check_digests(saved, dataset.entities.digest(), dataset.relations.digest(), path)
@@ -325,43 +347,54 @@ def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log) -> N
                            "checkpoint), no optimizer or random state to continue from. Fix: continue training where "
                            "the model came from, or train a new kgtrace run")
     restore_state(state, saved)
-    truncate_metrics(out, state.epoch)
+    if writes:
+        truncate_metrics(out, state.epoch)
     log(f"resuming {out} from {path.name} (epoch {state.epoch}, step {state.step})")
 
 
 def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, device: torch.device,
-        progress: bool, log) -> TrainResult:
+        progress: bool, log, world: World = ONE) -> TrainResult:
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
+    epoch = run_epoch
+    if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
+        from kgtrace.training.sharded import sharded_epochs
+
+        epoch = sharded_epochs(state, batches, config, device, world)
+        progress, log = progress and world.is_main, log if world.is_main else _quiet
     stopped_early = False
     while state.epoch < config.epochs and not stopped_early:
         lr = state.optimizer.param_groups[0]["lr"]
         start = time.perf_counter()
-        loss = run_epoch(state, batches, config, device, progress)
+        loss = epoch(state, batches, config, device, progress)
         state.epoch += 1
         state.scheduler.step()
         record = {"epoch": state.epoch, "step": state.step, "loss": loss, "lr": lr,
                   "seconds": time.perf_counter() - start}
         if config.eval_every and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
-            record.update(validate(state, config, dataset, known_valid, device))
+            record.update(validate(state, config, dataset, known_valid, device, world))
             stopped_early = bool(config.patience) and state.bad_validations >= config.patience
-            if record["valid_improved"]:
+            if record["valid_improved"] and world.is_main:
                 save_checkpoint(state_dict(state, config, dataset, lr), out / "checkpoints" / "best.pt")
-        # The record first: a kill between the two leaves a record that resume truncates, never a gap.
-        append_metrics(out, record)
         last = state.epoch == config.epochs or stopped_early
-        if state.epoch % config.checkpoint_every == 0 or last:
-            save_checkpoint(state_dict(state, config, dataset, lr), epoch_path(out / "checkpoints", state.epoch))
+        if world.is_main:
+            # The record first: a kill between the two leaves a record that resume truncates, never a gap.
+            append_metrics(out, record)
+            if state.epoch % config.checkpoint_every == 0 or last:
+                save_checkpoint(state_dict(state, config, dataset, lr), epoch_path(out / "checkpoints", state.epoch))
         log(format_record(record))
-    plot_training_curve(out)
+    if world.is_main:
+        plot_training_curve(out)
+    world.barrier()  # the others may read the run (e.g. to evaluate it) once rank 0 has written it
     return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early)
 
 
 def validate(state: TrainState, config: TrainConfig, dataset: Dataset, known: AnswerIndex,
-             device: torch.device) -> dict[str, Any]:
+             device: torch.device, world: World = ONE) -> dict[str, Any]:
     """Filtered validation metrics (never filtered with test) and the early-stopping bookkeeping."""
-    metrics = evaluate(state.model, dataset.valid, known=known, candidates=Candidates(compile=config.compile),
-                       memory_budget=parse_size(config.memory_budget), device=device)["both"]["realistic"]
+    metrics = evaluate_sharded(state.model, dataset.valid, world=world, known=known,
+                               candidates=Candidates(compile=config.compile),
+                               memory_budget=parse_size(config.memory_budget), device=device)["both"]["realistic"]
     improved = metrics["mrr"] > state.best_mrr
     if improved:
         state.best_mrr, state.best_epoch, state.bad_validations = metrics["mrr"], state.epoch, 0

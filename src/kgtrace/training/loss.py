@@ -129,6 +129,7 @@ def kvsall_bce(
     label_smoothing: float = 0.0,
     *,
     num_classes: int | None = None,
+    denominator: float | None = None,
 ) -> Tensor:
     """Mean binary cross-entropy (with logits) of KvsAll scores against sparse positives.
 
@@ -142,11 +143,13 @@ def kvsall_bce(
     :param pos_cols: LongTensor [P], column of each positive (< C); (row, col) pairs unique.
     :param label_smoothing: eps in [0, 1).
     :param num_classes: the smoothing's class count; defaults to C.
+    :param denominator: what the summed loss is divided by; defaults to B * C (the mean). A process
+        holding part of a distributed batch passes the whole batch's count (see training.sharded).
     :return: scalar loss. Extra memory is O(B + P) plus one softplus block of at most
         max(C, block budget) elements; the backward pass allocates only the [B, C] gradient.
     """
     pos_label, neg_label = smoothed_label_values(label_smoothing, num_classes or scores.shape[1])
-    return _KvsAllBCESum.apply(scores, pos_rows, pos_cols, pos_label, neg_label, scores.numel())
+    return _KvsAllBCESum.apply(scores, pos_rows, pos_cols, pos_label, neg_label, denominator or scores.numel())
 
 
 def _group_by_chunk(pos_rows: Tensor, pos_cols: Tensor, bounds: list[int]) -> tuple[Tensor, Tensor, list[int]]:
@@ -166,6 +169,7 @@ def kvsall_bce_chunked_backward(
     pos_cols: Tensor,
     label_smoothing: float,
     chunk_size: int,
+    denominator: float | None = None,
 ) -> Tensor:
     """KvsAll BCE over all E entities, scored and back-propagated one entity chunk at a time.
 
@@ -181,6 +185,7 @@ def kvsall_bce_chunked_backward(
     :param pos_cols: LongTensor [P], entity id of each positive; (row, col) pairs unique.
     :param label_smoothing: eps in [0, 1), smoothing over E classes.
     :param chunk_size: entities scored at once (>= 1).
+    :param denominator: what the summed loss is divided by; defaults to B * E (as :func:`kvsall_bce`).
     :return: the loss, a detached scalar tensor.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -189,7 +194,7 @@ def kvsall_bce_chunked_backward(
     pos_label, neg_label = smoothed_label_values(label_smoothing, num_entities)
     q = model.encode_query(queries)  # [B, D]
     qd = q.detach().requires_grad_()
-    denominator = q.shape[0] * num_entities
+    denominator = denominator or q.shape[0] * num_entities
     bounds = list(range(0, num_entities, chunk_size)) + [num_entities]
     rows, cols, offsets = _group_by_chunk(pos_rows, pos_cols, bounds)
     total = q.new_zeros((), dtype=torch.promote_types(q.dtype, torch.float32))
@@ -203,16 +208,18 @@ def kvsall_bce_chunked_backward(
     return total
 
 
-def onevsall_ce(scores: Tensor, targets: Tensor) -> Tensor:
+def onevsall_ce(scores: Tensor, targets: Tensor, denominator: float | None = None) -> Tensor:
     """1vsAll: mean over B of the cross-entropy logsumexp(s) - s[target].
 
     :param scores: logits [B, C].
     :param targets: LongTensor [B] of the true column of each row.
+    :param denominator: divide the summed loss by this instead of B (a part of a distributed batch).
     :return: scalar loss, equal to ``F.cross_entropy(scores, targets)``.
     """
     # logsumexp keeps no [B, C] log-softmax around for backward, unlike F.cross_entropy.
     true_scores = scores.gather(1, targets.unsqueeze(1)).squeeze(1)  # [B]
-    return (torch.logsumexp(scores, dim=1) - true_scores).mean()
+    losses = torch.logsumexp(scores, dim=1) - true_scores  # [B]
+    return losses.mean() if denominator is None else losses.sum() / denominator
 
 
 def dense_bce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float) -> Tensor:
