@@ -6,8 +6,8 @@ scratch, or fine-tuned from an early checkpoint: :mod:`.retrain`); the new model
 probability and filtered rank of the prediction are compared with those of the run's last
 checkpoint (:mod:`.metrics`). Cells that remove the same set share one training, and every
 training is measured on every explained prediction, so nothing is trained twice. A control
-training with nothing removed shows what training again alone changes (nothing, when
-training is deterministic, as kgtrace's is on one device with the same thread count).
+training with nothing removed shows what training again alone changes: nothing, or float
+rounding (kgtrace's training is reproducible; ConvE's CPU convolution once differed by 1e-7).
 
 Output folder (default RUN_DIR/faithfulness; reruns reuse every finished training)::
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +67,6 @@ class FaithfulnessSettings:
     threads: int = 1  # torch threads per training
     device: str = "cpu"
     keep_runs: bool = False  # keep every trained run under OUT/runs/ (to inspect them)
-    notes: dict = field(default_factory=dict)  # recorded as they are in faithfulness.json's settings
 
     def validate(self) -> "FaithfulnessSettings":
         problems = []
@@ -295,7 +294,7 @@ def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSetti
     return {
         "run": str(run.path.resolve()), "checkpoint": run.checkpoint.name, "epochs": epochs,
         "settings": {"ks": list(settings.ks), "methods": list(settings.methods), "mode": settings.mode,
-                     "variant": here, "seed": settings.seed, "sample": settings.sample, **settings.notes},
+                     "variant": here, "seed": settings.seed, "sample": settings.sample},
         "predictions": {"how": how, "triples": [labels(run, row) for row in as_rows(predictions)]},
         "control_max_abs_score_change": control,
         "table": table,

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +178,7 @@ def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True, desc: str
             pending = {pool.submit(run_job, job) for job in jobs}
             try:
                 while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for future in done:
                         future.result()  # raises the job's error
                         bar.update()
