@@ -32,10 +32,13 @@ class DataError(KgtraceError):
 class ConfigError(KgtraceError):
     """One or more invalid settings, all reported at once.
 
-    ``problems`` holds one line per problem, each naming the key, the value and the fix.
+    ``problems`` holds one line per problem, each naming the key, the value and the fix. One
+    problem reads as one line; several are listed one per line.
     """
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        head = "invalid configuration" if len(problems) != 1 else "invalid setting"
-        super().__init__(head + ":\n  - " + "\n  - ".join(self.problems))
+        if len(self.problems) == 1:
+            super().__init__(f"invalid setting: {self.problems[0]}")
+            return
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))

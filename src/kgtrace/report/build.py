@@ -36,6 +36,26 @@ def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
             for i, p in enumerate(files)]
 
 
+def faithfulness_folders(run_dir: Path, extra: list[str | Path] = ()) -> list[Path]:
+    """Folders of faithfulness checks to show: those directly inside the run folder, then ``extra`` ones."""
+    inside = sorted(p.parent for p in run_dir.glob("*/faithfulness.json"))
+    given = [Path(p) for p in extra]
+    missing_given = [str(p) for p in given if not (p / "faithfulness.json").is_file()]
+    if missing_given:
+        raise KgtraceError(f"--faithfulness {', '.join(missing_given)}: no faithfulness.json there. Fix: give the "
+                           "--out folder of kgtrace faithfulness")
+    return list(dict.fromkeys(p.resolve() for p in inside + given))
+
+
+def _faithfulness_sections(folders: list[Path]) -> list[tuple[str, str, str, bool]]:
+    """One wide section per faithfulness folder (none when there is none: the check is optional)."""
+    command = "kgtrace faithfulness RUN_DIR --out FOLDER"
+    titled = len(folders) > 1
+    return [(f"faithfulness-{i}", "Faithfulness" + (f" ({p.name})" if titled else ""),
+             _guarded(lambda p=p: s.faithfulness_section(p), p / "faithfulness.json", command), True)
+            for i, p in enumerate(folders)]
+
+
 def _read_quietly(path: Path, parse) -> dict:
     """A mapping parsed from ``path``, or {} if it is missing or unreadable (the header only shows what it finds)."""
     try:
@@ -56,9 +76,10 @@ def _cards(run_dir: Path) -> list[tuple[str, str]]:
     return cards
 
 
-def build_html(run_dir: str | Path) -> str:
-    """The report page of ``run_dir`` as a string."""
+def build_html(run_dir: str | Path, faithfulness: list[str | Path] = ()) -> str:
+    """The report page of ``run_dir`` as a string; ``faithfulness``: check folders outside the run folder to show too."""
     run_dir = Path(run_dir)
+    folders = faithfulness_folders(run_dir, faithfulness)
     train = f"kgtrace train --out {run_dir}"
     sections = [
         ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), run_dir / "config.yaml", train), False),
@@ -68,19 +89,24 @@ def build_html(run_dir: str | Path) -> str:
         ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), run_dir / "test_ranks.tsv",
                                              f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}"), False),
         *_explain_sections(run_dir),
+        *_faithfulness_sections(folders),
     ]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return page(f"kgtrace report: {run_dir.resolve().name}", str(run_dir.resolve()), _cards(run_dir), sections,
                 f"written by kgtrace report, {stamp}")
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of ``run_dir`` (default RUN_DIR/report.html) atomically; returns its path."""
+def write_report(run_dir: str | Path, out: str | Path | None = None, faithfulness: list[str | Path] = ()) -> Path:
+    """Write the report of ``run_dir`` (default RUN_DIR/report.html) atomically; returns its path.
+
+    faithfulness: folders of ``kgtrace faithfulness`` outside the run folder to show as well
+    (those directly inside it are always shown).
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise KgtraceError(f"{run_dir}: no such run folder. Fix: give a folder written by kgtrace train")
     target = run_dir / "report.html" if out is None else Path(out)
     if target.suffix.lower() not in (".html", ".htm"):
         raise KgtraceError(f"--out {target}: a report is an HTML page. Fix: name it .html, e.g. --out report.html")
-    atomic_write_text(target, build_html(run_dir))
+    atomic_write_text(target, build_html(run_dir, faithfulness))
     return target

@@ -196,3 +196,48 @@ def explain_section(path: Path) -> str:
         return "<p>The file lists no explained triple.</p>"
     return f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code></p>' + \
         "".join(explanation(item) for item in items)
+
+
+# ----------------------------------------------------------------------------- faithfulness
+
+FAITHFULNESS_COLUMNS = (("variant", "variant", None), ("method", "method", None), ("k", "k", None),
+                        ("n", "n", None), ("pd", "PD %", 100.0), ("tc", "TC %", 100.0),
+                        ("score_drop", "score drop", 1.0), ("rank_change", "rank change", 1.0),
+                        ("mrr_drop", "MRR drop", 1.0), ("seconds", "s / training", 1.0))
+AGREEMENT_COLUMNS = (("cheap", "cheap option", None), ("method", "method", None), ("k", "k", None), ("n", "n", None),
+                     ("pd_agreement", "PD agrees %", 100.0), ("tc_agreement", "TC agrees %", 100.0),
+                     ("score_drop_pearson", "score drop r", 1.0), ("prob_drop_pearson", "prob. drop r", 1.0))
+
+
+def _cells(row: dict, columns: tuple) -> list[str]:
+    """A row's cells: text escaped, numbers scaled (percent) and rounded; NaN and None as a dash."""
+    cells = []
+    for key, _, scale in columns:
+        value = row.get(key)
+        if scale is None or not isinstance(value, int | float) or value != value:
+            cells.append("&ndash;" if value is None or value != value else esc(value))
+        else:
+            cells.append(number(scale * value, 1 if scale == 100.0 else 3))
+    return cells
+
+
+def faithfulness_section(folder: Path) -> str:
+    """The table of a faithfulness check (kgtrace faithfulness --out FOLDER), its plot, and the agreement table."""
+    from kgtrace.faithfulness.plot import faithfulness_figure
+
+    data = json.loads((folder / "faithfulness.json").read_text(encoding="utf-8"))
+    settings = data["settings"]
+    facts = (f"{len(data['predictions']['triples'])} predictions ({esc(data['predictions']['how'])}); methods "
+             f"{esc(', '.join(settings['methods']))}; trained again up to epoch {number(data['epochs'])} "
+             f"(<code>{esc(folder.name)}</code>). PD: share of predictions whose probability dropped; TC: share "
+             "no longer top-1; method <i>none</i> is the control, trained again with nothing removed.")
+    numeric = tuple(scale is not None or key in ("k", "n") for key, _, scale in FAITHFULNESS_COLUMNS)
+    body = f'<p class="facts">{facts}</p>' + table(tuple(t for _, t, _ in FAITHFULNESS_COLUMNS),
+                                                    [_cells(r, FAITHFULNESS_COLUMNS) for r in data["table"]], numeric)
+    body += image(png_bytes(faithfulness_figure(data["table"])), "faithfulness: PD, TC and MRR drop against k")
+    if data["agreement"]:
+        numeric = tuple(scale is not None or key in ("k", "n") for key, _, scale in AGREEMENT_COLUMNS)
+        body += "<h3>Fine-tuning against retraining</h3>" + table(
+            tuple(t for _, t, _ in AGREEMENT_COLUMNS), [_cells(r, AGREEMENT_COLUMNS) for r in data["agreement"]],
+            numeric)
+    return body
