@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
          "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
         ("export-pykeen", add_export_pykeen_args, cmd_export_pykeen,
          "a kgtrace run as files PyKEEN loads (triples factories and state dicts) with equal scores"),
+        ("rules", add_rules_args, cmd_rules, "Horn rules for the prover: mine them from a dataset's training triples"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -658,6 +659,57 @@ def cmd_export_pykeen(args: argparse.Namespace) -> int:
     from kgtrace.interop.pykeen_export import export_pykeen
 
     print(export_pykeen(args.run_dir, args.out, checkpoint=args.checkpoint, overwrite=args.overwrite).summary())
+    return 0
+
+
+# ----------------------------------------------------------------------------- rules (the prover's)
+
+
+def add_rules_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.mining import MiningConfig
+
+    actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
+    mine = actions.add_parser("mine", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                              help="mine implication, inverse and length-2 chain rules (AMIE's measures)",
+                              description="Mine r(X,Y) :- s(X,Y), r(X,Y) :- s(Y,X) and r(X,Y) :- s(.,.), t(.,.) "
+                                          "(every direction) from the training triples, with support, head coverage, "
+                                          "standard and PCA confidence; write them best first, one per line: "
+                                          "CONFIDENCE  HEAD :- BODY  # measures")
+    defaults = MiningConfig()
+    mine.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
+    mine.add_argument("--out", required=True, metavar="FILE", help="rule file to write")
+    mine.add_argument("--min-support", type=int, default=defaults.min_support,
+                      help="distinct (x, y) pairs a rule must predict correctly")
+    mine.add_argument("--min-head-coverage", type=float, default=defaults.min_head_coverage,
+                      help="support / facts of the head relation")
+    mine.add_argument("--min-confidence", type=float, default=defaults.min_confidence, help="standard confidence")
+    mine.add_argument("--min-pca-confidence", type=float, default=defaults.min_pca_confidence,
+                      help="PCA confidence (AMIE's partial completeness assumption)")
+    mine.add_argument("--confidence", choices=("std", "pca"), default=defaults.confidence,
+                      help="the measure written as each rule's confidence")
+    mine.add_argument("--max-rules-per-head", type=int, default=defaults.max_rules_per_head,
+                      help="keep each head relation's best N rules (0: all); bounds the prover's branching")
+    mine.add_argument("--no-chains", dest="chains", action="store_false",
+                      help="mine implications and inverses only")
+    mine.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.prover.mining import MiningConfig, mine_rules
+    from kgtrace.prover.rules import write_rules
+
+    config = MiningConfig(args.min_support, args.min_head_coverage, args.min_confidence, args.min_pca_confidence,
+                          args.confidence, args.max_rules_per_head, args.chains).validate()
+    if Path(args.out).exists() and not args.overwrite:
+        raise KgtraceError(f"--out {args.out}: the file exists. Fix: pass --overwrite, or choose another name")
+    ds = load_dataset(args.dataset)
+    mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, config)
+    header = [f"kgtrace rules mine --dataset {args.dataset}: {len(mined)} rules from {len(ds.train)} training triples",
+              "settings: " + json.dumps(config.__dict__), "CONFIDENCE  HEAD :- BODY  # measures"]
+    write_rules(args.out, [m.rule for m in mined], ds.relations.labels, [m.note() for m in mined], header)
+    heads = len({m.rule.head for m in mined})
+    print(f"wrote {len(mined)} rules for {heads} of {ds.num_relations} relations into {args.out}")
     return 0
 
 
