@@ -25,7 +25,12 @@ the body-only variables in order of first occurrence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from kgtrace.errors import ConfigError
 
 Atom = tuple[int, int, int]  # (relation, arg1, arg2)
 State = tuple[Atom, ...]
@@ -130,3 +135,49 @@ def state_text(state: State, entity_labels: tuple[str, ...], relation_labels: tu
     if not state:
         return "(proved)"
     return ", ".join(atom_text(atom, entity_labels, relation_labels) for atom in state)
+
+
+def fact_atoms(triples: Tensor) -> Tensor:
+    """The facts as atoms, sorted and unique: LongTensor [N, 3] of (r, h, t) in (r, h, t) order.
+
+    A fact's id is its row here; both engines name the fact a step used by this id.
+    """
+    h, r, t = triples.long().cpu().unbind(1)
+    return torch.unique(torch.stack([r, h, t], 1), dim=0)  # unique(dim=0) sorts rows lexicographically
+
+
+@dataclass(frozen=True)
+class EngineShapes:
+    """Limits of one resolution step: the vectorised engine's fixed shapes.
+
+    0 for max_facts means the largest look-up with a bound argument (every goal with a
+    constant then reads all its facts; a goal with two free variables reads the first
+    max_facts facts of its relation and counts the rest as overflow); 0 for max_states means
+    max_facts + the most rules of any head (nothing is ever lost to it). The reference
+    engine applies the same limits when given them, so both count the same overflow.
+    """
+
+    max_atoms: int = 8  # A: atoms per state (the answer atom of an open query included)
+    max_states: int = 0  # S: derived states kept per state
+    max_facts: int = 0  # F: fact candidates read per goal
+    max_history: int = 5  # H: states remembered per path (the current one included)
+
+    def validate(self) -> "EngineShapes":
+        problems = [f"{key}={getattr(self, key)}: must be at least {low}"
+                    for key, low in (("max_atoms", 2), ("max_history", 1), ("max_states", 0), ("max_facts", 0))
+                    if getattr(self, key) < low]
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+
+def resolve_shapes(shapes: EngineShapes, facts: Tensor, rules) -> EngineShapes:
+    """Fill max_facts / max_states given as 0 (see EngineShapes) from facts [N, 3] (r, h, t) and a RuleSet."""
+    shapes.validate()
+    largest = 1
+    for columns in ((0, 1), (0, 2)):  # goals r(h, V) and r(V, t)
+        if len(facts):
+            largest = max(largest, int(torch.unique(facts[:, columns], dim=0, return_counts=True)[1].max()))
+    max_facts = shapes.max_facts or largest
+    most_rules = max((len(heads) for heads in rules.by_head()), default=0)
+    return replace(shapes, max_facts=max_facts, max_states=shapes.max_states or max_facts + most_rules)
