@@ -121,6 +121,8 @@ def test_hand_computed_measures():
     # of which (a,b) and (e,f) have an x with some grandparent fact: PCA 1/2.
     assert (implication.support, implication.std_confidence, implication.pca_confidence) == (1, 0.25, 0.5)
     assert mined == sorted(mined, key=lambda m: (-m.rule.confidence, -m.support))
+    # The written confidence is damped by the offset (default 5): support / (body pairs + 5).
+    assert chain.rule.confidence == pytest.approx(2 / (2 + 5)) and implication.rule.confidence == pytest.approx(1 / 9)
 
 
 def test_mining_equals_brute_force_on_a_random_graph():
@@ -136,7 +138,7 @@ def test_mining_equals_brute_force_on_a_random_graph():
         assert got[key] == pytest.approx(values), key
     # Thresholds and the per-head cap select from the same measures.
     strict = MiningConfig(min_support=2, min_head_coverage=0.1, min_confidence=0.3, min_pca_confidence=0.4,
-                          confidence="pca", max_rules_per_head=3)
+                          confidence="pca", confidence_offset=0.0, max_rules_per_head=3)
     kept = mine_rules(triples, 9, 3, strict)
     passing = {k for k, (s, hc, std, pca) in expected.items() if s >= 2 and hc >= 0.1 and std >= 0.3 and pca >= 0.4}
     assert kept and {(m.rule.head, m.rule.body) for m in kept} <= passing
@@ -148,7 +150,7 @@ def test_mining_equals_brute_force_on_a_random_graph():
 def test_rules_mine_command(tmp_path, capsys):
     out = tmp_path / "nations.rules"
     assert main(["rules", "mine", "--dataset", "nations", "--out", str(out), "--min-confidence", "0.5",
-                 "--max-rules-per-head", "5"]) == 0
+                 "--confidence-offset", "0", "--max-rules-per-head", "5"]) == 0
     ds = load_dataset("nations")
     rules = read_rules(out, ds.relations)
     assert 0 < len(rules) <= 5 * ds.num_relations

@@ -22,7 +22,9 @@ of tensor operations, so it compiles to one graph (:func:`compiled_derive`, thro
   matching facts are one contiguous range of one of them (``searchsorted`` of its lowest and
   highest key): exact key when both arguments are bound, ``(r, h, *)`` or ``(r, *, t)`` when
   one is, ``(r, *, *)`` when none is. Up to F candidates are read from the range start.
-* rules: CSR by head relation (offsets [R + 2]); up to Rm = the most rules of any head.
+* rules: CSR by head relation (offsets [R + 2]); up to Rm = the most rules of any head. Each
+  rule's body is stored twice, in file order and reversed; a goal whose second argument alone
+  is bound takes the reversed one (as the reference does).
 
 Candidates are laid out as [B, F + Rm] (facts, then rules), unified, made canonical, checked
 against the history, and compacted to the front in order (cumsum + scatter). Whatever a
@@ -87,16 +89,25 @@ class VectorEngine(nn.Module):
         offsets[1:] = torch.cumsum(counts[: R + 2], 0)
         max_body = rules.max_body
         body = torch.tensor([[pad, 0, 0]], dtype=torch.long).repeat(len(rules) + 1, max_body, 1)  # +1: a dummy row
+        reversed_body = body.clone()
         for row, j in enumerate(order):
-            body[row, : len(rules.rules[j].body)] = torch.tensor(rules.rules[j].body)
+            atoms = rules.rules[j].body
+            body[row, : len(atoms)] = torch.tensor(atoms)
+            reversed_body[row, : len(atoms)] = torch.tensor(atoms[::-1])
         self.register_buffer("rule_offsets", offsets)
         self.register_buffer("rule_body", body)  # [NR + 1, Bm, 3] local variables
+        self.register_buffer("rule_body_reversed", reversed_body)  # for goals whose second argument alone is bound
         self.register_buffer("rule_length", torch.tensor([len(rules.rules[j].body) for j in order] + [1]))
         self.register_buffer("rule_index", torch.tensor(order + [0], dtype=torch.long))  # row -> index in the file
         confidence = torch.tensor([rules.rules[j].confidence for j in order] + [1.0], dtype=torch.float64)
         self.register_buffer("rule_log_confidence", confidence.log().float())
         self.max_rules = int(counts.max()) if len(rules) else 0
         self.max_body = max_body
+
+    def fact_atom(self, fact_id: int) -> tuple[int, int, int]:
+        """The fact (r, h, t) with this id."""
+        key = int(self.keys_head[fact_id])
+        return key // self.num_entities ** 2, key // self.num_entities % self.num_entities, key % self.num_entities
 
     # ------------------------------------------------------------------------- the step
 
@@ -182,7 +193,8 @@ class VectorEngine(nn.Module):
         """(states [B, Rm, A, 3], atoms each would have [B, Rm]): the rules' bodies, then the remaining goals."""
         E, pad = self.num_entities, pad_relation(self.num_relations)
         B, A = states.shape[:2]
-        body = self.rule_body[rows]  # [B, Rm, Bm, 3], local variables
+        reverse = (goal[:, 1] >= E) & (goal[:, 2] < E)  # only the second argument bound: the body reversed
+        body = torch.where(reverse.view(B, 1, 1, 1), self.rule_body_reversed[rows], self.rule_body[rows])  # [B, Rm, Bm, 3]
         # The state's variables are E .. E + n - 1 (canonical); the rule's free ones come after.
         args = states[..., 1:]
         is_var = (args >= E) & (states[..., :1] != pad)

@@ -16,6 +16,11 @@ For a body B and head r (AMIE's measures, pairs counted once each):
     standard confidence  = support / |{(x, y) : B(x, y)}|
     PCA confidence       = support / |{(x, y) : B(x, y) and r(x, y') for some y'}|
 
+The confidence written for a rule is the standard (or PCA) confidence damped by an offset,
+``support / (denominator + offset)`` (AnyBURL's default 5): a body seen twice and right twice
+is not as sure as one seen a hundred times and right a hundred times. Thresholds apply to
+the undamped measures.
+
 Chains are computed one first relation a at a time: ``D_a @ [D_0 | D_1 | ... | D_{2R-1}]``,
 one sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs, so
 memory is bounded by one a's pairs. Supports come from looking the pairs up among the
@@ -51,6 +56,7 @@ class MiningConfig:
     min_confidence: float = 0.1  # standard confidence
     min_pca_confidence: float = 0.0
     confidence: str = "std"  # the measure written as the rule's confidence: std or pca
+    confidence_offset: float = 5.0  # written confidence = support / (denominator + offset): AnyBURL's damping of rare bodies
     max_rules_per_head: int = 50  # keep each head relation's best N rules (0: all); bounds the engines' branching
     chains: bool = True  # also mine length-2 chains (else implications and inverses only)
 
@@ -63,6 +69,8 @@ class MiningConfig:
                 problems.append(f"{key}={getattr(self, key)}: must be in [0, 1]")
         if self.confidence not in CONFIDENCES:
             problems.append(f"confidence={self.confidence!r}: must be one of {', '.join(CONFIDENCES)}")
+        if self.confidence_offset < 0:
+            problems.append(f"confidence_offset={self.confidence_offset}: must be 0 or more")
         if self.max_rules_per_head < 0:
             problems.append(f"max_rules_per_head={self.max_rules_per_head}: must be 0 (all) or more")
         if problems:
@@ -235,7 +243,8 @@ def _select(counts: _Counts, bodies: Tensor, graph: _Graph, config: MiningConfig
             & (std >= config.min_confidence) & (pca >= config.min_pca_confidence))
     keep &= bodies.unsqueeze(1) != torch.arange(graph.num_relations)  # r(X,Y) :- r(X,Y) says nothing
     i, head = torch.nonzero(keep, as_tuple=True)
-    confidence = std if config.confidence == "std" else pca
+    denominator = counts.body_sizes.double().unsqueeze(1) if config.confidence == "std" else counts.pca_sizes.double()
+    confidence = support / (denominator + config.confidence_offset).clamp(min=1e-12)
     return _Block(bodies[i], head, counts.support[i, head], coverage[i, head], std[i, head], pca[i, head],
                   confidence[i, head])
 

@@ -8,7 +8,10 @@ A resolution step on a state (see :mod:`kgtrace.prover.logic` for the encoding):
    the remaining goals under the unifier make a derived state.
 3. Rules: for every rule whose head relation is G's, in rule-file order, the rule's variables
    are renamed apart (fresh variables after the state's), its head is unified with G, and its
-   body followed by the remaining goals, under the unifier, makes a derived state.
+   body followed by the remaining goals, under the unifier, makes a derived state. The body is
+   taken in file order, except when only G's second argument is bound: then in reverse order,
+   so that a chain r(X,Y) :- s(X,Z), t(Z,Y) asked as r(V, c) continues with t(Z, c), a goal
+   with a constant, instead of s(V, Z), which would enumerate all of s.
 4. Every derived state is made canonical (variables renumbered by first occurrence), and a
    derived state equal to a state on the path that led here (the current one included) is
    dropped: no state is revisited on a path.
@@ -119,8 +122,10 @@ class ReferenceEngine:
         lost_atoms = 0
         first_free = 1 + max((term for atom in state for term in atom[1:] if is_variable(term, self.num_entities)),
                              default=self.num_entities - 1)  # rule variables are renamed to start here
+        reverse = is_variable(goal[1], self.num_entities) and not is_variable(goal[2], self.num_entities)
         for j in self.rules_by_head[goal[0]]:
             head, body = self._renamed_apart(j, first_free)
+            body = body[::-1] if reverse else body
             unifier = unify(goal, head, {}, self.num_entities)
             if unifier is None:
                 continue
