@@ -770,15 +770,57 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                          "--depth steps: the product of the confidences of the rules of its best "
                                          "proof, 0 without one. Rank it with kgtrace evaluate RUN.")
     add_prover_args(bfs)
+    train = actions.add_parser("train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                               help="learn a proof policy with PPO over training triples and sampled false ones",
+                               description="Write a prover run and train its policy (PPO: clipped objective, GAE, "
+                                           "entropy bonus) to prove training triples (each without itself as a "
+                                           "fact) and not their sampled corruptions; --depth is the steps of an "
+                                           "episode. A triple's score is the best proof its policy-guided beam "
+                                           "search finds. --resume continues the run in --out.")
+    add_prover_args(train, resumable=True)
+    add_policy_args(train)
 
 
-def add_prover_args(p: argparse.ArgumentParser) -> None:
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.run import ProverConfig
+
+    defaults = ProverConfig()
+    for key, help_text in (
+        ("epochs", "passes over the training triples"),
+        ("chunk_queries", "training triples per rollout batch"),
+        ("corruptions", "sampled false triples per training triple (K)"),
+        ("lr", "Adam learning rate"),
+        ("embedding_dim", "width of the policy's embeddings"),
+        ("beam_width", "partial proofs the policy keeps per triple when scoring"),
+        ("entropy", "entropy bonus"),
+        ("negative_reward", "penalty for proving a false triple"),
+        ("ppo_epochs", "optimisation passes over each batch of episodes"),
+        ("eval_triples", "validation triples ranked after each epoch"),
+        ("eval_corruptions", "sampled corruptions each validation triple is ranked against"),
+        ("seed", "random seed"),
+        ("threads", "CPU threads for torch (0: torch's default)"),
+    ):
+        default = getattr(defaults, key)
+        p.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
+                       help=f"{help_text} (default: {default})")
+    p.add_argument("--init-from", default="", metavar="RUN",
+                   help="start the policy's entity and relation embeddings from this embedding run")
+    p.add_argument("--entity-embeddings", action="store_true",
+                   help="learn one embedding per entity (default: entities share one; set by --init-from)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+
+
+POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "entropy",
+               "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads")
+
+
+def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
     from kgtrace.prover.run import ProverConfig
 
     defaults = ProverConfig()
     p.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
     p.add_argument("--out", required=True, help="run folder to write")
-    rules = p.add_mutually_exclusive_group(required=True)
+    rules = p.add_mutually_exclusive_group(required=not resumable)
     rules.add_argument("--rules", metavar="FILE", help="rule file (CONFIDENCE  HEAD :- BODY, or the prototype's lines)")
     rules.add_argument("--mine", action="store_true", help="mine the rules from the training triples (options below)")
     p.add_argument("--depth", type=int, default=defaults.depth, help="resolution steps a proof may take")
@@ -792,6 +834,9 @@ def add_prover_args(p: argparse.ArgumentParser) -> None:
                    help="hybrid: add this embedding run's logit to --hybrid-weight x the prover's score")
     p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight, help="the prover's weight (hybrid)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prover run in --out")
+    if resumable:
+        rules.add_argument("--resume", action="store_true",
+                           help="continue the run in --out from its latest checkpoint (only --epochs may change)")
     add_mining_args(p)
 
 
@@ -822,6 +867,8 @@ def prover_config(args: argparse.Namespace, method: str, **more: Any):
 def cmd_prove(args: argparse.Namespace) -> int:
     from kgtrace.prover.run import load_prover_run, write_prover_run
 
+    if args.action == "train":
+        return prove_train(args)
     config, rules, notes, ds = prover_config(args, args.action)
     if config.embedding_run:
         from kgtrace.prover.run import embedding_model
@@ -831,6 +878,24 @@ def cmd_prove(args: argparse.Namespace) -> int:
     print("config:", json.dumps(config.to_dict()))
     load_prover_run(out)  # the folder reads back
     print(f"wrote the {config.method} prover run {out} ({len(rules)} rules); rank it with: kgtrace evaluate {out}")
+    return 0
+
+
+def prove_train(args: argparse.Namespace) -> int:
+    from kgtrace.prover.ppo import resume_policy, train_policy
+
+    if args.resume:
+        result = resume_policy(args.out, epochs=args.epochs, progress=args.progress)
+    else:
+        more = {key: getattr(args, key) for key in POLICY_KEYS if getattr(args, key) is not None}
+        init_from = str(Path(args.init_from).resolve()) if args.init_from else ""
+        config, rules, notes, ds = prover_config(args, "policy", init_from=init_from,
+                                                 entity_embeddings=args.entity_embeddings or bool(init_from), **more)
+        print("config:", json.dumps(config.to_dict()))
+        result = train_policy(config, ds, rules, args.out, notes=notes, overwrite=args.overwrite,
+                              progress=args.progress)
+    print(f"trained {result.epochs_completed} epochs into {result.run_dir}; best validation MRR "
+          f"{result.best_valid_mrr:.4f} at epoch {result.best_epoch}; rank it with: kgtrace evaluate {result.run_dir}")
     return 0
 
 

@@ -55,14 +55,44 @@ class ProverConfig:
     device: str = "auto"
     threads: int = 0
     seed: int = 0
+    # The learned policy (method policy) and its PPO training.
+    embedding_dim: int = 64
+    entity_embeddings: bool = False  # a learned embedding per entity (else one shared; init_from sets them)
+    beam_width: int = 8  # scoring: the policy's most probable partial proofs kept per triple
+    init_from: str = ""  # an embedding run whose entity and relation embeddings start the policy's
+    epochs: int = 10  # passes over the training triples
+    chunk_queries: int = 64  # training queries per rollout batch, each with `corruptions` false ones
+    corruptions: int = 4  # K sampled false triples per training query (never a training triple)
+    negative_reward: float = 1.0  # proving a false triple is rewarded -negative_reward; a true one +1
+    lr: float = 3e-3
+    clip: float = 0.2  # PPO's clipping of the probability ratio
+    gamma: float = 1.0  # discount
+    gae_lambda: float = 0.95
+    entropy: float = 0.01  # entropy bonus
+    value_coef: float = 0.5
+    ppo_epochs: int = 2  # optimisation passes over each batch of episodes
+    minibatch: int = 1024  # steps per optimiser step
+    checkpoint_every: int = 1
+    eval_every: int = 1  # epochs between validations (0: never)
+    eval_triples: int = 200  # validation triples ranked (the first N)
+    eval_corruptions: int = 20  # against K sampled corruptions each
 
     def validate(self) -> "ProverConfig":
         problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)
-        for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0)):
+        for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0),
+                         ("embedding_dim", 1), ("beam_width", 1), ("epochs", 1), ("chunk_queries", 1), ("corruptions", 0),
+                         ("ppo_epochs", 1), ("minibatch", 1), ("checkpoint_every", 1), ("eval_every", 0),
+                         ("eval_triples", 1), ("eval_corruptions", 1)):
             if getattr(self, key) < low:
                 problems.append(f"{key}={getattr(self, key)}: must be at least {low}")
-        if self.hybrid_weight < 0:
-            problems.append(f"hybrid_weight={self.hybrid_weight}: must be 0 or more")
+        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key}={getattr(self, key)}: must be 0 or more")
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr}: must be positive")
+        if not 0 < self.clip < 1 or not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            problems.append(f"clip={self.clip}, gamma={self.gamma}, gae_lambda={self.gae_lambda}: clip must be in "
+                            "(0, 1), gamma and gae_lambda in [0, 1]")
         if problems:
             raise ConfigError(problems)
         return self
