@@ -97,6 +97,7 @@ class Trajectory(NamedTuple):
     success: Tensor  # [N]
     steps: Tensor  # [N]
     log_confidence: Tensor  # [N]
+    overflow: Tensor  # [N, 3] what the engine's shapes lost in the episode's steps: states, atoms, facts
 
 
 Policy = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -111,6 +112,7 @@ def rollout(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, n
     noise [N, max_steps, S]: Gumbel noise for sampling, zeros for the greedy policy.
     """
     env = env_reset(derive, states, excluded, max_steps, num_relations)
+    overflow = env.derived.overflow
     seen: dict[str, list[Tensor]] = {k: [] for k in Trajectory._fields[:9]}
     for t in range(max_steps):
         logits, value = policy(env.states, env.derived.states, env.derived.valid, env.derived.log_confidence)
@@ -120,9 +122,12 @@ def rollout(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, n
         for key, x in zip(seen, (env.states, env.derived.states, env.derived.valid, env.derived.log_confidence, action,
                                  step, log_prob, value, ~env.done)):
             seen[key].append(x)
+        running = ~env.done
         env = env_step(derive, env, action, max_steps, num_relations)
+        overflow = overflow + env.derived.overflow * running.unsqueeze(1)  # steps of running episodes only
     stacked = {k: torch.stack(v, 1) for k, v in seen.items()}
-    return Trajectory(**stacked, success=env.success, steps=env.steps, log_confidence=env.log_confidence)
+    return Trajectory(**stacked, success=env.success, steps=env.steps, log_confidence=env.log_confidence,
+                      overflow=overflow)
 
 
 class Beams(NamedTuple):
@@ -134,6 +139,7 @@ class Beams(NamedTuple):
     step: Tensor  # [Q, T] the engine's step ids of the best proof (-1 after its end)
     states: Tensor  # [Q, T, A, 3] the states it went through
     length: Tensor  # [Q] its steps
+    overflow: Tensor  # [Q, 3] what the engine's shapes lost in all of the query's beams: states, atoms, facts
 
 
 def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, *, width: int, max_steps: int,
@@ -157,10 +163,13 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
     best_states = visited[:, 0].clone()
     best_length = torch.zeros(Q, dtype=torch.long, device=device)
     value = None
+    overflow = torch.zeros(Q, 3, dtype=torch.long, device=device)
     rows = torch.arange(Q, device=device)
     for t in range(T):
         taken = torch.full((Q * W,), t, dtype=torch.long, device=device)
         derived = feasible(derive(beams, history, banned), taken, max_steps, num_relations)
+        live = (log_prob > float("-inf")).view(-1, 1)  # beams that hold a partial proof
+        overflow = overflow + (derived.overflow * live).view(Q, W, 3).sum(1)
         logits, values = policy(beams, derived.states, derived.valid, derived.log_confidence)
         if value is None:
             value = values.view(Q, W)[:, 0]
@@ -193,4 +202,4 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
         history = history[flat].clone()
         history[:, t + 1] = chosen
         beams, log_prob = chosen, top
-    return Beams(best > float("-inf"), best, value, best_step, best_states, best_length)
+    return Beams(best > float("-inf"), best, value, best_step, best_states, best_length, overflow)

@@ -151,7 +151,11 @@ class PolicyScorer(nn.Module):
 
     @torch.no_grad()
     def score_hrt(self, hrt: Tensor) -> Tensor:
-        parts = [beam_scores(self.search(part)) for part in hrt.cpu().split(self.batch_size)]
+        parts = []
+        for part in hrt.cpu().split(self.batch_size):
+            beams = self.search(part)
+            self.overflow += beams.overflow.sum(0).cpu()
+            parts.append(beam_scores(beams))
         return torch.cat(parts).float().to(hrt.device) if parts else torch.zeros(0, device=hrt.device)
 
     @torch.no_grad()

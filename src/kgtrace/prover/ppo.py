@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.vocab import read_vocab
@@ -38,7 +39,7 @@ from kgtrace.prover.env import Trajectory, rollout
 from kgtrace.prover.logic import query_state
 from kgtrace.prover.policy import PolicyScorer, ProofPolicy, compiled_rollout, init_from_run
 from kgtrace.prover.rules import RuleSet, read_rules
-from kgtrace.prover.run import RULES_FILE, ProverConfig, read_config, write_prover_run
+from kgtrace.prover.run import CONFIG_FILE, RULES_FILE, ProverConfig, read_config, write_prover_run
 from kgtrace.prover.search import eager_deriver
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
@@ -97,9 +98,6 @@ def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool 
         check_digests(saved, dataset.entities.digest(), dataset.relations.digest(), path)
         restore_state(state, saved)
         log(f"resuming {out} from {path.name} (epoch {state.epoch})")
-    from kgtrace.config import write_yaml
-    from kgtrace.prover.run import CONFIG_FILE
-
     write_yaml(config.to_dict(), out / CONFIG_FILE)
     return fit(state, config, dataset, engine, out, progress, log)
 
@@ -148,7 +146,7 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
         chunks = order.split(config.chunk_queries)
         for chunk in tqdm(chunks, desc=f"epoch {state.epoch + 1}/{config.epochs}", leave=False, disable=not progress):
             for key, value in iteration(state, config, dataset, engine, collect, keys, dataset.train[chunk]).items():
-                totals[key] = totals.get(key, 0.0) + value / len(chunks)
+                totals[key] = totals.get(key, 0.0) + (value if key == "overflow" else value / len(chunks))
             state.step += 1
         state.epoch += 1
         record = {"epoch": state.epoch, "step": state.step, **totals, "seconds": time.perf_counter() - started}
@@ -192,7 +190,7 @@ def iteration(state: PolicyState, config: ProverConfig, dataset: Dataset, engine
         trajectory = collect(states, excluded, noise)
     reward = torch.where(trajectory.success, torch.where(is_true, 1.0, -config.negative_reward), 0.0)
     losses = ppo_update(state, config, trajectory, reward)
-    return {"loss": losses, "reward": float(reward.mean()),
+    return {"loss": losses, "reward": float(reward.mean()), "overflow": float(trajectory.overflow.sum()),
             "proved_true": float(trajectory.success[is_true].float().mean()),
             "proved_false": float(trajectory.success[~is_true].float().mean()) if config.corruptions else 0.0}
 
@@ -303,7 +301,7 @@ def _truncate_metrics(out: Path, epoch: int) -> None:
 def _format(record: dict) -> str:
     text = (f"epoch {record['epoch']:>3}  loss {record.get('loss', 0):.4f}  reward {record.get('reward', 0):+.3f}  "
             f"proved true {record.get('proved_true', 0):.3f} false {record.get('proved_false', 0):.3f}  "
-            f"{record['seconds']:.1f}s")
+            f"overflow {record.get('overflow', 0):.0f}  {record['seconds']:.1f}s")
     if "valid_mrr" in record:
         text += f"  valid MRR {record['valid_mrr']:.4f}" + ("  (best)" if record["valid_improved"] else "")
     return text
