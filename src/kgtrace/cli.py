@@ -714,7 +714,7 @@ def add_rules_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_mining_args(p: argparse.ArgumentParser) -> None:
-    from kgtrace.prover.mining import MiningConfig
+    from kgtrace.prover.config import MiningConfig
 
     defaults = MiningConfig()
     p.add_argument("--min-support", type=int, default=defaults.min_support,
@@ -735,7 +735,7 @@ def add_mining_args(p: argparse.ArgumentParser) -> None:
 
 
 def mining_config(args: argparse.Namespace):
-    from kgtrace.prover.mining import MiningConfig
+    from kgtrace.prover.config import MiningConfig
 
     return MiningConfig(args.min_support, args.min_head_coverage, args.min_confidence, args.min_pca_confidence,
                         args.confidence, args.confidence_offset, args.max_rules_per_head, args.chains).validate()
@@ -782,7 +782,7 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
-    from kgtrace.prover.run import ProverConfig
+    from kgtrace.prover.config import ProverConfig
 
     defaults = ProverConfig()
     for key, help_text in (
@@ -815,7 +815,7 @@ POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", 
 
 
 def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
-    from kgtrace.prover.run import ProverConfig
+    from kgtrace.prover.config import ProverConfig
 
     defaults = ProverConfig()
     p.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
@@ -845,7 +845,7 @@ def prover_config(args: argparse.Namespace, method: str, **more: Any):
     from kgtrace.data.dataset import load_dataset
     from kgtrace.prover.mining import mine_rules, rule_set
     from kgtrace.prover.rules import read_rules
-    from kgtrace.prover.run import ProverConfig
+    from kgtrace.prover.config import ProverConfig
     from kgtrace.training.loop import dataset_source
 
     ds = load_dataset(args.dataset)

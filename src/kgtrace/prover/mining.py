@@ -38,45 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.errors import ConfigError
+from kgtrace.prover.config import MiningConfig
 from kgtrace.prover.logic import Atom, Rule
 from kgtrace.prover.rules import RuleSet
 
 __all__ = ["MiningConfig", "MinedRule", "mine_rules"]
-
-CONFIDENCES = ("std", "pca")
-
-
-@dataclass(frozen=True)
-class MiningConfig:
-    """Thresholds of ``kgtrace rules mine``; a rule is kept when it passes all of them."""
-
-    min_support: int = 2  # distinct (x, y) pairs the rule predicts correctly
-    min_head_coverage: float = 0.01  # support / facts of the head relation (AMIE's default)
-    min_confidence: float = 0.1  # standard confidence
-    min_pca_confidence: float = 0.0
-    confidence: str = "std"  # the measure written as the rule's confidence: std or pca
-    confidence_offset: float = 5.0  # written confidence = support / (denominator + offset): AnyBURL's damping of rare bodies
-    max_rules_per_head: int = 50  # keep each head relation's best N rules (0: all); bounds the engines' branching
-    chains: bool = True  # also mine length-2 chains (else implications and inverses only)
-
-    def validate(self) -> "MiningConfig":
-        problems = []
-        if self.min_support < 1:
-            problems.append(f"min_support={self.min_support}: must be at least 1")
-        for key in ("min_head_coverage", "min_confidence", "min_pca_confidence"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                problems.append(f"{key}={getattr(self, key)}: must be in [0, 1]")
-        if self.confidence not in CONFIDENCES:
-            problems.append(f"confidence={self.confidence!r}: must be one of {', '.join(CONFIDENCES)}")
-        if self.confidence_offset < 0:
-            problems.append(f"confidence_offset={self.confidence_offset}: must be 0 or more")
-        if self.max_rules_per_head < 0:
-            problems.append(f"max_rules_per_head={self.max_rules_per_head}: must be 0 (all) or more")
-        if problems:
-            raise ConfigError(problems)
-        return self
-
 
 @dataclass(frozen=True)
 class MinedRule:
@@ -189,12 +155,12 @@ def _body_atoms(directions: tuple[int, ...], num_relations: int) -> tuple[Atom, 
 
 
 def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
-               config: MiningConfig = MiningConfig()) -> list[MinedRule]:
+               config: MiningConfig | None = None) -> list[MinedRule]:
     """Mine rules from ``triples`` [n, 3] (h, r, t); best first: confidence, support, then body.
 
     Bodies are numbered: a for the length-1 body D_a, 2R + 2R a + b for the chain D_a D_b.
     """
-    config.validate()
+    config = (config or MiningConfig()).validate()
     graph = _Graph.of(triples, num_entities, num_relations)
     R, E = num_relations, num_entities
     blocks: list[_Block] = []
