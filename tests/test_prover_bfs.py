@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -133,3 +134,25 @@ def test_prove_refuses_bad_rules_and_existing_folders(tmp_path, capsys):
     assert main(["prove", "bfs", "--dataset", "nations", "--rules", str(good), "--out", str(tmp_path / "r")]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert main(["explain", str(tmp_path / "r"), "--self"]) == 2
+
+
+def test_report_shows_proofs_beside_tracin_explanations(full_run, tmp_path):
+    from kgtrace.report.build import build_html
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    explained = json.loads((run / "explain" / "test.json").read_text())["explanations"]
+    triples = tmp_path / "triples.tsv"
+    triples.write_text("".join(f"{e['test']['head']}\t{e['test']['relation']}\t{e['test']['tail']}\n" for e in explained))
+    prover = tmp_path / "bfs"
+    assert main(["prove", "bfs", "--dataset", "nations", "--mine", "--max-rules-per-head", "6", "--out", str(prover)]) == 0
+    assert main(["explain", str(prover), "--triples", str(triples), "--out", str(run / "explain" / "proofs.json")]) == 0
+    proofs = json.loads((run / "explain" / "proofs.json").read_text())["proofs"]
+    html = build_html(run)
+    # Each TracIn-explained triple's block holds its proof (or the prover's "no proof") beside the influences.
+    blocks = html.split('<div class="triple">')[1:]
+    assert len(blocks) == 2 * len(explained)  # the TracIn section and the proofs section
+    for block, proof in zip(blocks, proofs):
+        assert "<h3>Proof</h3>" in block and "Proponents" in block
+        assert ("resolved with" in block) == proof["proved"]
+    assert any(p["proved"] for p in proofs) and "Proofs" in html  # a proof table was drawn; the proofs have a section
