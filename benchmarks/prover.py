@@ -4,8 +4,12 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
 
 * ranking (filtered, realistic ties; test split, head and tail) against all entities and against
   100 sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps),
-  the learned policy (PPO for --epochs epochs, then its beam search), ConvE (--conve-epochs), and the
-  hybrids ConvE logit + w x prover score, w chosen on validation triples from a grid;
+  the learned policy (PPO for --epochs epochs, then its beam search of every candidate triple; its
+  proof score, confidence / noisy_or / probability, chosen on the validation triples), ConvE
+  (--conve-epochs), and the hybrids ConvE logit + w x prover score, w chosen on validation triples
+  from a grid. The policy searches each (query, entity) pair, E searches per query: with
+  --policy-test-triples N only the first N test triples are ranked for it, and BFS, ConvE and the
+  BFS hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
 * proof rates: the share of test triples, and of their sampled corruptions, that each prover proves;
 * engine speed: exhaustive provability search to --depth of --qps-queries test triples and as many
   corruptions, in queries per second, for the reference engine, the vectorised engine eager and
@@ -15,6 +19,7 @@ Each prover's scores of every test query are computed once ([queries, E] tables)
 rankings read them, so all-entity and sampled metrics rank the very same scores.
 
     python benchmarks/prover.py [--datasets nations,kinships,umls] [--threads 2] [--epochs 3] [--out FILE.json]
+        [--policy-test-triples N] [--valid-triples N] [--beam W]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
+from kgtrace.prover.policy import PolicyScorer, beam_scores
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
@@ -45,6 +51,7 @@ from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
+PROOF_SCORES = ("confidence", "noisy_or", "probability")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
@@ -76,9 +83,34 @@ def table(scorer, triples: torch.Tensor, num_relations: int, chunk: int = 64) ->
     return rows
 
 
+def policy_tables(scorer: PolicyScorer, triples: torch.Tensor, num_relations: int) -> dict[str, dict]:
+    """table() for each proof score of the policy, from one beam search of every (query, entity) pair."""
+    E = scorer.num_entities
+    queries = torch.unique(torch.cat([side_queries(triples, num_relations, s).queries for s in ("tail", "head")]), dim=0)
+    tables: dict[str, dict] = {mode: {} for mode in PROOF_SCORES}
+    for part in queries.split(max(1, scorer.batch_size // E)):
+        anchor, relation = part.repeat_interleave(E, 0).unbind(1)  # [q E] each
+        entity = torch.arange(E).repeat(len(part))
+        inverse = relation >= num_relations
+        hrt = torch.stack([torch.where(inverse, entity, anchor), torch.where(inverse, relation - num_relations, relation),
+                           torch.where(inverse, anchor, entity)], 1)  # [q E, 3], as PolicyScorer.score_t builds them
+        with torch.no_grad():
+            beams = [scorer.search(x) for x in hrt.split(scorer.batch_size)]
+        for mode in PROOF_SCORES:
+            scores = torch.cat([beam_scores(b, mode) for b in beams]).float().view(len(part), E)
+            tables[mode].update({(a, r): row for (a, r), row in zip(part.tolist(), scores)})
+    return tables
+
+
+def valid_mrr(rows: dict, ds) -> float:
+    known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    scorer = TableScorer(rows, ds.num_entities, ds.num_relations)
+    return evaluate(scorer, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
+
+
 def metrics(scorer, ds, corruptions: int) -> dict:
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
-    m = evaluate(scorer, ds.test, known=known, candidates=Candidates(corruptions))["both"]["realistic"]
+    m = evaluate(scorer, TEST[0], known=known, candidates=Candidates(corruptions))["both"]["realistic"]
     return {k: round(m[k], 4) for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10")}
 
 
@@ -87,13 +119,13 @@ def proof_rates(rows: dict, ds, proved_above: float, corruptions: int = 100) -> 
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
     true_proved, false_proved, false_total = 0, 0, 0
     for side in ("tail", "head"):
-        sq = side_queries(ds.test, ds.num_relations, side)
+        sq = side_queries(TEST[0], ds.num_relations, side)
         sampled = sample_corruptions(sq, known, ds.num_entities, num_corruptions=corruptions, seed=0)
         scores = torch.stack([rows[(a, r)] for a, r in sq.queries.tolist()])  # [Q, E]
         true_proved += int((scores.gather(1, sq.answers.unsqueeze(1)) > proved_above).sum())
         false_proved += int((scores[sampled.rows, sampled.entities] > proved_above).sum())
         false_total += len(sampled.rows)
-    return {"true": round(true_proved / (2 * len(ds.test)), 4), "corruptions": round(false_proved / false_total, 4)}
+    return {"true": round(true_proved / (2 * len(TEST[0])), 4), "corruptions": round(false_proved / false_total, 4)}
 
 
 def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
@@ -120,7 +152,8 @@ def hybrid(prover_rows: dict, prover_valid: dict, conve, ds) -> dict:
     return {"weight": w, "valid_mrr": round(best[1], 4), **result}
 
 
-VALID: list = [None]  # the validation triples the hybrid weight is chosen on
+VALID: list = [None]  # the validation triples the hybrid weight (and the policy's proof score) is chosen on
+TEST: list = [None]  # the test triples ranked
 
 
 def engine_speed(ds, rules, depth: int, n: int, threads: int) -> dict:
@@ -159,7 +192,7 @@ def engine_speed(ds, rules, depth: int, n: int, threads: int) -> dict:
 def run_dataset(name: str, args, work: Path) -> dict:
     log = lambda *a: print(f"[{name}]", *a, file=sys.stderr, flush=True)  # noqa: E731
     ds = load_dataset(name)
-    VALID[0] = ds.valid[: args.valid_triples]
+    VALID[0], TEST[0] = ds.valid[: args.valid_triples], ds.test
     mining = MiningConfig()
     mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, mining)
     rules = rule_set(mined, ds.num_relations)
@@ -181,11 +214,24 @@ def run_dataset(name: str, args, work: Path) -> dict:
     config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
                           beam_width=args.beam, threads=args.threads, eval_triples=100)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
-    policy = load_prover_run(trained.run_dir).model
-    policy_rows, policy_valid = table(policy, ds.test, ds.num_relations), table(policy, VALID[0], ds.num_relations)
+    train_seconds = time.perf_counter() - started
+    run = load_prover_run(trained.run_dir)
+    scorer = PolicyScorer(run.model.policy, run.model.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
+                          compile=args.compile_policy)
+    subset = ds.test[: args.policy_test_triples] if args.policy_test_triples else ds.test
+    valid_tables = policy_tables(scorer, VALID[0], ds.num_relations)
+    valid_mrrs = {mode: round(valid_mrr(rows, ds), 4) for mode, rows in valid_tables.items()}
+    mode = max(PROOF_SCORES, key=lambda m: valid_mrrs[m])  # first listed wins a tie
+    policy_rows, policy_valid = policy_tables(scorer, subset, ds.num_relations)[mode], valid_tables[mode]
+    TEST[0] = subset
     result["policy"] = {"epochs": args.epochs, "beam_width": args.beam, "best_valid_mrr": round(trained.best_valid_mrr, 4),
-                        **evaluate_rows(policy_rows, ds, 1.0), "seconds": round(time.perf_counter() - started, 1)}
+                        "test_triples": len(subset), "proof_score": mode, "valid_mrr_by_proof_score": valid_mrrs,
+                        **evaluate_rows(policy_rows, ds, 1.0), "train_seconds": round(train_seconds, 1),
+                        "seconds": round(time.perf_counter() - started, 1)}
     log("policy", result["policy"])
+    if len(subset) < len(ds.test):
+        result["bfs_policy_subset"] = evaluate_rows(bfs_rows, ds, 0.0)
+    TEST[0] = ds.test
 
     started = time.perf_counter()
     conve_dir = work / f"{name}-conve"
@@ -197,7 +243,13 @@ def run_dataset(name: str, args, work: Path) -> dict:
                        "seconds": round(time.perf_counter() - started, 1)}
     del result["conve"]["proof_rate"]
     result["hybrid_bfs_conve"] = hybrid(bfs_rows, bfs_valid, conve, ds)
+    TEST[0] = subset
+    if len(subset) < len(ds.test):
+        result["conve_policy_subset"] = evaluate_rows(conve_rows, ds, float("inf"))
+        del result["conve_policy_subset"]["proof_rate"]
+        result["hybrid_bfs_conve_policy_subset"] = hybrid(bfs_rows, bfs_valid, conve, ds)
     result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, conve, ds)
+    TEST[0] = ds.test
     log("conve", result["conve"], "hybrids", result["hybrid_bfs_conve"], result["hybrid_policy_conve"])
     return result
 
@@ -209,6 +261,11 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="PPO epochs of the policy")
     parser.add_argument("--beam", type=int, default=4, help="the policy's beam width when scoring")
+    parser.add_argument("--policy-test-triples", type=int, default=0,
+                        help="rank only the first N test triples for the policy (0: all); the others also on them")
+    parser.add_argument("--policy-batch", type=int, default=512, help="ground searches per policy beam batch")
+    parser.add_argument("--no-compile-policy", dest="compile_policy", action="store_false",
+                        help="run the policy's beam search eagerly (else one compiled graph)")
     parser.add_argument("--conve-epochs", type=int, default=100)
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
     parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")

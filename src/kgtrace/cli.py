@@ -792,6 +792,7 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
         ("lr", "Adam learning rate"),
         ("embedding_dim", "width of the policy's embeddings"),
         ("beam_width", "partial proofs the policy keeps per triple when scoring"),
+        ("proof_score", "a proved triple's tie-break: confidence (best proof's rules), noisy_or or probability"),
         ("entropy", "entropy bonus"),
         ("negative_reward", "penalty for proving a false triple"),
         ("ppo_epochs", "optimisation passes over each batch of episodes"),
@@ -810,8 +811,8 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
 
 
-POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "entropy",
-               "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads")
+POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "proof_score",
+               "entropy", "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads")
 
 
 def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:

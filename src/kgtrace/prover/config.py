@@ -13,6 +13,7 @@ __all__ = ["MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
 METHODS = ("bfs", "policy")
+PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -69,6 +70,7 @@ class ProverConfig:
     embedding_dim: int = 64
     entity_embeddings: bool = False  # a learned embedding per entity (else one shared; init_from sets them)
     beam_width: int = 8  # scoring: the policy's most probable partial proofs kept per triple
+    proof_score: str = "confidence"  # a proved triple's tie-break: best proof's confidence (max+), noisy_or, probability
     init_from: str = ""  # an embedding run whose entity and relation embeddings start the policy's
     epochs: int = 10  # passes over the training triples
     chunk_queries: int = 64  # training queries per rollout batch, each with `corruptions` false ones
@@ -89,6 +91,7 @@ class ProverConfig:
 
     def validate(self) -> "ProverConfig":
         problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)
+        problems += choice_problems(self, "proof_score", PROOF_SCORES)
         for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0),
                          ("embedding_dim", 1), ("beam_width", 1), ("epochs", 1), ("chunk_queries", 1), ("corruptions", 0),
                          ("ppo_epochs", 1), ("minibatch", 1), ("checkpoint_every", 1), ("eval_every", 0),

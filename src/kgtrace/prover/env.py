@@ -100,9 +100,9 @@ class Trajectory(NamedTuple):
     overflow: Tensor  # [N, 3] what the engine's shapes lost in the episode's steps: states, atoms, facts
 
 
-Policy = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-"""(states [N, A, 3], derived [N, S, A, 3], valid [N, S], step log confidences [N, S]) -> (masked logits [N, S],
-value [N])."""
+Policy = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+"""(states [N, A, 3], derived [N, S, A, 3], valid [N, S], step log confidences [N, S], excluded facts [N, 3])
+-> (masked logits [N, S], value [N])."""
 
 
 def rollout(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, noise: Tensor, *, max_steps: int,
@@ -115,7 +115,8 @@ def rollout(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, n
     overflow = env.derived.overflow
     seen: dict[str, list[Tensor]] = {k: [] for k in Trajectory._fields[:9]}
     for t in range(max_steps):
-        logits, value = policy(env.states, env.derived.states, env.derived.valid, env.derived.log_confidence)
+        logits, value = policy(env.states, env.derived.states, env.derived.valid, env.derived.log_confidence,
+                               env.excluded)
         action = torch.argmax(logits + noise[:, t], dim=1)
         log_prob = torch.log_softmax(logits, dim=1).gather(1, action.unsqueeze(1)).squeeze(1)
         step = env.derived.action.gather(1, action.unsqueeze(1)).squeeze(1)
@@ -131,23 +132,28 @@ def rollout(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, n
 
 
 class Beams(NamedTuple):
-    """The result of a beam search per query [Q]: its best proof, if any."""
+    """The result of a beam search per query [Q]: its most probable proof, if any, and what all found proofs say."""
 
     success: Tensor  # [Q] bool
-    log_prob: Tensor  # [Q] log probability of the best proof found (-inf: none)
+    log_prob: Tensor  # [Q] log probability of the most probable proof found (-inf: none)
     value: Tensor  # [Q] the policy's value of the start state
-    step: Tensor  # [Q, T] the engine's step ids of the best proof (-1 after its end)
+    step: Tensor  # [Q, T] the engine's step ids of the most probable proof (-1 after its end)
     states: Tensor  # [Q, T, A, 3] the states it went through
     length: Tensor  # [Q] its steps
     overflow: Tensor  # [Q, 3] what the engine's shapes lost in all of the query's beams: states, atoms, facts
+    log_confidence: Tensor  # [Q] the most confident proof found: sum of its rules' log confidences (-inf: none)
+    support: Tensor  # [Q] noisy-or over the first steps of the found proofs of the best confidence through each
 
 
 def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, *, width: int, max_steps: int,
                 num_relations: int) -> Beams:
-    """Keep the ``width`` most probable partial proofs of each query for max_steps steps; note the best proof.
+    """Keep the ``width`` most probable partial proofs of each query for max_steps steps; note the proofs found.
 
-    A beam that reaches a proof leaves the beam (it is recorded); fixed shapes throughout:
-    [Q W] states per step, a top-k over [Q, W S] candidates.
+    A beam that reaches a proof leaves the beam (it is recorded): the most probable proof
+    found, the most confident one (rule confidences multiplied), and for each first step
+    (derived state of the query) the most confident proof through it, aggregated by noisy-or:
+    1 - prod(1 - c) (AnyBURL's aggregation over rules: groundings of one rule count once).
+    Fixed shapes throughout: [Q W] states per step, a top-k over [Q, W S] candidates.
     """
     Q, A = states.shape[:2]
     W, T, device = width, max_steps, states.device
@@ -156,6 +162,9 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
     banned = excluded.repeat_interleave(W, 0)
     log_prob = torch.full((Q, W), float("-inf"), device=device)
     log_prob[:, 0] = 0.0  # one live beam at the start
+    confidence = torch.zeros(Q, W, device=device)  # log confidence of each beam's rules so far
+    first = torch.zeros(Q, W, dtype=torch.long, device=device)  # each beam's first step: a slot of the query's
+    by_first = None  # [Q, S]: best log confidence of a proof through each first step
     steps = torch.full((Q, W, T), -1, dtype=torch.long, device=device)
     visited = beams.view(Q, W, 1, A, 3).repeat(1, 1, T, 1, 1)
     best = torch.full((Q,), float("-inf"), device=device)
@@ -170,14 +179,22 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
         derived = feasible(derive(beams, history, banned), taken, max_steps, num_relations)
         live = (log_prob > float("-inf")).view(-1, 1)  # beams that hold a partial proof
         overflow = overflow + (derived.overflow * live).view(Q, W, 3).sum(1)
-        logits, values = policy(beams, derived.states, derived.valid, derived.log_confidence)
+        logits, values = policy(beams, derived.states, derived.valid, derived.log_confidence, banned)
+        S = logits.shape[1]
         if value is None:
             value = values.view(Q, W)[:, 0]
-        S = logits.shape[1]
+            by_first = torch.full((Q, S), float("-inf"), device=device)
         candidate = log_prob.view(-1, 1) + torch.log_softmax(logits, 1)  # [Q W, S]
         candidate = candidate.masked_fill(~derived.valid, float("-inf")).view(Q, W * S)
         proved = (_goals(derived.states, num_relations) == 0).view(Q, W * S)
-        # The best proof completed at this step, if better than the best so far.
+        # The candidates' rule confidences and first steps (at t = 0 the candidate is the first step).
+        candidate_confidence = (confidence.view(-1, 1) + derived.log_confidence).view(Q, W * S)
+        slots = torch.arange(S, device=device).view(1, 1, S).expand(Q, W, S)
+        candidate_first = (slots if t == 0 else first.view(Q, W, 1).expand(Q, W, S)).reshape(Q, W * S)
+        found = proved & (candidate > float("-inf"))
+        found_confidence = torch.where(found, candidate_confidence, float("-inf"))
+        by_first = by_first.scatter_reduce(1, candidate_first, found_confidence, "amax")
+        # The most probable proof completed at this step, if better than the best so far.
         proof_score, proof_at = torch.where(proved, candidate, float("-inf")).max(1)
         better = proof_score > best
         beam, slot = proof_at // S, proof_at % S
@@ -201,5 +218,8 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
         visited[:, :, t] = chosen.view(Q, W, A, 3)
         history = history[flat].clone()
         history[:, t + 1] = chosen
+        confidence, first = candidate_confidence.gather(1, index), candidate_first.gather(1, index)
         beams, log_prob = chosen, top
-    return Beams(best > float("-inf"), best, value, best_step, best_states, best_length, overflow)
+    support = 1.0 - torch.log1p(-by_first.exp()).sum(1).exp()  # exp(-inf) = 0: a first step with no proof adds 0
+    return Beams(best > float("-inf"), best, value, best_step, best_states, best_length, overflow,
+                 by_first.max(1).values, support)

@@ -4,7 +4,9 @@
 ``relu(W [relation; arg1; arg2] + status)`` from relation and term embeddings (entities, and
 one embedding per variable number) and an embedding of its status: it has a variable, it is a
 ground fact, or it is ground and no fact (a one-step look-up in the sorted fact keys, which
-tells a state one fact step from a proof apart); a state is the sum of its atoms'; a derived state's logit is
+tells a state one fact step from a proof apart; the episode's excluded fact, a training
+query's own triple, counts as no fact, so that a training query looks like a test query and
+not like a known fact); a state is the sum of its atoms'; a derived state's logit is
 its embedding against a projection of the current state's, plus a learned weight times the
 log confidence of the rule the step used (initially 1: at first the policy prefers confident
 rules, as the best-proof search does) and a learned bias for states that are proofs; invalid
@@ -14,8 +16,10 @@ trained kgtrace embedding run (:func:`init_from_run`).
 
 :class:`PolicyScorer` fulfils the Scorer protocol with a policy-guided beam search of each
 ground query (:func:`kgtrace.prover.env.beam_search`; width 1 follows the policy's most
-probable step): a proved triple scores ``1 + p`` with p the probability of the best proof
-found (its tie-break), an unproved one the value of its start state, below every proved one.
+probable step): a proved triple scores above 1, by default ``1 + c + 0.001 n`` with c the
+confidence of the most confident proof found and n the noisy-or over its first steps' best
+proofs (``proof_score="noisy_or"``: ``1 + n``; ``"probability"``: ``1 + p``, p the probability of the most probable
+proof found); an unproved one scores the value of its start state, below every proved one.
 """
 
 from __future__ import annotations
@@ -65,29 +69,58 @@ class ProofPolicy(nn.Module):
         nn.init.normal_(self.terms.weight, std=dim ** -0.5)
         nn.init.normal_(self.relations.weight, std=dim ** -0.5)
 
-    def embed(self, states: Tensor) -> Tensor:
-        """States [..., A, 3] -> [..., dim]: the sum of their atoms' embeddings (padding adds nothing)."""
+    def embed(self, states: Tensor, excluded: Tensor) -> Tensor:
+        """States [N, ..., A, 3] -> [N, ..., dim]: the sum of their atoms' embeddings (padding adds nothing).
+
+        An atom is relu(W [relation; arg1; arg2] + b + status). W splits into three [dim, dim]
+        blocks, so each table is projected once and an atom is a sum of three looked-up rows:
+        the same value as the concatenation through the linear layer (:meth:`embed_reference`),
+        without a [..., A, 3 dim] x [3 dim, dim] product per atom (the beam search's cost).
+        """
+        relation, terms = self._ids(states)
+        w_relation, w_first, w_second = self.atom.weight.split(self.atom.weight.shape[1] // 3, 1)  # [dim, dim] each
+        first = self.terms.weight @ w_first.T  # [E + V, dim]: each term as a first argument
+        second = self.terms.weight @ w_second.T
+        pre = ((self.relations.weight @ w_relation.T + self.atom.bias)[relation] + first[terms[..., 0]]
+               + second[terms[..., 1]] + self.status(self._status(states, excluded)))  # [N, ..., A, dim]
+        real = (relation <= self.num_relations).unsqueeze(-1)  # goals and the answer atom
+        return (torch.relu(pre) * real).sum(-2)
+
+    def embed_reference(self, states: Tensor, excluded: Tensor) -> Tensor:
+        """:meth:`embed` as written: each atom's concatenated embeddings through the linear layer."""
+        relation, terms = self._ids(states)
+        atoms = torch.cat([self.relations(relation), self.terms(terms).flatten(-2)], -1)  # [..., A, 3 dim]
+        real = (relation <= self.num_relations).unsqueeze(-1)
+        return (torch.relu(self.atom(atoms) + self.status(self._status(states, excluded))) * real).sum(-2)
+
+    def _ids(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """(relation ids [..., A], term ids [..., A, 2]) into the embedding tables."""
         relation = states[..., 0].clamp(0, self.num_relations + 1)
         terms = states[..., 1:].clamp(0, self.num_entities + self.num_variables - 1)
         if not self.entity_embeddings:
             terms = torch.where(terms < self.num_entities, 0, terms)  # one shared embedding: entity 0's row
-        atoms = torch.cat([self.relations(relation), self.terms(terms).flatten(-2)], -1)  # [..., A, 3 dim]
-        real = (relation <= self.num_relations).unsqueeze(-1)  # goals and the answer atom
-        return (torch.relu(self.atom(atoms) + self.status(self._status(states))) * real).sum(-2)
+        return relation, terms
 
-    def _status(self, states: Tensor) -> Tensor:
-        """[..., A]: 0 an atom with a variable (or not a goal), 1 a ground fact, 2 ground and not a fact."""
+    def _status(self, states: Tensor, excluded: Tensor) -> Tensor:
+        """[..., A]: 0 an atom with a variable (or not a goal), 1 a ground fact, 2 ground and not a fact.
+
+        excluded [N, 3] (r, h, t) per row of states [N, ..., A, 3]: no fact for that row (-1s: none).
+        Without it a training query, whose own triple is a fact, would be told apart from every
+        test query and corruption by its status alone (the policy learned to prove "facts" only).
+        """
         E = self.num_entities
         relation, a, b = states.unbind(-1)
         ground = (relation < self.num_relations) & (a < E) & (b < E)
         key = (relation.clamp(0, self.num_relations - 1) * E + a.clamp(0, E - 1)) * E + b.clamp(0, E - 1)
         position = torch.searchsorted(self.fact_keys, key.reshape(-1)).view_as(key).clamp(max=len(self.fact_keys) - 1)
-        is_fact = self.fact_keys[position] == key
+        banned = excluded.view(excluded.shape[0], *([1] * (states.dim() - 2)), 3)  # [N, 1.., 3] against [N, .., A, 3]
+        is_fact = (self.fact_keys[position] == key) & ~(states == banned).all(-1)
         return torch.where(ground, torch.where(is_fact, 1, 2), 0)
 
-    def forward(self, states: Tensor, derived: Tensor, valid: Tensor, log_confidence: Tensor) -> tuple[Tensor, Tensor]:
-        current = self.embed(states)  # [N, D]
-        options = self.embed(derived)  # [N, S, D]
+    def forward(self, states: Tensor, derived: Tensor, valid: Tensor, log_confidence: Tensor,
+                excluded: Tensor) -> tuple[Tensor, Tensor]:
+        current = self.embed(states, excluded)  # [N, D]
+        options = self.embed(derived, excluded)  # [N, S, D]
         logits = (options @ self.query(current).unsqueeze(-1)).squeeze(-1) / math.sqrt(current.shape[-1])  # [N, S]
         proved = (derived[..., 0] < self.num_relations).sum(-1) == 0
         logits = logits + self.proved_bias * proved + self.confidence_weight * log_confidence
@@ -120,18 +153,31 @@ def init_from_run(policy: ProofPolicy, run_dir: str | Path, dataset) -> str:
     return f"entity and relation embeddings from {run_dir}"
 
 
-def beam_scores(beams: Beams) -> Tensor:
-    """1 + probability of the best proof found; else the start state's value (in (-1, 1))."""
-    return torch.where(beams.success, 1.0 + beams.log_prob.exp(), beams.value)
+SUPPORT_WEIGHT = 1e-3  # the noisy-or's share of a "confidence" score: a tie-break among equal best confidences
+
+
+def beam_scores(beams: Beams, proof_score: str = "confidence") -> Tensor:
+    """A proved triple's score in (1, 2.001], an unproved one's the start state's value (in (-1, 1)).
+
+    proof_score "confidence": 1 + the best found proof's confidence + SUPPORT_WEIGHT x the
+    noisy-or over the best proofs through each first step (AnyBURL's max+ ranking in one
+    number: the best rule decides, the others break its ties). "noisy_or": 1 + that noisy-or
+    (every first step's evidence adds up). "probability": 1 + the probability of the most
+    probable proof found.
+    """
+    proved = {"confidence": lambda: 1.0 + beams.log_confidence.exp() + SUPPORT_WEIGHT * beams.support,
+              "noisy_or": lambda: 1.0 + beams.support, "probability": lambda: 1.0 + beams.log_prob.exp()}
+    return torch.where(beams.success, proved[proof_score](), beams.value)
 
 
 class PolicyScorer(nn.Module):
     """Policy-guided beam search of ground queries as scores (see the module docstring)."""
 
     def __init__(self, policy: ProofPolicy, engine: VectorEngine, max_steps: int, derive: Deriver | None = None, *,
-                 width: int = 1, batch_size: int = 1024, compile: bool = False):
+                 width: int = 1, proof_score: str = "confidence", batch_size: int = 1024, compile: bool = False):
         super().__init__()
         self.policy, self.engine, self.max_steps, self.width = policy, engine, max_steps, width
+        self.proof_score = proof_score
         self.derive = derive or eager_deriver(engine)
         self.batch_size = batch_size
         self.num_entities, self.num_relations = engine.num_entities, engine.num_relations
@@ -155,7 +201,7 @@ class PolicyScorer(nn.Module):
         for part in hrt.cpu().split(self.batch_size):
             beams = self.search(part)
             self.overflow += beams.overflow.sum(0).cpu()
-            parts.append(beam_scores(beams))
+            parts.append(beam_scores(beams, self.proof_score))
         return torch.cat(parts).float().to(hrt.device) if parts else torch.zeros(0, device=hrt.device)
 
     @torch.no_grad()
@@ -216,7 +262,8 @@ def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, der
     policy = ProofPolicy(dataset.num_entities, dataset.num_relations, engine.num_variables, config.embedding_dim,
                          engine.keys_head, config.entity_embeddings)
     policy.load_state_dict(state["policy_state"])
-    return PolicyScorer(policy.to(device).eval(), engine, config.depth, derive, width=config.beam_width)
+    return PolicyScorer(policy.to(device).eval(), engine, config.depth, derive, width=config.beam_width,
+                        proof_score=config.proof_score)
 
 
 def policy_proof(run, triple: tuple[int, int, int]):

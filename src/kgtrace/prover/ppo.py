@@ -189,7 +189,7 @@ def iteration(state: PolicyState, config: ProverConfig, dataset: Dataset, engine
     with torch.no_grad():
         trajectory = collect(states, excluded, noise)
     reward = torch.where(trajectory.success, torch.where(is_true, 1.0, -config.negative_reward), 0.0)
-    losses = ppo_update(state, config, trajectory, reward)
+    losses = ppo_update(state, config, trajectory, reward, excluded)
     return {"loss": losses, "reward": float(reward.mean()), "overflow": float(trajectory.overflow.sum()),
             "proved_true": float(trajectory.success[is_true].float().mean()),
             "proved_false": float(trajectory.success[~is_true].float().mean()) if config.corruptions else 0.0}
@@ -248,8 +248,9 @@ def advantages(trajectory: Trajectory, reward: Tensor, gamma: float, lam: float)
     return advantage, advantage + value
 
 
-def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory, reward: Tensor) -> float:
-    """PPO's clipped objective over the acted steps; returns the mean loss."""
+def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory, reward: Tensor,
+               excluded: Tensor) -> float:
+    """PPO's clipped objective over the acted steps; returns the mean loss. excluded [N, 3]: each episode's."""
     advantage, returns = advantages(trajectory, reward, config.gamma, config.gae_lambda)
     row, t = torch.nonzero(trajectory.acted, as_tuple=True)
     if len(row) == 0:
@@ -258,13 +259,13 @@ def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory,
     adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
     samples = (trajectory.states[row, t], trajectory.derived[row, t], trajectory.valid[row, t],
                trajectory.rule_log_confidence[row, t], trajectory.action[row, t], trajectory.log_prob[row, t], adv,
-               returns[row, t])
+               returns[row, t], excluded[row])
     total, count = 0.0, 0
     state.policy.train()
     for _ in range(config.ppo_epochs):
         for index in torch.randperm(len(row), generator=state.sampler).split(config.minibatch):
-            states, derived, valid, confidence, action, old_log_prob, adv, ret = (x[index] for x in samples)
-            logits, value = state.policy(states, derived, valid, confidence)
+            states, derived, valid, confidence, action, old_log_prob, adv, ret, banned = (x[index] for x in samples)
+            logits, value = state.policy(states, derived, valid, confidence, banned)
             log_probs = torch.log_softmax(logits, 1)
             ratio = (log_probs.gather(1, action.unsqueeze(1)).squeeze(1) - old_log_prob).exp()
             surrogate = torch.min(ratio * adv, ratio.clamp(1 - config.clip, 1 + config.clip) * adv)
@@ -281,7 +282,7 @@ def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory,
 
 def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: VectorEngine,
               known: AnswerIndex) -> dict:
-    scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width)
+    scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width, proof_score=config.proof_score)
     metrics = evaluate(scorer, dataset.valid[: config.eval_triples], known=known,
                        candidates=Candidates(config.eval_corruptions, seed=config.seed))["both"]["realistic"]
     improved = metrics["mrr"] > state.best_mrr
