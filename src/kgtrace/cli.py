@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
          "a PyKEEN ConvE, DistMult or ComplEx (pipeline folder or checkpoints) as a kgtrace run with equal scores"),
         ("export-pykeen", add_export_pykeen_args, cmd_export_pykeen,
          "a kgtrace run as files PyKEEN loads (triples factories and state dicts) with equal scores"),
+        ("rules", add_rules_args, cmd_rules, "Horn rules for the prover: mine them from a dataset's training triples"),
+        ("prove", add_prove_args, cmd_prove,
+         "a rule prover run (exhaustive search, or a learned policy), ranked by kgtrace evaluate like any run"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -302,6 +305,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.compile import logged_compilation
     from kgtrace.evaluation.evaluate import Candidates, metrics_of
     from kgtrace.evaluation.sharded import rank_queries_sharded
+    from kgtrace.prover.run import is_prover_run, load_prover_run
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
@@ -315,12 +319,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems)
     device = resolve_device(args.device)
-    run = load_run(args.run_dir, args.checkpoint, device=device)
+    prover = is_prover_run(args.run_dir)
+    if prover and args.world.distributed:
+        raise KgtraceError(f"{args.run_dir}: a prover run is evaluated in one process (its overflow counts are "
+                           "per process). Fix: run this command without torchrun")
+    # A prover run compiles its engine's step (--compile, or its own setting); ranking itself runs eagerly.
+    run = (load_prover_run(args.run_dir, args.checkpoint, device, compile=args.compile) if prover
+           else load_run(args.run_dir, args.checkpoint, device=device))
     ds = run.dataset
     if not len(getattr(ds, args.split)):
         raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
                            "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
-    compile_ = device.type == "cuda" if args.compile is None else args.compile
+    compile_ = not prover and (device.type == "cuda" if args.compile is None else args.compile)
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
     with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
@@ -328,6 +338,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
+    if prover:
+        from kgtrace.prover.scorer import prover_report
+
+        metrics["prover"] = prover_report(run.model)
+        print(f"prover: {json.dumps(metrics['prover'])}")
     if args.world.is_main:
         write_outputs(args, run, ranks, metrics)
     print_metrics(metrics, args.split)
@@ -531,8 +546,15 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.attribution import TracIn, report
     from kgtrace.compile import logged_compilation
+    from kgtrace.prover.run import is_prover_run
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
+
+    if is_prover_run(args.run_dir):
+        if args.world.distributed:
+            raise KgtraceError(f"{args.run_dir}: a prover run's proofs are found in one process. "
+                               "Fix: run this command without torchrun")
+        return explain_prover_run(args)
 
     problems = [f"--{key} {value}: must be at least 1" for key, value in (("top-k", args.top_k), ("top-n", args.top_n))
                 if value < 1]
@@ -589,6 +611,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"wrote {len(items)} explanations (JSON + TSV each) into {args.out_dir}")
     else:
         print(f"wrote {out} and {report.write_explanations(items, out)}")
+    return 0
+
+
+def explain_prover_run(args: argparse.Namespace) -> int:
+    """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
+    from kgtrace.prover.explain import explain_proofs, print_proofs
+    from kgtrace.prover.run import load_prover_run
+    from kgtrace.training.loop import resolve_device
+
+    if args.self_influence or args.predict or args.index or args.out_dir:
+        raise ConfigError(["a prover run explains triples by their proofs; fix: use --triple, --triples or --test "
+                           "(--self, --predict, --index and --out-dir are for embedding runs)"])
+    out = Path(args.out) if args.out else Path(args.run_dir) / "explain.json"
+    check_json_out(out)
+    run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
+    items = explain_proofs(run, explain_targets(args, run))
+    print_proofs(items)
+    write_json({"proofs": items}, out)
+    print(f"wrote {out}")
     return 0
 
 
@@ -823,6 +864,210 @@ def cmd_export_pykeen(args: argparse.Namespace) -> int:
     from kgtrace.interop.pykeen_export import export_pykeen
 
     print(export_pykeen(args.run_dir, args.out, checkpoint=args.checkpoint, overwrite=args.overwrite).summary())
+    return 0
+
+
+# ----------------------------------------------------------------------------- rules (the prover's)
+
+
+def add_rules_args(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
+    mine = actions.add_parser("mine", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                              help="mine implication, inverse and length-2 chain rules (AMIE's measures)",
+                              description="Mine r(X,Y) :- s(X,Y), r(X,Y) :- s(Y,X) and r(X,Y) :- s(.,.), t(.,.) "
+                                          "(every direction) from the training triples, with support, head coverage, "
+                                          "standard and PCA confidence; write them best first, one per line: "
+                                          "CONFIDENCE  HEAD :- BODY  # measures")
+    mine.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
+    mine.add_argument("--out", required=True, metavar="FILE", help="rule file to write")
+    add_mining_args(mine)
+    mine.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+
+
+def add_mining_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.config import MiningConfig
+
+    defaults = MiningConfig()
+    p.add_argument("--min-support", type=int, default=defaults.min_support,
+                   help="distinct (x, y) pairs a rule must predict correctly")
+    p.add_argument("--min-head-coverage", type=float, default=defaults.min_head_coverage,
+                   help="support / facts of the head relation")
+    p.add_argument("--min-confidence", type=float, default=defaults.min_confidence, help="standard confidence")
+    p.add_argument("--min-pca-confidence", type=float, default=defaults.min_pca_confidence,
+                   help="PCA confidence (AMIE's partial completeness assumption)")
+    p.add_argument("--confidence", choices=("std", "pca"), default=defaults.confidence,
+                   help="the measure written as each rule's confidence")
+    p.add_argument("--confidence-offset", type=float, default=defaults.confidence_offset,
+                   help="written confidence = support / (denominator + offset), damping rules with rare bodies "
+                        "(AnyBURL's default 5; 0: AMIE's measure itself)")
+    p.add_argument("--max-rules-per-head", type=int, default=defaults.max_rules_per_head,
+                   help="keep each head relation's best N rules (0: all); bounds the prover's branching")
+    p.add_argument("--no-chains", dest="chains", action="store_false", help="mine implications and inverses only")
+
+
+def mining_config(args: argparse.Namespace):
+    from kgtrace.prover.config import MiningConfig
+
+    return MiningConfig(args.min_support, args.min_head_coverage, args.min_confidence, args.min_pca_confidence,
+                        args.confidence, args.confidence_offset, args.max_rules_per_head, args.chains).validate()
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.prover.mining import mine_rules
+    from kgtrace.prover.rules import write_rules
+
+    config = mining_config(args)
+    if Path(args.out).exists() and not args.overwrite:
+        raise KgtraceError(f"--out {args.out}: the file exists. Fix: pass --overwrite, or choose another name")
+    ds = load_dataset(args.dataset)
+    mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, config)
+    header = [f"kgtrace rules mine --dataset {args.dataset}: {len(mined)} rules from {len(ds.train)} training triples",
+              "settings: " + json.dumps(config.__dict__), "CONFIDENCE  HEAD :- BODY  # measures"]
+    write_rules(args.out, [m.rule for m in mined], ds.relations.labels, [m.note() for m in mined], header)
+    heads = len({m.rule.head for m in mined})
+    print(f"wrote {len(mined)} rules for {heads} of {ds.num_relations} relations into {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- prove
+
+
+def add_prove_args(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
+    bfs = actions.add_parser("bfs", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                             help="the non-learned prover: a triple's score is its best proof's confidence",
+                             description="Write a prover run that scores a triple by exhaustive proof search to "
+                                         "--depth steps: the product of the confidences of the rules of its best "
+                                         "proof, 0 without one. Rank it with kgtrace evaluate RUN.")
+    add_prover_args(bfs)
+    train = actions.add_parser("train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                               help="learn a proof policy with PPO over training triples and sampled false ones",
+                               description="Write a prover run and train its policy (PPO: clipped objective, GAE, "
+                                           "entropy bonus) to prove training triples (each without itself as a "
+                                           "fact) and not their sampled corruptions; --depth is the steps of an "
+                                           "episode. A triple's score is the best proof its policy-guided beam "
+                                           "search finds. --resume continues the run in --out.")
+    add_prover_args(train, resumable=True)
+    add_policy_args(train)
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.config import ProverConfig
+
+    defaults = ProverConfig()
+    for key, help_text in (
+        ("epochs", "passes over the training triples"),
+        ("chunk_queries", "training triples per rollout batch"),
+        ("corruptions", "sampled false triples per training triple (K)"),
+        ("lr", "Adam learning rate"),
+        ("embedding_dim", "width of the policy's embeddings"),
+        ("beam_width", "partial proofs the policy keeps per triple when scoring"),
+        ("proof_score", "a proved triple's tie-break: confidence (best proof's rules), noisy_or or probability"),
+        ("entropy", "entropy bonus"),
+        ("negative_reward", "penalty for proving a false triple"),
+        ("ppo_epochs", "optimisation passes over each batch of episodes"),
+        ("eval_triples", "validation triples ranked after each epoch"),
+        ("eval_corruptions", "sampled corruptions each validation triple is ranked against"),
+        ("seed", "random seed"),
+        ("threads", "CPU threads for torch (0: torch's default)"),
+    ):
+        default = getattr(defaults, key)
+        p.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
+                       help=f"{help_text} (default: {default})")
+    p.add_argument("--init-from", default="", metavar="RUN",
+                   help="start the policy's entity and relation embeddings from this embedding run")
+    p.add_argument("--entity-embeddings", action="store_true",
+                   help="learn one embedding per entity (default: entities share one; set by --init-from)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+
+
+POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "proof_score",
+               "entropy", "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads")
+
+
+def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
+    from kgtrace.prover.config import ProverConfig
+
+    defaults = ProverConfig()
+    p.add_argument("--dataset", default="umls", help=TRAIN_HELP["dataset"])
+    p.add_argument("--out", required=True, help="run folder to write")
+    rules = p.add_mutually_exclusive_group(required=not resumable)
+    rules.add_argument("--rules", metavar="FILE", help="rule file (CONFIDENCE  HEAD :- BODY, or the prototype's lines)")
+    rules.add_argument("--mine", action="store_true", help="mine the rules from the training triples (options below)")
+    p.add_argument("--depth", type=int, default=defaults.depth, help="resolution steps a proof may take")
+    p.add_argument("--max-atoms", type=int, default=defaults.max_atoms, help="atoms a proof state may hold")
+    p.add_argument("--max-states", type=int, default=defaults.max_states,
+                   help="derived states kept per step (0: all); more are counted as overflow")
+    p.add_argument("--max-facts", type=int, default=defaults.max_facts,
+                   help="facts read per goal (0: the most any goal with a constant matches)")
+    p.add_argument("--compile", action="store_true", help="run the engine's step through torch.compile")
+    p.add_argument("--embedding-run", default="", metavar="RUN",
+                   help="hybrid: add this embedding run's logit to --hybrid-weight x the prover's score")
+    p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight, help="the prover's weight (hybrid)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prover run in --out")
+    if resumable:
+        rules.add_argument("--resume", action="store_true",
+                           help="continue the run in --out from its latest checkpoint (only --epochs may change)")
+    add_mining_args(p)
+
+
+def prover_config(args: argparse.Namespace, method: str, **more: Any):
+    """(ProverConfig, RuleSet, notes, dataset) from the prove options; rules read or mined."""
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.prover.mining import mine_rules, rule_set
+    from kgtrace.prover.rules import read_rules
+    from kgtrace.prover.config import ProverConfig
+    from kgtrace.training.loop import dataset_source
+
+    ds = load_dataset(args.dataset)
+    if args.mine:
+        mining = mining_config(args)
+        mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, mining)
+        rules, notes, source = rule_set(mined, ds.num_relations), [m.note() for m in mined], "mined"
+    else:
+        mining, rules = None, read_rules(args.rules, ds.relations)
+        notes, source = None, str(Path(args.rules).resolve())
+    config = ProverConfig(dataset=dataset_source(args.dataset), method=method, rules=source,
+                          mining=dict(mining.__dict__) if mining else {}, depth=args.depth, max_atoms=args.max_atoms,
+                          max_states=args.max_states, max_facts=args.max_facts, compile=args.compile,
+                          embedding_run=str(Path(args.embedding_run).resolve()) if args.embedding_run else "",
+                          hybrid_weight=args.hybrid_weight, **more).validate()
+    return config, rules, notes, ds
+
+
+def cmd_prove(args: argparse.Namespace) -> int:
+    from kgtrace.prover.run import load_prover_run, write_prover_run
+
+    if args.action == "train":
+        return prove_train(args)
+    config, rules, notes, ds = prover_config(args, args.action)
+    if config.embedding_run:
+        from kgtrace.prover.run import embedding_model
+
+        embedding_model(config.embedding_run, ds, "cpu")  # refuse a run over other ids before writing anything
+    out = write_prover_run(args.out, config, ds, rules, notes=notes, overwrite=args.overwrite)
+    print("config:", json.dumps(config.to_dict()))
+    load_prover_run(out)  # the folder reads back
+    print(f"wrote the {config.method} prover run {out} ({len(rules)} rules); rank it with: kgtrace evaluate {out}")
+    return 0
+
+
+def prove_train(args: argparse.Namespace) -> int:
+    from kgtrace.prover.ppo import resume_policy, train_policy
+
+    if args.resume:
+        result = resume_policy(args.out, epochs=args.epochs, progress=args.progress)
+    else:
+        more = {key: getattr(args, key) for key in POLICY_KEYS if getattr(args, key) is not None}
+        init_from = str(Path(args.init_from).resolve()) if args.init_from else ""
+        config, rules, notes, ds = prover_config(args, "policy", init_from=init_from,
+                                                 entity_embeddings=args.entity_embeddings or bool(init_from), **more)
+        print("config:", json.dumps(config.to_dict()))
+        result = train_policy(config, ds, rules, args.out, notes=notes, overwrite=args.overwrite,
+                              progress=args.progress)
+    print(f"trained {result.epochs_completed} epochs into {result.run_dir}; best validation MRR "
+          f"{result.best_valid_mrr:.4f} at epoch {result.best_epoch}; rank it with: kgtrace evaluate {result.run_dir}")
     return 0
 
 

@@ -32,7 +32,8 @@ def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
         command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
         return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command), True)]
     command = f"kgtrace explain {run_dir} --triples FILE --out FILE.json"
-    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p), p, command), True)
+    proofs = s.proofs_in(files)  # a prover run's proofs written here show beside the TracIn explanations
+    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p, proofs), p, command), True)
             for i, p in enumerate(files)]
 
 

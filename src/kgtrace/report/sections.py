@@ -174,8 +174,25 @@ def influence_tables(item: dict) -> str:
     return "".join(parts) or "<p>No influential training triple was recorded.</p>"
 
 
-def explanation(item: dict) -> str:
-    """One explained triple: title, score and ranks, drawing beside the influence tables."""
+def proof_steps(item: dict) -> str:
+    """A prover's proof of one triple (``kgtrace explain PROVER_RUN``): its steps as a table, or why there is none."""
+    if not item.get("proved"):
+        return (f"<p>The {esc(item.get('method', ''))} prover found no proof within "
+                f"{esc(item.get('depth_limit', '?'))} steps.</p>")
+    rows = [[str(i), breakable(step["goal"]),
+             f"fact {breakable(step['fact'])}" if step["kind"] == "fact" else f"rule {breakable(step['rule'])}",
+             breakable(step["goals_after"])] for i, step in enumerate(item["steps"], 1)]
+    return (f'<p class="facts">proved in {len(rows)} steps, confidence <b>{number(item.get("confidence"))}</b> '
+            f'({esc(item.get("method", ""))} prover)</p>'
+            + table(("#", "goal", "resolved with", "goals left"), rows, numeric=(True, False, False, False)))
+
+
+def proof_key(item: dict) -> tuple[str, str, str]:
+    return item["head"], item["relation"], item["tail"]
+
+
+def explanation(item: dict, proofs: dict | None = None) -> str:
+    """One explained triple: title, score and ranks, drawing beside the influence tables (and its proof, if any)."""
     test = item["test"]
     title = (f"{_entity(test, 'head')} <span class=\"rel\">\u2014 {esc(test.get('relation_name', test['relation']))}"
              f" \u2192</span> {_entity(test, 'tail')}")
@@ -185,17 +202,39 @@ def explanation(item: dict) -> str:
              f" &middot; checkpoints {esc(', '.join(map(str, item.get('checkpoints', []))))}")
     drawing = image(subgraph_png(item), f"subgraph around {test['head']} {test['relation']} {test['tail']}") + \
         f'<p class="facts">The strongest {DRAWN} proponents (green) and opponents (red); width grows with |influence|.</p>'
+    proof = (proofs or {}).get((test["head"], test["relation"], test["tail"]))
+    proved = f'<h3>Proof</h3>{proof_steps(proof)}' if proof else ""
     return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
-            f'<div class="grid"><div>{drawing}</div><div>{influence_tables(item)}</div></div></div>')
+            f'<div class="grid"><div>{drawing}</div><div>{influence_tables(item)}{proved}</div></div></div>')
 
 
-def explain_section(path: Path) -> str:
-    """Every explained triple of one ``kgtrace explain --out FILE.json``."""
-    items = json.loads(path.read_text(encoding="utf-8"))["explanations"]
+def proofs_in(files: list[Path]) -> dict:
+    """(head, relation, tail) -> proof item, from every explain file a prover run wrote ({"proofs": [...]})."""
+    found = {}
+    for path in files:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except READ_ERRORS:  # the file's own section says what is wrong with it
+            continue
+        for item in data.get("proofs", []) if isinstance(data, dict) else []:
+            found[proof_key(item)] = item
+    return found
+
+
+def explain_section(path: Path, proofs: dict | None = None) -> str:
+    """Every explained triple of one ``kgtrace explain --out FILE.json``: TracIn explanations (each beside its
+    proof when ``proofs`` holds one), or a prover run's proofs."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "proofs" in data:
+        items = data["proofs"]
+        return f'<p class="facts">{len(items)} proof(s) from <code>{esc(path.name)}</code></p>' + "".join(
+            f'<div class="triple"><h3>{breakable(item["relation"])}({breakable(item["head"])}, '
+            f'{breakable(item["tail"])})</h3>{proof_steps(item)}</div>' for item in items)
+    items = data["explanations"]
     if not items:
         return "<p>The file lists no explained triple.</p>"
     return f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code></p>' + \
-        "".join(explanation(item) for item in items)
+        "".join(explanation(item, proofs) for item in items)
 
 
 # ----------------------------------------------------------------------------- faithfulness

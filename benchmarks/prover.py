@@ -1,0 +1,286 @@
+"""The rule prover on Nations, Kinships and UMLS, side by side with ConvE; prints JSON.
+
+Per dataset, with rules mined from the training triples (kgtrace's defaults):
+
+* ranking (filtered, realistic ties; test split, head and tail) against all entities and against
+  100 sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps),
+  the learned policy (PPO for --epochs epochs, then its beam search of every candidate triple; its
+  proof score, confidence / noisy_or / probability, chosen on the validation triples), ConvE
+  (--conve-epochs), and the hybrids ConvE logit + w x prover score, w chosen on validation triples
+  from a grid. The policy searches each (query, entity) pair, E searches per query: with
+  --policy-test-triples N only the first N test triples are ranked for it, and BFS, ConvE and the
+  BFS hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
+* proof rates: the share of test triples, and of their sampled corruptions, that each prover proves;
+* engine speed: exhaustive provability search to --depth of --qps-queries test triples and as many
+  corruptions, in queries per second, for the reference engine, the vectorised engine eager and
+  compiled (torch.compile through CompiledCall), with a check that all three agree.
+
+Each prover's scores of every test query are computed once ([queries, E] tables) and both
+rankings read them, so all-entity and sampled metrics rank the very same scores.
+
+    python benchmarks/prover.py [--datasets nations,kinships,umls] [--threads 2] [--epochs 3] [--out FILE.json]
+        [--policy-test-triples N] [--valid-triples N] [--beam W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kgtrace.config import TrainConfig
+from kgtrace.data.answers import AnswerIndex
+from kgtrace.data.dataset import load_dataset
+from kgtrace.evaluation.candidates import sample_corruptions
+from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
+from kgtrace.prover.engine import VectorEngine, pad_states
+from kgtrace.prover.logic import EngineShapes, query_state
+from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
+from kgtrace.prover.policy import PolicyScorer, beam_scores
+from kgtrace.prover.ppo import train_policy
+from kgtrace.prover.reference import ReferenceEngine, proof_depth
+from kgtrace.prover.run import ProverConfig, load_prover_run
+from kgtrace.prover.scorer import BfsScorer
+from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
+from kgtrace.run import load_run
+from kgtrace.training.loop import train
+
+PROOF_SCORES = ("confidence", "noisy_or", "probability")
+WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class TableScorer(nn.Module):
+    """Scores read from precomputed rows: one [E] row per (anchor, relation-or-inverse) query."""
+
+    def __init__(self, rows: dict[tuple[int, int], torch.Tensor], num_entities: int, num_relations: int):
+        super().__init__()
+        self.rows, self.num_entities, self.num_relations = rows, num_entities, num_relations
+
+    def score_t(self, hr):
+        return torch.stack([self.rows[(a, r)] for a, r in hr.tolist()])
+
+    def score_h(self, rt):
+        return self.score_t(torch.stack([rt[:, 1], rt[:, 0] + self.num_relations], 1))
+
+    def score_hrt(self, hrt):
+        return self.score_t(hrt[:, :2]).gather(1, hrt[:, 2:]).squeeze(1)
+
+
+def table(scorer, triples: torch.Tensor, num_relations: int, chunk: int = 64) -> dict[tuple[int, int], torch.Tensor]:
+    """Every distinct (anchor, relation-or-inverse) query of both sides of ``triples``, scored over all entities."""
+    queries = torch.unique(torch.cat([side_queries(triples, num_relations, s).queries for s in ("tail", "head")]), dim=0)
+    rows = {}
+    for part in queries.split(chunk):
+        with torch.no_grad():
+            scores = scorer.score_t(part).float().cpu()
+        rows.update({(a, r): s for (a, r), s in zip(part.tolist(), scores)})
+    return rows
+
+
+def policy_tables(scorer: PolicyScorer, triples: torch.Tensor, num_relations: int) -> dict[str, dict]:
+    """table() for each proof score of the policy, from one beam search of every (query, entity) pair."""
+    E = scorer.num_entities
+    queries = torch.unique(torch.cat([side_queries(triples, num_relations, s).queries for s in ("tail", "head")]), dim=0)
+    tables: dict[str, dict] = {mode: {} for mode in PROOF_SCORES}
+    for part in queries.split(max(1, scorer.batch_size // E)):
+        anchor, relation = part.repeat_interleave(E, 0).unbind(1)  # [q E] each
+        entity = torch.arange(E).repeat(len(part))
+        inverse = relation >= num_relations
+        hrt = torch.stack([torch.where(inverse, entity, anchor), torch.where(inverse, relation - num_relations, relation),
+                           torch.where(inverse, anchor, entity)], 1)  # [q E, 3], as PolicyScorer.score_t builds them
+        with torch.no_grad():
+            beams = [scorer.search(x) for x in hrt.split(scorer.batch_size)]
+        for mode in PROOF_SCORES:
+            scores = torch.cat([beam_scores(b, mode) for b in beams]).float().view(len(part), E)
+            tables[mode].update({(a, r): row for (a, r), row in zip(part.tolist(), scores)})
+    return tables
+
+
+def valid_mrr(rows: dict, ds) -> float:
+    known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    scorer = TableScorer(rows, ds.num_entities, ds.num_relations)
+    return evaluate(scorer, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
+
+
+def metrics(scorer, ds, corruptions: int) -> dict:
+    known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
+    m = evaluate(scorer, TEST[0], known=known, candidates=Candidates(corruptions))["both"]["realistic"]
+    return {k: round(m[k], 4) for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10")}
+
+
+def proof_rates(rows: dict, ds, proved_above: float, corruptions: int = 100) -> dict:
+    """Share of test triples (both sides' answers) and of their sampled corruptions scoring above the proof line."""
+    known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
+    true_proved, false_proved, false_total = 0, 0, 0
+    for side in ("tail", "head"):
+        sq = side_queries(TEST[0], ds.num_relations, side)
+        sampled = sample_corruptions(sq, known, ds.num_entities, num_corruptions=corruptions, seed=0)
+        scores = torch.stack([rows[(a, r)] for a, r in sq.queries.tolist()])  # [Q, E]
+        true_proved += int((scores.gather(1, sq.answers.unsqueeze(1)) > proved_above).sum())
+        false_proved += int((scores[sampled.rows, sampled.entities] > proved_above).sum())
+        false_total += len(sampled.rows)
+    return {"true": round(true_proved / (2 * len(TEST[0])), 4), "corruptions": round(false_proved / false_total, 4)}
+
+
+def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
+    scorer = TableScorer(rows, ds.num_entities, ds.num_relations)
+    return {"all_entities": metrics(scorer, ds, 0), "sampled_100": metrics(scorer, ds, 100),
+            "proof_rate": proof_rates(rows, ds, proved_above)}
+
+
+def hybrid(prover_rows: dict, prover_valid: dict, conve, ds) -> dict:
+    """ConvE logit + w x prover score, w picked by validation MRR (all entities, filtered by train + valid)."""
+    known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    conve_rows = {key: conve.score_t(torch.tensor([key])).squeeze(0).float() for key in prover_rows | prover_valid}
+    best = None
+    for w in WEIGHTS:
+        mixed = TableScorer({k: conve_rows[k] + w * v for k, v in prover_valid.items()}, ds.num_entities,
+                            ds.num_relations)
+        mrr = evaluate(mixed, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
+        if best is None or mrr > best[1]:
+            best = (w, mrr)
+    w = best[0]
+    rows = {k: conve_rows[k] + w * v for k, v in prover_rows.items()}
+    result = evaluate_rows(rows, ds, float("inf"))
+    del result["proof_rate"]
+    return {"weight": w, "valid_mrr": round(best[1], 4), **result}
+
+
+VALID: list = [None]  # the validation triples the hybrid weight (and the policy's proof score) is chosen on
+TEST: list = [None]  # the test triples ranked
+
+
+def engine_speed(ds, rules, depth: int, n: int, threads: int) -> dict:
+    """Queries per second of the provability search (shortest proof within depth) by each engine."""
+    known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
+    test = ds.test[:n]
+    sampled = sample_corruptions(side_queries(test, ds.num_relations, "tail"), known, ds.num_entities,
+                                 num_corruptions=1, seed=0)
+    corrupted = test.clone()
+    corrupted[sampled.rows, 2] = sampled.entities
+    triples = torch.cat([test, corrupted])
+    shapes = EngineShapes(max_atoms=6, max_history=depth + 1)
+    reference = ReferenceEngine(ds.train, rules, ds.num_entities, shapes)
+    engine = VectorEngine(ds.train, rules, ds.num_entities, shapes)
+    starts = pad_states([query_state(t) for t in triples.tolist()], 6, ds.num_relations)
+    out = {"queries": len(triples), "depth": depth, "threads": threads}
+    started = time.perf_counter()
+    expected = [proof_depth(reference, query_state(t), depth) for t in triples.tolist()]
+    out["reference_qps"] = round(len(triples) / (time.perf_counter() - started), 1)
+    expected = torch.tensor([-1 if d is None else d for d in expected])
+    compiled = compiled_deriver(engine, 1024)
+    started = time.perf_counter()
+    vector_search(engine, compiled, starts[:8], depth, first_only=True)  # compiles
+    out["compile_seconds"] = round(time.perf_counter() - started, 1)
+    for name, derive in (("eager", eager_deriver(engine)), ("compiled", compiled)):
+        started = time.perf_counter()
+        found = vector_search(engine, derive, starts, depth, first_only=True, chunk=1024)
+        out[f"vector_{name}_qps"] = round(len(triples) / (time.perf_counter() - started), 1)
+        out[f"vector_{name}_identical"] = bool(torch.equal(found.depth, expected))
+    out["compiled_over_reference"] = round(out["vector_compiled_qps"] / out["reference_qps"], 2)
+    out["compiled_over_eager"] = round(out["vector_compiled_qps"] / out["vector_eager_qps"], 2)
+    out["proved_share"] = round(float((expected >= 0).float().mean()), 4)
+    return out
+
+
+def run_dataset(name: str, args, work: Path) -> dict:
+    log = lambda *a: print(f"[{name}]", *a, file=sys.stderr, flush=True)  # noqa: E731
+    ds = load_dataset(name)
+    VALID[0], TEST[0] = ds.valid[: args.valid_triples], ds.test
+    mining = MiningConfig()
+    mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, mining)
+    rules = rule_set(mined, ds.num_relations)
+    result: dict = {"rules": len(rules), "mining": mining.__dict__}
+    log(f"{len(rules)} rules")
+    result["engine_speed"] = engine_speed(ds, rules, args.depth, args.qps_queries, args.threads)
+    log("engine speed", result["engine_speed"])
+
+    started = time.perf_counter()
+    bfs = BfsScorer(VectorEngine(ds.train, rules, ds.num_entities, EngineShapes(max_atoms=6, max_history=args.depth + 1)),
+                    args.depth, state_chunk=1024)
+    bfs.derive = compiled_deriver(bfs.engine, 1024)
+    bfs_rows, bfs_valid = table(bfs, ds.test, ds.num_relations), table(bfs, VALID[0], ds.num_relations)
+    result["bfs"] = {"depth": args.depth, **evaluate_rows(bfs_rows, ds, 0.0),
+                     "seconds": round(time.perf_counter() - started, 1), "overflow": bfs.overflow.tolist()}
+    log("bfs", result["bfs"])
+
+    started = time.perf_counter()
+    config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
+                          beam_width=args.beam, threads=args.threads, eval_triples=100)
+    trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
+    train_seconds = time.perf_counter() - started
+    run = load_prover_run(trained.run_dir)
+    scorer = PolicyScorer(run.model.policy, run.model.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
+                          compile=args.compile_policy)
+    subset = ds.test[: args.policy_test_triples] if args.policy_test_triples else ds.test
+    valid_tables = policy_tables(scorer, VALID[0], ds.num_relations)
+    valid_mrrs = {mode: round(valid_mrr(rows, ds), 4) for mode, rows in valid_tables.items()}
+    mode = max(PROOF_SCORES, key=lambda m: valid_mrrs[m])  # first listed wins a tie
+    policy_rows, policy_valid = policy_tables(scorer, subset, ds.num_relations)[mode], valid_tables[mode]
+    TEST[0] = subset
+    result["policy"] = {"epochs": args.epochs, "beam_width": args.beam, "best_valid_mrr": round(trained.best_valid_mrr, 4),
+                        "test_triples": len(subset), "proof_score": mode, "valid_mrr_by_proof_score": valid_mrrs,
+                        **evaluate_rows(policy_rows, ds, 1.0), "train_seconds": round(train_seconds, 1),
+                        "seconds": round(time.perf_counter() - started, 1)}
+    log("policy", result["policy"])
+    if len(subset) < len(ds.test):
+        result["bfs_policy_subset"] = evaluate_rows(bfs_rows, ds, 0.0)
+    TEST[0] = ds.test
+
+    started = time.perf_counter()
+    conve_dir = work / f"{name}-conve"
+    train(TrainConfig(dataset=name, model="conve", epochs=args.conve_epochs, eval_every=0, threads=args.threads,
+                      device="cpu"), conve_dir, progress=False, log=lambda *_: None)
+    conve = load_run(conve_dir).model
+    conve_rows = table(conve, ds.test, ds.num_relations, chunk=1024)
+    result["conve"] = {"epochs": args.conve_epochs, **evaluate_rows(conve_rows, ds, float("inf")),
+                       "seconds": round(time.perf_counter() - started, 1)}
+    del result["conve"]["proof_rate"]
+    result["hybrid_bfs_conve"] = hybrid(bfs_rows, bfs_valid, conve, ds)
+    TEST[0] = subset
+    if len(subset) < len(ds.test):
+        result["conve_policy_subset"] = evaluate_rows(conve_rows, ds, float("inf"))
+        del result["conve_policy_subset"]["proof_rate"]
+        result["hybrid_bfs_conve_policy_subset"] = hybrid(bfs_rows, bfs_valid, conve, ds)
+    result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, conve, ds)
+    TEST[0] = ds.test
+    log("conve", result["conve"], "hybrids", result["hybrid_bfs_conve"], result["hybrid_policy_conve"])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="nations,kinships,umls")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="PPO epochs of the policy")
+    parser.add_argument("--beam", type=int, default=4, help="the policy's beam width when scoring")
+    parser.add_argument("--policy-test-triples", type=int, default=0,
+                        help="rank only the first N test triples for the policy (0: all); the others also on them")
+    parser.add_argument("--policy-batch", type=int, default=512, help="ground searches per policy beam batch")
+    parser.add_argument("--no-compile-policy", dest="compile_policy", action="store_false",
+                        help="run the policy's beam search eagerly (else one compiled graph)")
+    parser.add_argument("--conve-epochs", type=int, default=100)
+    parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
+    parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    report = {"settings": vars(args), "torch": torch.__version__, "results": {}}
+    with tempfile.TemporaryDirectory() as work:
+        for name in args.datasets.split(","):
+            report["results"][name] = run_dataset(name, args, Path(work))
+            if args.out:
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""A neuro-symbolic prover over a dataset's facts and Horn rules, ranked like the embedding models.
+
+logic      atoms, states, terms; EngineShapes          rules      rule files (two formats)
+mining     AMIE-style rule mining (sparse products)    reference  readable SLD resolution and search
+engine     the vectorised fixed-shape step             search     breadth-first search on the engine
+env        the functional environment, rollouts, beams policy     the learned policy and its scorer
+ppo        PPO training (kgtrace prove train)          scorer     BFS and hybrid scorers
+run        prover run folders                          explain    proofs step by step
+"""

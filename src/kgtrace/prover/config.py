@@ -1,0 +1,120 @@
+"""The prover's settings as frozen dataclasses that validate themselves (no torch: the CLI reads their defaults)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgtrace.config import choice_problems
+from kgtrace.errors import ConfigError
+
+__all__ = ["MiningConfig", "ProverConfig"]
+
+CONFIDENCES = ("std", "pca")
+METHODS = ("bfs", "policy")
+PROOF_SCORES = ("confidence", "noisy_or", "probability")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    """Thresholds of ``kgtrace rules mine``; a rule is kept when it passes all of them."""
+
+    min_support: int = 2  # distinct (x, y) pairs the rule predicts correctly
+    min_head_coverage: float = 0.01  # support / facts of the head relation (AMIE's default)
+    min_confidence: float = 0.1  # standard confidence
+    min_pca_confidence: float = 0.0
+    confidence: str = "std"  # the measure written as the rule's confidence: std or pca
+    confidence_offset: float = 5.0  # written confidence = support / (denominator + offset): AnyBURL's damping of rare bodies
+    max_rules_per_head: int = 50  # keep each head relation's best N rules (0: all); bounds the engines' branching
+    chains: bool = True  # also mine length-2 chains (else implications and inverses only)
+
+    def validate(self) -> "MiningConfig":
+        problems = []
+        if self.min_support < 1:
+            problems.append(f"min_support={self.min_support}: must be at least 1")
+        for key in ("min_head_coverage", "min_confidence", "min_pca_confidence"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                problems.append(f"{key}={getattr(self, key)}: must be in [0, 1]")
+        if self.confidence not in CONFIDENCES:
+            problems.append(f"confidence={self.confidence!r}: must be one of {', '.join(CONFIDENCES)}")
+        if self.confidence_offset < 0:
+            problems.append(f"confidence_offset={self.confidence_offset}: must be 0 or more")
+        if self.max_rules_per_head < 0:
+            problems.append(f"max_rules_per_head={self.max_rules_per_head}: must be 0 (all) or more")
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+
+@dataclass(frozen=True)
+class ProverConfig:
+    """Everything that determines a prover run."""
+
+    dataset: str = "umls"  # bundled name or dataset folder
+    method: str = "bfs"  # bfs: best proof by exhaustive search; policy: a learned policy's proof
+    rules: str = ""  # where the rules came from: a file, or "mined"
+    mining: dict[str, Any] = field(default_factory=dict)  # the MiningConfig when mined
+    depth: int = 3  # bfs: search depth; policy: steps of a rollout
+    max_atoms: int = 6  # engine shapes (see kgtrace.prover.logic.EngineShapes)
+    max_states: int = 0
+    max_facts: int = 0
+    compile: bool = False  # run the engine's step through torch.compile
+    embedding_run: str = ""  # hybrid: an embedding run over the same ids, whose logit is added
+    hybrid_weight: float = 1.0  # hybrid score = embedding logit + weight * prover score
+    device: str = "auto"
+    threads: int = 0
+    seed: int = 0
+    # The learned policy (method policy) and its PPO training.
+    embedding_dim: int = 64
+    entity_embeddings: bool = False  # a learned embedding per entity (else one shared; init_from sets them)
+    beam_width: int = 8  # scoring: the policy's most probable partial proofs kept per triple
+    proof_score: str = "confidence"  # a proved triple's tie-break: best proof's confidence (max+), noisy_or, probability
+    init_from: str = ""  # an embedding run whose entity and relation embeddings start the policy's
+    epochs: int = 10  # passes over the training triples
+    chunk_queries: int = 64  # training queries per rollout batch, each with `corruptions` false ones
+    corruptions: int = 4  # K sampled false triples per training query (never a training triple)
+    negative_reward: float = 1.0  # proving a false triple is rewarded -negative_reward; a true one +1
+    lr: float = 3e-3
+    clip: float = 0.2  # PPO's clipping of the probability ratio
+    gamma: float = 1.0  # discount
+    gae_lambda: float = 0.95
+    entropy: float = 0.01  # entropy bonus
+    value_coef: float = 0.5
+    ppo_epochs: int = 2  # optimisation passes over each batch of episodes
+    minibatch: int = 1024  # steps per optimiser step
+    checkpoint_every: int = 1
+    eval_every: int = 1  # epochs between validations (0: never)
+    eval_triples: int = 200  # validation triples ranked (the first N)
+    eval_corruptions: int = 20  # against K sampled corruptions each
+
+    def validate(self) -> "ProverConfig":
+        problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)
+        problems += choice_problems(self, "proof_score", PROOF_SCORES)
+        for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0),
+                         ("embedding_dim", 1), ("beam_width", 1), ("epochs", 1), ("chunk_queries", 1), ("corruptions", 0),
+                         ("ppo_epochs", 1), ("minibatch", 1), ("checkpoint_every", 1), ("eval_every", 0),
+                         ("eval_triples", 1), ("eval_corruptions", 1)):
+            if getattr(self, key) < low:
+                problems.append(f"{key}={getattr(self, key)}: must be at least {low}")
+        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key}={getattr(self, key)}: must be 0 or more")
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr}: must be positive")
+        if not 0 < self.clip < 1 or not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            problems.append(f"clip={self.clip}, gamma={self.gamma}, gae_lambda={self.gae_lambda}: clip must be in "
+                            "(0, 1), gamma and gae_lambda in [0, 1]")
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    def shapes(self):
+        """The engine's EngineShapes (kgtrace.prover.logic): A, S, F, and a history of depth + 1 states."""
+        from kgtrace.prover.logic import EngineShapes
+
+        return EngineShapes(self.max_atoms, self.max_states, self.max_facts, self.depth + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,242 @@
+"""AMIE-style rule mining with sparse matrix products.
+
+Rules mined (X, Y the head's variables, Z the chain's middle):
+
+* implication ``r(X,Y) :- s(X,Y)`` (s != r) and inverse ``r(X,Y) :- s(Y,X)`` (s == r: symmetry);
+* chains ``r(X,Y) :- s(X,Z), t(Z,Y)`` in every direction variant: ``s(X,Z)`` or ``s(Z,X)``,
+  then ``t(Z,Y)`` or ``t(Y,Z)``.
+
+Each relation r is an E x E 0/1 matrix A_r; its inverse is A_r^T. With the 2R *directed*
+relations D_0 .. D_{2R-1} (D_d = A_d for d < R, A_{d-R}^T after), a length-1 body is one
+D_a and a chain body is the boolean product D_a D_b: the pairs (x, y) joined by some z.
+For a body B and head r (AMIE's measures, pairs counted once each):
+
+    support(B, r)        = |{(x, y) : B(x, y) and r(x, y)}|
+    head coverage        = support / |{(x, y) : r(x, y)}|
+    standard confidence  = support / |{(x, y) : B(x, y)}|
+    PCA confidence       = support / |{(x, y) : B(x, y) and r(x, y') for some y'}|
+
+The confidence written for a rule is the standard (or PCA) confidence damped by an offset,
+``support / (denominator + offset)`` (AnyBURL's default 5): a body seen twice and right twice
+is not as sure as one seen a hundred times and right a hundred times. Thresholds apply to
+the undamped measures.
+
+Chains are computed one first relation a at a time: ``D_a @ [D_0 | D_1 | ... | D_{2R-1}]``,
+one sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs, so
+memory is bounded by one a's pairs. Supports come from looking the pairs up among the
+sorted fact keys (searchsorted); the PCA denominators from a second sparse product of the
+bodies' per-x pair counts with the [E, R] "x has an r-edge" matrix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+import torch
+from torch import Tensor
+
+from kgtrace.prover.config import MiningConfig
+from kgtrace.prover.logic import Atom, Rule
+from kgtrace.prover.rules import RuleSet
+
+__all__ = ["MiningConfig", "MinedRule", "mine_rules"]
+
+@dataclass(frozen=True)
+class MinedRule:
+    rule: Rule
+    support: int
+    head_coverage: float
+    std_confidence: float
+    pca_confidence: float
+
+    def note(self) -> str:
+        return (f"support={self.support} head_coverage={self.head_coverage:.4f} "
+                f"std={self.std_confidence:.4f} pca={self.pca_confidence:.4f}")
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """The directed relations of a training graph, as sparse matrices and sorted keys."""
+
+    num_entities: int
+    num_relations: int
+    heads: Tensor  # [2n] x of each directed edge (d, x, y)
+    relations: Tensor  # [2n] d in [0, 2R)
+    tails: Tensor  # [2n] y
+    fact_keys: Tensor  # sorted unique (x * E + y) * R + r of the facts r(x, y)
+    head_sizes: Tensor  # [R] facts per relation
+    domain: Tensor  # sparse [E, R]: 1 where x has an r-edge r(x, .)
+
+    @classmethod
+    def of(cls, triples: Tensor, num_entities: int, num_relations: int) -> "_Graph":
+        triples = torch.unique(triples.long().cpu(), dim=0)  # sets: a repeated triple counts once
+        h, r, t = triples.unbind(1)
+        E, R = num_entities, num_relations
+        fact_keys = torch.sort((h * E + t) * R + r).values
+        domain_keys = torch.unique(h * R + r)
+        domain = _coo(domain_keys // R, domain_keys % R, torch.ones(len(domain_keys)), (E, R))
+        return cls(E, R, torch.cat([h, t]), torch.cat([r, r + R]), torch.cat([t, h]), fact_keys,
+                   torch.bincount(r, minlength=R), domain)
+
+    def directed(self, d: int) -> Tensor:
+        """Sparse CSR [E, E] of directed relation d."""
+        keep = self.relations == d
+        return _csr(self.heads[keep], self.tails[keep], (self.num_entities, self.num_entities))
+
+    def all_directed(self) -> Tensor:
+        """Sparse CSR [E, 2R * E]: [D_0 | D_1 | ... ], column d * E + y."""
+        E = self.num_entities
+        return _csr(self.heads, self.relations * E + self.tails, (E, 2 * self.num_relations * E))
+
+
+def _coo(rows: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
+    with warnings.catch_warnings():  # torch's notes on sparse invariants and beta CSR support: nothing to act on
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, size).coalesce()
+
+
+def _csr(rows: Tensor, cols: Tensor, size: tuple[int, int]) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _coo(rows, cols, torch.ones(len(rows)), size).to_sparse_csr()
+
+
+def _sparse_mm(a: Tensor, b: Tensor) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse.mm(a, b)
+
+
+def _nonzeros(matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of a sparse CSR matrix's nonzeros."""
+    crow, col = matrix.crow_indices(), matrix.col_indices()
+    rows = torch.repeat_interleave(torch.arange(len(crow) - 1), crow[1:] - crow[:-1])
+    return rows, col
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """Measures of some bodies against every head: all [num_bodies, R] except body_sizes [num_bodies]."""
+
+    support: Tensor
+    body_sizes: Tensor
+    pca_sizes: Tensor
+
+
+def _count(graph: _Graph, body: Tensor, x: Tensor, y: Tensor, num_bodies: int) -> _Counts:
+    """Counts of distinct body pairs (body [P], x [P], y [P]) against every head relation."""
+    E, R = graph.num_entities, graph.num_relations
+    pair = x * E + y
+    lo = torch.searchsorted(graph.fact_keys, pair * R)
+    hi = torch.searchsorted(graph.fact_keys, pair * R + R)
+    hits = torch.repeat_interleave(torch.arange(len(pair)), hi - lo)  # one row per (pair, head that holds)
+    within = torch.arange(len(hits)) - torch.repeat_interleave(torch.cumsum(hi - lo, 0) - (hi - lo), hi - lo)
+    heads = graph.fact_keys[lo[hits] + within] % R
+    support = torch.bincount(body[hits] * R + heads, minlength=num_bodies * R).view(num_bodies, R)
+    body_sizes = torch.bincount(body, minlength=num_bodies)
+    # Pairs per (body, x), times "x has an r-edge": the PCA denominators [num_bodies, R].
+    keys, per_x = torch.unique(body * E + x, return_counts=True)
+    per_body_x = _coo(keys // E, keys % E, per_x.double(), (num_bodies, E))
+    pca_sizes = _sparse_mm(per_body_x, graph.domain.double()).to_dense().round().long()
+    return _Counts(support, body_sizes, pca_sizes)
+
+
+def _body_atoms(directions: tuple[int, ...], num_relations: int) -> tuple[Atom, ...]:
+    """Directed relations -> body atoms with local variables X=0, Y=1, Z=2 (chain order X -> Z -> Y)."""
+    R = num_relations
+    path = [0, 2, 1] if len(directions) == 2 else [0, 1]  # the variables the path passes through
+    atoms = []
+    for d, (a, b) in zip(directions, zip(path, path[1:])):
+        atoms.append((d, a, b) if d < R else (d - R, b, a))
+    return tuple(atoms)
+
+
+def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
+               config: MiningConfig | None = None) -> list[MinedRule]:
+    """Mine rules from ``triples`` [n, 3] (h, r, t); best first: confidence, support, then body.
+
+    Bodies are numbered: a for the length-1 body D_a, 2R + 2R a + b for the chain D_a D_b.
+    """
+    config = (config or MiningConfig()).validate()
+    graph = _Graph.of(triples, num_entities, num_relations)
+    R, E = num_relations, num_entities
+    blocks: list[_Block] = []
+    for a in range(2 * R):  # length 1: the body is D_a itself
+        keep = graph.relations == a
+        counts = _count(graph, torch.zeros(int(keep.sum()), dtype=torch.long), graph.heads[keep], graph.tails[keep], 1)
+        blocks.append(_select(counts, torch.tensor([a]), graph, config))
+    if config.chains:
+        right = graph.all_directed()
+        for a in range(2 * R):
+            product = _sparse_mm(graph.directed(a), right)  # [E, 2R E]: (x, b E + y) joined through some z
+            x, column = _nonzeros(product)
+            counts = _count(graph, column // E, x, column % E, 2 * R)
+            blocks.append(_select(counts, 2 * R + 2 * R * a + torch.arange(2 * R), graph, config))
+    kept = _order(_Block.cat(blocks), config)
+    return [_mined(kept, i, R) for i in range(len(kept.head))]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Rules passing the thresholds, as columns [n]."""
+
+    body: Tensor  # body number (see mine_rules)
+    head: Tensor
+    support: Tensor
+    coverage: Tensor
+    std: Tensor
+    pca: Tensor
+    confidence: Tensor  # std or pca, as configured
+
+    @staticmethod
+    def cat(blocks: list["_Block"]) -> "_Block":
+        return _Block(*(torch.cat([getattr(b, f.name) for b in blocks]) for f in fields(_Block)))
+
+    def take(self, index: Tensor) -> "_Block":
+        return _Block(*(getattr(self, f.name)[index] for f in fields(_Block)))
+
+
+def _select(counts: _Counts, bodies: Tensor, graph: _Graph, config: MiningConfig) -> _Block:
+    """The (body, head) pairs of one block that pass every threshold; bodies [num_bodies] numbers them."""
+    support = counts.support.double()
+    std = support / counts.body_sizes.double().clamp(min=1).unsqueeze(1)  # [num_bodies, R]
+    pca = support / counts.pca_sizes.double().clamp(min=1)
+    coverage = support / graph.head_sizes.double().clamp(min=1).unsqueeze(0)
+    keep = ((counts.support >= config.min_support) & (coverage >= config.min_head_coverage)
+            & (std >= config.min_confidence) & (pca >= config.min_pca_confidence))
+    keep &= bodies.unsqueeze(1) != torch.arange(graph.num_relations)  # r(X,Y) :- r(X,Y) says nothing
+    i, head = torch.nonzero(keep, as_tuple=True)
+    denominator = counts.body_sizes.double().unsqueeze(1) if config.confidence == "std" else counts.pca_sizes.double()
+    confidence = support / (denominator + config.confidence_offset).clamp(min=1e-12)
+    return _Block(bodies[i], head, counts.support[i, head], coverage[i, head], std[i, head], pca[i, head],
+                  confidence[i, head])
+
+
+def _order(block: _Block, config: MiningConfig) -> _Block:
+    """Sort by confidence, then support (both descending), then body and head; keep each head's best N."""
+    order = np.lexsort((block.head.numpy(), block.body.numpy(), -block.support.numpy(), -block.confidence.numpy()))
+    block = block.take(torch.from_numpy(order))
+    if not config.max_rules_per_head:
+        return block
+    # The rank of each rule among its head's rules, in the sorted order.
+    by_head = torch.from_numpy(np.argsort(block.head.numpy(), kind="stable"))
+    heads = block.head[by_head]
+    starts = torch.searchsorted(heads, heads)  # first position of each head in the head-sorted order
+    rank = torch.empty_like(by_head)
+    rank[by_head] = torch.arange(len(by_head)) - starts
+    return block.take(torch.nonzero(rank < config.max_rules_per_head).squeeze(1))
+
+
+def _mined(block: _Block, i: int, num_relations: int) -> MinedRule:
+    R, body = num_relations, int(block.body[i])
+    directions = (body,) if body < 2 * R else divmod(body - 2 * R, 2 * R)
+    rule = Rule(int(block.head[i]), _body_atoms(tuple(directions), R), float(block.confidence[i]))
+    return MinedRule(rule, int(block.support[i]), float(block.coverage[i]), float(block.std[i]), float(block.pca[i]))
+
+
+def rule_set(mined: list[MinedRule], num_relations: int) -> RuleSet:
+    """The mined rules as a RuleSet, in the mined order."""
+    return RuleSet(tuple(m.rule for m in mined), num_relations)

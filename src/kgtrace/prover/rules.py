@@ -1,0 +1,211 @@
+"""Rule files: read, check against a dataset's relations, write.
+
+Two line formats are read (blank lines and ``#`` comments are skipped; a ``#`` after a rule
+starts a comment too):
+
+* kgtrace's: ``CONFIDENCE  HEAD :- BODY1, BODY2``, e.g. ``0.83  r(X,Y) :- s(X,Z), t(Z,Y)``;
+* the prototype's: ``NAME:CONFIDENCE:BODY1 , BODY2 -> HEAD``, e.g. ``r7:0.83:s(X,Z) , t(Z,Y) -> r(X,Y)``.
+
+Atoms are ``relation(A,B)`` with relation labels as in the dataset (or integer ids) and
+variables as arguments: names starting with an upper-case letter or ``_``. A rule's head has
+two distinct variables, each of which occurs in the body; the body has 1 to ``max_body``
+atoms; the confidence is in (0, 1]. Every problem of a file is reported at once, each as
+``FILE:LINE: problem; fix: ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kgtrace.data.lookup import lookup_problem
+from kgtrace.data.vocab import Vocab
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.io import atomic_write_text
+from kgtrace.prover.logic import VARIABLE_NAMES, Atom, Rule
+
+__all__ = ["DEFAULT_MAX_BODY", "RuleSet", "format_rule", "parse_rules", "read_rules", "write_rules"]
+
+DEFAULT_MAX_BODY = 2
+_ATOM = re.compile(r"\s*([^\s(),]+)\s*\(\s*([^\s(),]+)\s*,\s*([^\s(),]+)\s*\)\s*")
+_VARIABLE = re.compile(r"[A-Z_][A-Za-z0-9_]*")
+_LABEL_FORBIDDEN = re.compile(r"[\s(),#]")
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules over one dataset's relations, in file order (the engines try them in this order)."""
+
+    rules: tuple[Rule, ...]
+    num_relations: int
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    @property
+    def max_body(self) -> int:
+        return max((len(rule.body) for rule in self.rules), default=1)
+
+    @property
+    def max_free(self) -> int:
+        return max((rule.num_free for rule in self.rules), default=0)
+
+    def by_head(self) -> list[list[int]]:
+        """Rule indices per head relation [R], in file order."""
+        heads: list[list[int]] = [[] for _ in range(self.num_relations)]
+        for i, rule in enumerate(self.rules):
+            heads[rule.head].append(i)
+        return heads
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_rules(path: str | os.PathLike, relations: Vocab, *, max_body: int = DEFAULT_MAX_BODY) -> RuleSet:
+    """Read a rule file (either format, mixed freely) against the dataset's relation labels."""
+    path = Path(path)
+    if not path.is_file():
+        raise KgtraceError(f"{path}: no such rule file. Fix: pass a rule file, or mine one with "
+                           "kgtrace rules mine --dataset NAME --out rules.txt")
+    text = path.read_text(encoding="utf-8-sig")
+    return parse_rules(text.splitlines(), relations, source=str(path), max_body=max_body)
+
+
+def parse_rules(lines: Iterable[str], relations: Vocab, *, source: str = "<rules>",
+                max_body: int = DEFAULT_MAX_BODY) -> RuleSet:
+    """Parse rule lines; ConfigError lists every bad line as SOURCE:LINE: problem; fix."""
+    rules, problems = [], []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        where = f"{source}:{number}"
+        try:
+            rules.append(_parse_line(text, relations, where, max_body))
+        except _LineError as error:
+            problems.append(f"{where}: {error.problem}; fix: {error.fix}")
+    if problems:
+        raise ConfigError(problems)
+    return RuleSet(tuple(rules), len(relations))
+
+
+class _LineError(Exception):
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def _parse_line(text: str, relations: Vocab, where: str, max_body: int) -> Rule:
+    if ":-" in text:
+        confidence_text, clause = (text.split(None, 1) + [""])[:2]
+        head_text, _, body_text = clause.partition(":-")
+        name = ""
+    elif "->" in text:
+        name, _, rest = text.partition(":")
+        confidence_text, _, clause = rest.partition(":")
+        body_text, _, head_text = clause.rpartition("->")
+        name = name.strip()
+    else:
+        raise _LineError(f"{text!r} is not a rule",
+                         "write 'CONFIDENCE  r(X,Y) :- s(X,Z), t(Z,Y)' or 'NAME:CONFIDENCE:s(X,Z) , t(Z,Y) -> r(X,Y)'")
+    confidence = _confidence(confidence_text.strip())
+    head = _atoms(head_text, "head")
+    if len(head) != 1:
+        raise _LineError(f"the head {head_text.strip()!r} must be one atom", "write one head atom, e.g. r(X,Y)")
+    body = _atoms(body_text, "body")
+    if not 1 <= len(body) <= max_body:
+        raise _LineError(f"the body has {len(body)} atoms", f"use 1 to {max_body} body atoms (max_body={max_body})")
+    return _build_rule(head[0], body, confidence, relations, name, where)
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _LineError(f"confidence {text!r} is not a number", "start the rule with its confidence, e.g. 0.83") from None
+    if not 0.0 < value <= 1.0:
+        raise _LineError(f"confidence {value} is outside (0, 1]", "give a confidence above 0 and at most 1")
+    return value
+
+
+def _atoms(text: str, part: str) -> list[tuple[str, str, str]]:
+    """'s(X,Z), t(Z,Y)' -> [(label, var, var), ...]; atoms separated by commas."""
+    atoms, position = [], 0
+    text = text.strip()
+    while position < len(text):
+        match = _ATOM.match(text, position)
+        if not match:
+            raise _LineError(f"cannot read the {part} {text!r} at {text[position:]!r}",
+                             "write atoms as relation(A,B) separated by commas")
+        atoms.append(match.groups())
+        position = match.end()
+        if position < len(text):
+            if text[position] != ",":
+                raise _LineError(f"expected ',' between atoms of the {part} {text!r}", "separate atoms by commas")
+            position += 1
+    if not atoms:
+        raise _LineError(f"the {part} is empty", f"write at least one atom in the {part}")
+    return atoms
+
+
+def _build_rule(head: tuple[str, str, str], body: list[tuple[str, str, str]], confidence: float,
+                relations: Vocab, name: str, where: str) -> Rule:
+    labels = [head[0]] + [atom[0] for atom in body]
+    ids = []
+    for label in labels:
+        relation, problem = lookup_problem(relations, label, "relation", "relation")
+        if problem:
+            what, _, hint = problem.partition("; ")
+            raise _LineError(what, hint or "use a relation label of the dataset")
+        ids.append(relation)
+    arguments = [head[1], head[2]] + [term for atom in body for term in atom[1:]]
+    constants = [term for term in arguments if not _VARIABLE.fullmatch(term)]
+    if constants:
+        raise _LineError(f"{constants[0]!r} is not a variable (rules hold variables only)",
+                         "name variables with a capital letter, e.g. X, Y, Z")
+    if head[1] == head[2]:
+        raise _LineError(f"the head repeats the variable {head[1]}", "give the head two distinct variables, e.g. r(X,Y)")
+    local = {head[1]: 0, head[2]: 1}
+    for term in arguments[2:]:
+        local.setdefault(term, len(local))
+    in_body = set(arguments[2:])
+    unbound = [v for v in head[1:] if v not in in_body]
+    if unbound:
+        raise _LineError(f"the head variable {unbound[0]} does not occur in the body",
+                         "use every head variable in the body (range-restricted rules)")
+    atoms: tuple[Atom, ...] = tuple((ids[i + 1], local[a], local[b]) for i, (_, a, b) in enumerate(body))
+    return Rule(ids[0], atoms, confidence, name, where)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def format_rule(rule: Rule, relation_labels: tuple[str, ...] | list[str], digits: int = 6) -> str:
+    """The kgtrace text form, e.g. ``0.830000  r(X,Y) :- s(X,Z), t(Z,Y)``."""
+    def atom(relation: int, a: int, b: int) -> str:
+        return f"{relation_labels[relation]}({_variable(a)},{_variable(b)})"
+
+    body = ", ".join(atom(*a) for a in rule.body)
+    return f"{rule.confidence:.{digits}f}  {atom(rule.head, 0, 1)} :- {body}"
+
+
+def _variable(local: int) -> str:
+    return VARIABLE_NAMES[local] if local < len(VARIABLE_NAMES) else f"V{local}"
+
+
+def write_rules(path: str | os.PathLike, rules: Iterable[Rule], relation_labels: tuple[str, ...],
+                comments: Iterable[str] | None = None, header: Iterable[str] = ()) -> None:
+    """Write rules in the kgtrace format, atomically; ``comments`` (one per rule) go after a '#'."""
+    bad = [label for label in relation_labels if _LABEL_FORBIDDEN.search(label)]
+    if bad:
+        raise KgtraceError(f"relation label {bad[0]!r} holds a space, parenthesis, comma or '#', which the rule "
+                           "format cannot write. Fix: relabel the relation (rel_dict) without them")
+    rules = list(rules)
+    notes = list(comments) if comments is not None else [""] * len(rules)
+    lines = [f"# {line}\n" for line in header]
+    lines += [format_rule(rule, relation_labels) + (f"  # {note}" if note else "") + "\n"
+              for rule, note in zip(rules, notes)]
+    atomic_write_text(path, lines)

@@ -1,0 +1,127 @@
+"""A prover run folder: what ``kgtrace prove`` writes and ``kgtrace evaluate`` / ``explain`` read.
+
+Layout::
+
+    prover.yaml          the resolved ProverConfig (method bfs or policy, depth, shapes, hybrid, ...)
+    rules.txt            the rules the run proves with (copied from --rules, or mined)
+    node_dict, rel_dict  the id maps of the dataset
+    checkpoints/         (policy) epoch-NNNN.pt and best.pt, as for embedding runs
+    metrics.jsonl        (policy) one record per epoch
+
+:func:`load_prover_run` returns a :class:`ProverRun` whose ``model`` fulfils the Scorer
+protocol, so the evaluation ranks it as it ranks an embedding run's model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kgtrace.config import read_yaml, write_yaml
+from kgtrace.data.dataset import Dataset, load_dataset
+from kgtrace.data.vocab import read_vocab, write_vocab
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.prover.engine import VectorEngine
+from kgtrace.prover.config import ProverConfig
+from kgtrace.prover.rules import RuleSet, read_rules, write_rules
+
+CONFIG_FILE = "prover.yaml"
+RULES_FILE = "rules.txt"
+
+
+@dataclass
+class ProverRun:
+    """A prover run: folder, config, dataset (with the run's ids), rules, engine and scorer."""
+
+    path: Path
+    config: ProverConfig
+    dataset: Dataset
+    rules: RuleSet
+    engine: VectorEngine
+    model: nn.Module  # a Scorer: BfsScorer, a policy scorer, or a HybridScorer around one
+
+
+def is_prover_run(path: str | Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, rules: RuleSet, *,
+                     notes: list[str] | None = None, overwrite: bool = False) -> Path:
+    """Create the run folder (refusing to replace anything but a prover run) with its config, rules and id maps.
+
+    notes: one comment per rule for rules.txt (e.g. the mined measures); default: where each rule was read.
+    """
+    out = Path(out)
+    config.validate()
+    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if existing and not overwrite:
+        raise KgtraceError(f"{out}: folder is not empty ({', '.join(existing[:5])}). "
+                           "Fix: pass --overwrite to replace it, or choose another --out")
+    if existing:
+        if not is_prover_run(out):
+            raise KgtraceError(f"{out}: --overwrite only replaces a prover run folder, and this one has no "
+                               f"{CONFIG_FILE}. Fix: choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_vocab(dataset.entities, out / "node_dict")
+    write_vocab(dataset.relations, out / "rel_dict")
+    write_rules(out / RULES_FILE, rules.rules, dataset.relations.labels,
+                notes if notes is not None else [rule.source for rule in rules.rules],
+                header=[f"rules of the prover run {out.name} ({config.rules or 'given in code'})"])
+    write_yaml(config.to_dict(), out / CONFIG_FILE)
+    return out
+
+
+def read_config(run_dir: Path) -> ProverConfig:
+    values = read_yaml(run_dir / CONFIG_FILE)
+    known = {f.name for f in dataclasses.fields(ProverConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError([f"{run_dir / CONFIG_FILE}: {k}: unknown setting" for k in unknown])
+    return ProverConfig(**values).validate()
+
+
+def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
+                    device: torch.device | str = "cpu", *, compile: bool | None = None) -> ProverRun:
+    """Reload a prover run; checkpoint (policy runs): None/'best', 'last' or a file.
+
+    compile: run the engine's step through torch.compile (None: as the run's config says).
+    """
+    from kgtrace.prover.scorer import BfsScorer, HybridScorer
+    from kgtrace.prover.search import compiled_deriver
+
+    run_dir = Path(run_dir)
+    if not is_prover_run(run_dir):
+        raise KgtraceError(f"{run_dir}: not a prover run (no {CONFIG_FILE}). Fix: pass the --out folder of kgtrace prove")
+    config = read_config(run_dir)
+    dataset = load_dataset(config.dataset, entities=read_vocab(run_dir / "node_dict"),
+                           relations=read_vocab(run_dir / "rel_dict"))
+    rules = read_rules(run_dir / RULES_FILE, dataset.relations)
+    engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
+    derive = compiled_deriver(engine, 1024) if (config.compile if compile is None else compile) else None
+    if config.method == "bfs":
+        model: nn.Module = BfsScorer(engine, config.depth, derive)
+    else:
+        from kgtrace.prover.policy import load_policy_scorer
+
+        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device)
+    if config.embedding_run:
+        model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
+    return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
+
+
+def embedding_model(run_dir: str, dataset: Dataset, device: torch.device | str) -> nn.Module:
+    """The best model of an embedding run over the same id maps as ``dataset``."""
+    from kgtrace.run import load_run
+
+    run = load_run(run_dir, device=device)
+    if (run.dataset.entities.digest(), run.dataset.relations.digest()) != (dataset.entities.digest(),
+                                                                           dataset.relations.digest()):
+        raise KgtraceError(f"embedding_run={run_dir}: its id maps differ from the prover's dataset, so scores would "
+                           "belong to other triples. Fix: use an embedding run trained on the same dataset")
+    return run.model

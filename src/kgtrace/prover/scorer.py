@@ -1,0 +1,103 @@
+"""Provers as scorers: the project's evaluation ranks them exactly as it ranks embedding models.
+
+Each class here fulfils :class:`kgtrace.models.base.Scorer` (score_hrt [B], score_t [B, E],
+score_h [B, E]), so ``kgtrace.evaluate``, sampled corruptions and realistic ties apply as they
+are. Scores:
+
+* :class:`BfsScorer` (the non-learned baseline): exhaustive proof search to depth d; a triple's
+  score is its best proof's confidence, the product of the confidences of the rules it uses
+  (facts count 1), and 0 when no proof is found within d steps. ``score_t`` searches the open
+  query ``r(h, X)`` once and reads every answer's best proof, which equals searching each
+  ``r(h, e)`` alone (a proof of one is a proof of the other, step for step; best proofs never
+  revisit a state).
+* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times a prover's score.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from kgtrace.models.base import Scorer, inverse_queries
+from kgtrace.prover.engine import VectorEngine, pad_states
+from kgtrace.prover.logic import open_query_state, query_state
+from kgtrace.prover.search import Deriver, eager_deriver, vector_search
+
+__all__ = ["BfsScorer", "HybridScorer", "prover_report"]
+
+
+class BfsScorer(nn.Module):
+    """Best proof confidence within ``depth`` steps, by exhaustive breadth-first search.
+
+    overflow [3] counts what the engine's fixed shapes lost over every search so far (states,
+    atoms, facts; see :mod:`kgtrace.prover.engine`).
+    """
+
+    def __init__(self, engine: VectorEngine, depth: int, derive: Deriver | None = None, *, query_chunk: int = 256,
+                 state_chunk: int = 2048):
+        super().__init__()
+        self.engine = engine
+        self.depth = depth
+        self.derive = derive or eager_deriver(engine)
+        self.query_chunk, self.state_chunk = query_chunk, state_chunk
+        self.num_entities, self.num_relations = engine.num_entities, engine.num_relations
+        self.overflow = torch.zeros(3, dtype=torch.long)
+
+    @torch.no_grad()
+    def score_hrt(self, hrt: Tensor) -> Tensor:
+        """Best proof confidence of each triple [B, 3] (h, r, t): [B], 0 when unproved."""
+        scores = [self._search([query_state(t) for t in part.tolist()], open_queries=False).log_confidence
+                  for part in hrt.cpu().split(self.query_chunk)]
+        return self._confidence(scores, len(hrt), hrt.device)
+
+    @torch.no_grad()
+    def score_t(self, hr: Tensor) -> Tensor:
+        """Best proof confidence of every tail of each (anchor, relation-or-inverse) [B, 2]: [B, E]."""
+        E, R = self.num_entities, self.num_relations
+        scores = [self._search([open_query_state(a, r, E, R) for a, r in part.tolist()], open_queries=True).answers
+                  for part in hr.cpu().split(self.query_chunk)]
+        return self._confidence(scores, len(hr), hr.device, E)
+
+    def score_h(self, rt: Tensor) -> Tensor:
+        return self.score_t(inverse_queries(rt, self.num_relations))
+
+    def _search(self, states: list, open_queries: bool):
+        device = self.engine.keys_head.device
+        starts = pad_states(states, self.engine.shapes.max_atoms, self.num_relations).to(device)
+        result = vector_search(self.engine, self.derive, starts, self.depth, open_queries=open_queries,
+                               chunk=self.state_chunk)
+        self.overflow += result.overflow.sum(0).cpu()
+        return result
+
+    @staticmethod
+    def _confidence(parts: list[Tensor], n: int, device: torch.device, *width: int) -> Tensor:
+        if not parts:
+            return torch.zeros(n, *width, device=device)
+        return torch.cat(parts).exp().float().to(device)  # exp(-inf) = 0: no proof
+
+
+class HybridScorer(nn.Module):
+    """``embedding logit + weight * prover score`` for every triple (weight 0: the embedding model alone)."""
+
+    def __init__(self, prover: Scorer, embedding: Scorer, weight: float):
+        super().__init__()
+        self.prover, self.embedding, self.weight = prover, embedding, weight
+        self.num_entities, self.num_relations = embedding.num_entities, embedding.num_relations
+
+    @torch.no_grad()
+    def score_hrt(self, hrt: Tensor) -> Tensor:
+        return self.embedding.score_hrt(hrt).float() + self.weight * self.prover.score_hrt(hrt).float().to(hrt.device)
+
+    @torch.no_grad()
+    def score_t(self, hr: Tensor) -> Tensor:
+        return self.embedding.score_t(hr).float() + self.weight * self.prover.score_t(hr).float().to(hr.device)
+
+    def score_h(self, rt: Tensor) -> Tensor:
+        return self.score_t(inverse_queries(rt, self.num_relations))
+
+
+def prover_report(model: nn.Module) -> dict:
+    """What a prover scorer's engine lost to its fixed shapes so far: {"overflow": {states, atoms, facts}}."""
+    prover = model.prover if isinstance(model, HybridScorer) else model
+    counts = prover.overflow.tolist()
+    return {"overflow": dict(zip(("states", "atoms", "facts"), counts))}

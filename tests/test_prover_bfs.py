@@ -1,0 +1,158 @@
+"""The BFS baseline as a Scorer: hand-computed scores and ranks, agreement with the reference's best proofs,
+and prover runs through the command line (prove bfs, evaluate, explain)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from kgtrace.cli import main
+from kgtrace.data.answers import AnswerIndex
+from kgtrace.data.dataset import load_dataset
+from kgtrace.data.vocab import Vocab
+from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.prover.engine import VectorEngine
+from kgtrace.prover.logic import EngineShapes, query_state
+from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
+from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
+from kgtrace.prover.rules import parse_rules
+from kgtrace.prover.run import load_prover_run
+from kgtrace.prover.scorer import BfsScorer, HybridScorer
+
+ANN, BOB, CAT, DAN = range(4)
+PARENT, GRANDPARENT = 0, 1
+TRAIN = torch.tensor([[ANN, PARENT, BOB], [BOB, PARENT, CAT], [BOB, PARENT, DAN]])
+RULES = parse_rules(["0.9  grandparent(X,Y) :- parent(X,Z), parent(Z,Y)"], Vocab(("parent", "grandparent")))
+
+
+def tiny_scorer(depth: int = 3) -> BfsScorer:
+    return BfsScorer(VectorEngine(TRAIN, RULES, 4, EngineShapes(max_atoms=4, max_history=depth + 1)), depth)
+
+
+def test_scores_are_best_proof_confidences():
+    scorer = tiny_scorer()
+    triples = torch.tensor([[ANN, GRANDPARENT, CAT], [ANN, GRANDPARENT, BOB], [ANN, PARENT, BOB], [BOB, GRANDPARENT, CAT]])
+    assert scorer.score_hrt(triples).tolist() == pytest.approx([0.9, 0.0, 1.0, 0.0])  # a fact proves with confidence 1
+    assert scorer.score_t(torch.tensor([[ANN, GRANDPARENT]])).tolist() == [pytest.approx([0.0, 0.0, 0.9, 0.9])]
+    assert scorer.score_h(torch.tensor([[GRANDPARENT, DAN]])).tolist() == [pytest.approx([0.9, 0.0, 0.0, 0.0])]
+    assert tiny_scorer(depth=2).score_hrt(triples[:1]).tolist() == [0.0]  # the chain needs three steps
+
+
+def test_ranks_with_realistic_ties():
+    # Tail side of grandparent(ann, cat): cat and dan both score 0.9 -> ranks 1 / 1.5 / 2 (optimistic / realistic /
+    # pessimistic). Head side: only ann scores -> rank 1.
+    test = torch.tensor([[ANN, GRANDPARENT, CAT]])
+    metrics = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test]))
+    assert metrics["tail"]["realistic"]["mr"] == 1.5 and metrics["tail"]["optimistic"]["mr"] == 1.0
+    assert metrics["tail"]["pessimistic"]["mr"] == 2.0 and metrics["head"]["realistic"]["mr"] == 1.0
+    assert metrics["both"]["realistic"]["mrr"] == pytest.approx((1 / 1.5 + 1) / 2)
+    # With grandparent(ann, dan) known too, dan is filtered out and cat ranks first.
+    filtered = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test, torch.tensor([[ANN, GRANDPARENT, DAN]])]))
+    assert filtered["tail"]["realistic"]["mr"] == 1.0
+
+
+def test_hybrid_adds_the_weighted_prover_score():
+    class Constant(torch.nn.Module):
+        num_entities, num_relations = 4, 2
+
+        def score_hrt(self, hrt):
+            return hrt[:, 2].float()
+
+        def score_t(self, hr):
+            return torch.arange(4.0).expand(len(hr), 4)
+
+    hybrid = HybridScorer(tiny_scorer(), Constant(), weight=10.0)
+    assert hybrid.score_t(torch.tensor([[ANN, GRANDPARENT]])).tolist() == [pytest.approx([0.0, 1.0, 11.0, 12.0])]
+    assert hybrid.score_hrt(torch.tensor([[ANN, GRANDPARENT, CAT]])).tolist() == pytest.approx([11.0])
+
+
+@pytest.fixture(scope="module")
+def nations():
+    ds = load_dataset("nations")
+    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=6)),
+                     ds.num_relations)
+    return ds, rules
+
+
+def test_open_queries_equal_ground_queries_and_the_reference(nations):
+    ds, rules = nations
+    shapes = EngineShapes(max_atoms=6, max_history=4)
+    scorer = BfsScorer(VectorEngine(ds.train, rules, ds.num_entities, shapes), 3)
+    test = ds.test[:40]
+    tails = scorer.score_t(test[:, :2])  # [40, E]
+    heads = scorer.score_h(test[:, 1:])
+    assert torch.equal(tails.gather(1, test[:, 2:]).squeeze(1), scorer.score_hrt(test))
+    assert torch.equal(heads.gather(1, test[:, :1]).squeeze(1), scorer.score_hrt(test))
+    reference = ReferenceEngine(ds.train, rules, ds.num_entities, shapes)
+    expected = []
+    for h, r, t in test[:15].tolist():
+        best = best_proofs(search(reference, query_state((h, r, t)), 3)).get(None)
+        expected.append(math.exp(best.log_confidence) if best else 0.0)
+    assert scorer.score_hrt(test[:15]).tolist() == pytest.approx(expected, abs=1e-6)
+    assert 0.0 in expected and max(expected) > 0  # proved and unproved triples: the comparison can fail
+    assert scorer.overflow.tolist() == [0, 0, 0]
+
+
+def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
+    ds, _ = nations
+    run = tmp_path / "bfs"
+    assert main(["prove", "bfs", "--dataset", "nations", "--mine", "--max-rules-per-head", "6", "--out", str(run)]) == 0
+    out = tmp_path / "metrics.json"
+    assert main(["evaluate", str(run), "--corruptions", "3", "--out", str(out), "--device", "cpu"]) == 0
+    metrics = json.loads(out.read_text())
+    assert metrics["prover"]["overflow"] == {"states": 0, "atoms": 0, "facts": 0}
+    loaded = load_prover_run(run)
+    known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
+    direct = evaluate(loaded.model, ds.test, known=known, candidates=Candidates(3))
+    assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct["both"]["realistic"]["mrr"])
+    assert metrics["candidates"] == 3 and 0 < metrics["both"]["realistic"]["mrr"] <= 1
+    # explain: the best proof of a test triple the run proves, step by step.
+    scores = loaded.model.score_hrt(ds.test[:30])
+    proved = ds.test[int(torch.nonzero(scores > 0)[0])]
+    h, r, t = (ds.entity_label(proved[0]), ds.relation_label(proved[1]), ds.entity_label(proved[2]))
+    capsys.readouterr()
+    assert main(["explain", str(run), "--triple", h, r, t, "--out", str(tmp_path / "why.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"{r}({h}, {t}): proved in" in printed and "<-  rule" in printed and "none left: proved" in printed
+    item = json.loads((tmp_path / "why.json").read_text())["proofs"][0]
+    assert item["proved"] and item["confidence"] == pytest.approx(float(scores[int(torch.nonzero(scores > 0)[0])]))
+    assert item["steps"][0]["kind"] == "rule" and item["steps"][-1]["goals_after"] == "(proved)"
+
+
+def test_prove_refuses_bad_rules_and_existing_folders(tmp_path, capsys):
+    bad = tmp_path / "bad.rules"
+    bad.write_text("0.5  embassy(X,Y) :- embassy(Y,X)\n0.5  nosuchrelation(X,Y) :- embassy(X,Y)\n")
+    assert main(["prove", "bfs", "--dataset", "nations", "--rules", str(bad), "--out", str(tmp_path / "r")]) == 2
+    assert f"{bad}:2:" in capsys.readouterr().err
+    good = tmp_path / "good.rules"
+    good.write_text("0.5  embassy(X,Y) :- embassy(Y,X)\n")
+    assert main(["prove", "bfs", "--dataset", "nations", "--rules", str(good), "--out", str(tmp_path / "r")]) == 0
+    assert main(["prove", "bfs", "--dataset", "nations", "--rules", str(good), "--out", str(tmp_path / "r")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["explain", str(tmp_path / "r"), "--self"]) == 2
+
+
+def test_report_shows_proofs_beside_tracin_explanations(full_run, tmp_path):
+    from kgtrace.report.build import build_html
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    explained = json.loads((run / "explain" / "test.json").read_text())["explanations"]
+    triples = tmp_path / "triples.tsv"
+    triples.write_text("".join(f"{e['test']['head']}\t{e['test']['relation']}\t{e['test']['tail']}\n" for e in explained))
+    prover = tmp_path / "bfs"
+    assert main(["prove", "bfs", "--dataset", "nations", "--mine", "--max-rules-per-head", "6", "--out", str(prover)]) == 0
+    assert main(["explain", str(prover), "--triples", str(triples), "--out", str(run / "explain" / "proofs.json")]) == 0
+    proofs = json.loads((run / "explain" / "proofs.json").read_text())["proofs"]
+    html = build_html(run)
+    # Each TracIn-explained triple's block holds its proof (or the prover's "no proof") beside the influences.
+    blocks = html.split('<div class="triple">')[1:]
+    assert len(blocks) == 2 * len(explained)  # the TracIn section and the proofs section
+    for block, proof in zip(blocks, proofs):
+        assert "<h3>Proof</h3>" in block and "Proponents" in block
+        assert ("resolved with" in block) == proof["proved"]
+    assert any(p["proved"] for p in proofs) and "Proofs" in html  # a proof table was drawn; the proofs have a section
