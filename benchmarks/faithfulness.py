@@ -9,13 +9,17 @@ GradRollback's neighbourhood) and each k remove those training triples and train
   the N predictions (all of them by default);
 * ``finetune``: from the run's checkpoint at half the epochs, for all N predictions;
 
+With ``--with-proof``, a BFS prover run with rules mined from the dataset's training triples
+(kgtrace's defaults, depth 3) is made per dataset, and the ``proof`` method (the facts of the
+prover's best proof of each prediction) is measured beside the others.
+
 then report PD, TC, score drop, rank change and MRR drop per (variant, method, k), what
 training again with nothing removed changes (the control), and how far fine-tuning agrees
 with retraining on the removals both ran. GradRollback's anchor (Nations, DistMult, their
 own training; PD/TC %): NH-1 54/18, GR-1 93/38, GR-10 97/83.
 
     python benchmarks/faithfulness.py [--datasets nations,umls] [--models distmult,conve] [--predictions 50]
-        [--k 1,10] [--retrain 50] [--jobs 2] [--threads 1] [--out /tmp/faithfulness-bench]
+        [--k 1,10] [--retrain 50] [--jobs 2] [--threads 1] [--with-proof] [--out /tmp/faithfulness-bench]
 
 Everything lands in --out (base runs, and each check's folder inside its run, which
 ``kgtrace report RUN`` shows); rerunning resumes every finished training.
@@ -69,11 +73,24 @@ def base_metrics(run_dir: Path) -> dict:
             "test_triples": len(run.dataset.test), "train_triples": len(run.dataset.train)}
 
 
-def check(run: Path, mode: str, sample: int, args: argparse.Namespace) -> tuple[dict, float]:
+def prover_run(dataset: str, out: Path) -> Path:
+    """Make (or reuse) a BFS prover run on ``dataset`` with mined rules, for the proof method."""
+    from kgtrace.cli import main as kgtrace
+    from kgtrace.prover.run import is_prover_run
+
+    run = out / f"{dataset}-bfs"
+    if not is_prover_run(run) and kgtrace(["prove", "bfs", "--dataset", dataset, "--mine", "--depth", "3",
+                                           "--out", str(run)]) != 0:
+        raise SystemExit(f"could not make the prover run {run}")
+    return run
+
+
+def check(run: Path, mode: str, sample: int, args: argparse.Namespace, prover: Path | None) -> tuple[dict, float]:
     from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
 
-    settings = FaithfulnessSettings(ks=args.k, methods=args.methods, mode=mode, sample=sample, seed=0, jobs=args.jobs,
-                                    threads=args.threads)
+    methods = args.methods + (("proof",) if prover is not None else ())
+    settings = FaithfulnessSettings(ks=args.k, methods=methods, mode=mode, sample=sample, seed=0, jobs=args.jobs,
+                                    threads=args.threads, prover_run=None if prover is None else str(prover))
     start = time.perf_counter()
     summary = check_faithfulness(run, run / "faithfulness", settings, progress=not args.no_progress,
                                  log=lambda text: print(f"{run.name}: {text}", file=sys.stderr))
@@ -88,8 +105,9 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     run = base_run(dataset, model, args.out, args.threads)
     trained = time.perf_counter() - start
-    retrained, retrain_s = check(run, "retrain", args.retrain, args)
-    summary, finetune_s = check(run, "finetune", args.predictions, args)
+    prover = prover_run(dataset, args.out) if args.with_proof else None
+    retrained, retrain_s = check(run, "retrain", args.retrain, args, prover)
+    summary, finetune_s = check(run, "finetune", args.predictions, args, prover)
     return {
         "dataset": dataset, "model": model, "config": MODELS[model], "base": base_metrics(run),
         "base_training_s": round(trained, 1),
@@ -100,6 +118,7 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
         "table": [rounded(row, SHOWN) for row in summary["table"]],
         "agreement": [rounded(row, tuple(row)) for row in summary["agreement"]],
         "folder": str(run / "faithfulness"),
+        "prover_run": None if prover is None else str(prover),
     }
 
 
@@ -114,6 +133,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="trainings in parallel")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--out", type=Path, default=Path("/tmp/faithfulness-bench"))
+    parser.add_argument("--with-proof", action="store_true", help="also the proof method, with a BFS prover run "
+                                                                   "on mined rules")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     args.k = tuple(int(k) for k in args.k.split(","))

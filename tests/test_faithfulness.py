@@ -15,7 +15,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness import METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness
 from kgtrace.faithfulness import summarize as summarize_measures
-from kgtrace.faithfulness.methods import neighbourhood, random_triples, tracin_last
+from kgtrace.faithfulness.methods import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
 from kgtrace.faithfulness.predictions import measure, rank_first_test, sample_rows
 from kgtrace.faithfulness.retrain import job_key
 from kgtrace.report import build_html
@@ -120,9 +120,13 @@ def test_measure_scores_probabilities_and_filtered_ranks_by_hand():
 
 
 def test_method_registry_and_settings_errors():
-    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood"]
-    with pytest.raises(ConfigError, match="unknown method proof; choose from tracin-last, tracin-all, random"):
-        FaithfulnessSettings(methods=("tracin-last", "proof")).validate()
+    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof"]
+    with pytest.raises(ConfigError, match="unknown method proofs; choose from tracin-last, tracin-all, random"):
+        FaithfulnessSettings(methods=("tracin-last", "proofs")).validate()
+    with pytest.raises(ConfigError, match="methods=proof: needs the prover run"):
+        FaithfulnessSettings(methods=("proof",)).validate()
+    with pytest.raises(ConfigError, match="only the proof method uses it"):
+        FaithfulnessSettings(methods=("random",), prover_run="somewhere").validate()
     with pytest.raises(ConfigError) as error:
         FaithfulnessSettings(ks=(0, 5), mode="cheap", jobs=0).validate()
     assert len(error.value.problems) == 3
@@ -132,22 +136,22 @@ def test_neighbourhood_removes_triples_sharing_an_entity(toy_run):
     run = load_run(toy_run, "last")
     prediction = ids(run, ("a", "r", "c"))
     # lines with a or c as head or tail: 0 (a r b), 1 (b r c), 2 (c s d), 5 (a s f); never 3, 4, 6, 7
-    everything = neighbourhood(run, prediction, 10, seed=0)[0]
+    everything = neighbourhood(run, prediction, 10, MethodInputs(seed=0))[0]
     assert sorted(everything.tolist()) == [0, 1, 2, 5]
-    two = neighbourhood(run, prediction, 2, seed=0)[0]
+    two = neighbourhood(run, prediction, 2, MethodInputs(seed=0))[0]
     assert two.tolist() == everything[:2].tolist()  # the first k of one seeded order: nested across k
-    assert neighbourhood(run, prediction, 10, seed=0)[0].tolist() == everything.tolist()
+    assert neighbourhood(run, prediction, 10, MethodInputs(seed=0))[0].tolist() == everything.tolist()
 
 
 def test_random_removal_is_seeded_per_prediction(toy_run):
     run = load_run(toy_run, "last")
     pair = ids(run, ("b", "s", "d"), ("a", "r", "e"))
-    both = random_triples(run, pair, 5, seed=3)
-    alone = random_triples(run, pair[1:], 5, seed=3)
+    both = random_triples(run, pair, 5, MethodInputs(seed=3))
+    alone = random_triples(run, pair[1:], 5, MethodInputs(seed=3))
     assert both[1].tolist() == alone[0].tolist()  # the same draw whatever else is explained
     assert len(set(both[0].tolist())) == 5 and all(0 <= i < len(TRAIN) for i in both[0].tolist())
-    assert random_triples(run, pair, 5, seed=4)[0].tolist() != both[0].tolist() or \
-        random_triples(run, pair, 5, seed=5)[0].tolist() != both[0].tolist()
+    assert random_triples(run, pair, 5, MethodInputs(seed=4))[0].tolist() != both[0].tolist() or \
+        random_triples(run, pair, 5, MethodInputs(seed=5))[0].tolist() != both[0].tolist()
 
 
 def test_tracin_removes_the_strongest_proponents(toy_run):
@@ -157,7 +161,7 @@ def test_tracin_removes_the_strongest_proponents(toy_run):
     prediction = ids(run, ("a", "r", "c"))
     influence = TracIn(run, params="last").influence(prediction)[0]  # [n_train]
     expected = sorted(range(len(influence)), key=lambda i: (-float(influence[i]), i))[:3]
-    assert tracin_last(run, prediction, 3, seed=0)[0].tolist() == expected
+    assert tracin_last(run, prediction, 3, MethodInputs(seed=0))[0].tolist() == expected
 
 
 def test_sample_rows_are_nested_across_sizes():
@@ -174,6 +178,51 @@ def test_rank_first_test_triples_are_ranked_first(nations_run):
     counts = rank_queries(run.model, run.dataset.test, known=known, sides=("tail",)).counts["tail"]
     expected = run.dataset.test[(counts.greater == 0) & (counts.equal == 0)]
     assert 0 < len(first) < len(run.dataset.test) and torch.equal(first, expected)
+
+
+@pytest.fixture(scope="module")
+def toy_prover(toy_run, tmp_path_factory):
+    """A BFS prover run on the toy data with one chain rule: s(b, d) <- r(b, c), s(c, d); r(a, e) is unprovable."""
+    folder = tmp_path_factory.mktemp("toy-prover")
+    (folder / "rules.txt").write_text("0.9  s(X,Y) :- r(X,Z), s(Z,Y)\n")
+    data = load_run(toy_run, "last").config.dataset
+    assert main(["prove", "bfs", "--dataset", data, "--rules", str(folder / "rules.txt"), "--depth", "3",
+                 "--out", str(folder / "run")]) == 0
+    return folder / "run"
+
+
+def test_proof_removes_the_facts_of_the_proof_in_order(toy_run, toy_prover):
+    run = load_run(toy_run, "last")
+    predictions = ids(run, ("b", "s", "d"), ("a", "r", "e"))
+    inputs = MethodInputs(prover_run=str(toy_prover))
+    found = proof_facts(run, predictions, 10, inputs)
+    assert [f.tolist() for f in found] == [[TRAIN.index("b\tr\tc"), TRAIN.index("c\ts\td")], []]
+    assert [f.tolist() for f in proof_facts(run, predictions, 1, inputs)] == [[TRAIN.index("b\tr\tc")], []]
+
+
+def test_proof_of_a_prover_run_on_other_labels_is_refused(toy_run, tmp_path):
+    data = tmp_path / "other"
+    data.mkdir()
+    for name, lines in (("train", TRAIN), ("valid", VALID), ("test", TEST)):
+        (data / f"{name}.txt").write_text("\n".join(line.replace("a\t", "z\t") for line in lines) + "\n")
+    (tmp_path / "rules.txt").write_text("0.9  s(X,Y) :- r(X,Z), s(Z,Y)\n")
+    assert main(["prove", "bfs", "--dataset", str(data), "--rules", str(tmp_path / "rules.txt"),
+                 "--out", str(tmp_path / "prover")]) == 0
+    run = load_run(toy_run, "last")
+    with pytest.raises(KgtraceError, match="entities differ from those of"):
+        proof_facts(run, ids(run, ("b", "s", "d")), 2, MethodInputs(prover_run=str(tmp_path / "prover")))
+
+
+def test_check_with_the_proof_method_retrains_without_the_proof(toy_run, toy_prover, tmp_path):
+    run = load_run(toy_run, "last")
+    settings = small(methods=("proof", "random"), prover_run=str(toy_prover))
+    summary = check_faithfulness(toy_run, tmp_path / "check", settings, triples=ids(run, ("b", "s", "d")),
+                                 progress=False, log=quiet)
+    removed = {(c["method"], c["k"]): c["removed"] for c in summary["cells"]}
+    proof = [TRAIN.index("b\tr\tc"), TRAIN.index("c\ts\td")]
+    assert removed[("proof", 2)] == " ".join(map(str, proof))
+    assert summary["settings"]["prover_run"] == str(toy_prover)
+    assert {r["method"] for r in summary["table"]} == {"none", "proof", "random"}
 
 
 # ----------------------------------------------------------------------------- retraining
@@ -272,7 +321,8 @@ def test_output_folder_of_another_run_or_foreign_files_is_refused(toy_run, natio
     (["{missing}"], "not a kgtrace run"),
     (["{run}", "--k", "0"], "k=0"),
     (["{run}", "--k", "1,x"], "--k '1,x'"),
-    (["{run}", "--methods", "tracin-last,proof"], "unknown method proof"),
+    (["{run}", "--methods", "tracin-last,proofs"], "unknown method proofs"),
+    (["{run}", "--methods", "proof"], "needs the prover run"),
 ])
 def test_cli_errors_are_one_line_with_exit_2(args, says, toy_run, tmp_path, capsys):
     argv = [a.format(missing=tmp_path / "nothing", run=toy_run) for a in args]

@@ -735,7 +735,10 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--sample", type=int, metavar="N", help="explain N of the rank-first test triples, drawn at "
                                                               "random; unset: all of them")
     p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"removal methods, comma-separated: {', '.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(m for m in METHODS if m != "proof"),
+                   help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run)")
+    p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
+                                                       "method removes the facts of its proof of each prediction")
     p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
     p.add_argument("--mode", choices=("retrain", "finetune"), default="retrain",
                    help="train again from scratch, or continue an early checkpoint without the removed triples")
@@ -763,7 +766,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     methods = tuple(x.strip() for x in args.methods.split(",") if x.strip())
     settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
                                     sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
-                                    device=args.device, keep_runs=args.keep_runs)
+                                    device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run)
     try:
         settings.validate()
     except ConfigError as e:

@@ -40,7 +40,7 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness import metrics
-from kgtrace.faithfulness.methods import METHODS
+from kgtrace.faithfulness.methods import METHODS, MethodInputs
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
 from kgtrace.faithfulness.retrain import MODES, Job, job_key, read_result, run_jobs, variant
@@ -67,6 +67,7 @@ class FaithfulnessSettings:
     threads: int = 1  # torch threads per training
     device: str = "cpu"
     keep_runs: bool = False  # keep every trained run under OUT/runs/ (to inspect them)
+    prover_run: str | None = None  # the prover run (kgtrace prove --out) of the proof method
 
     def validate(self) -> "FaithfulnessSettings":
         problems = []
@@ -82,6 +83,10 @@ class FaithfulnessSettings:
                      if getattr(self, key) < 1]
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
+        if "proof" in self.methods and self.prover_run is None:
+            problems.append("methods=proof: needs the prover run whose proofs to remove; fix: pass --prover-run DIR")
+        if self.prover_run is not None and "proof" not in self.methods:
+            problems.append(f"prover_run={self.prover_run}: only the proof method uses it; fix: add proof to methods")
         if self.finetune_from is not None and self.mode != "finetune":
             problems.append(f"finetune_from={self.finetune_from}: only applies to mode finetune")
         if problems:
@@ -203,15 +208,19 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
     k = max(settings.ks)
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
     methods = saved.get("methods", {}) if saved.get("seed") == settings.seed else {}
+    if saved.get("prover_run") != settings.prover_run:  # proofs of another prover run
+        methods.pop("proof", None)
+    inputs = MethodInputs(settings.seed, progress, settings.prover_run)
     keys = [",".join(map(str, row)) for row in as_rows(predictions)]
     for name in settings.methods:
         have = {key: row for key, row in methods.get(name, {}).items() if row["k"] >= k}  # computed for k or more
         missing = [i for i, key in enumerate(keys) if key not in have]
         if missing:
-            found = METHODS[name](run, predictions[missing], k, settings.seed, progress)
+            found = METHODS[name](run, predictions[missing], k, inputs)
             have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row]} for i, row in zip(missing, found)}
         methods[name] = {**methods.get(name, {}), **have}
-    atomic_write_text(cache, json.dumps({"seed": settings.seed, "methods": methods}) + "\n")
+    atomic_write_text(cache, json.dumps({"seed": settings.seed, "prover_run": settings.prover_run,
+                                         "methods": methods}) + "\n")
     return {name: [methods[name][key]["ranked"][:k] for key in keys] for name in settings.methods}
 
 
@@ -294,7 +303,8 @@ def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSetti
     return {
         "run": str(run.path.resolve()), "checkpoint": run.checkpoint.name, "epochs": epochs,
         "settings": {"ks": list(settings.ks), "methods": list(settings.methods), "mode": settings.mode,
-                     "variant": here, "seed": settings.seed, "sample": settings.sample},
+                     "variant": here, "seed": settings.seed, "sample": settings.sample,
+                     "prover_run": settings.prover_run},
         "predictions": {"how": how, "triples": [labels(run, row) for row in as_rows(predictions)]},
         "control_max_abs_score_change": control,
         "table": table,

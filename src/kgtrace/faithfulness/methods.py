@@ -16,30 +16,46 @@ smaller k takes the first k of that list, so the removed sets are nested across 
   too). A prediction with fewer than k neighbours loses all of them. (GradRollback's code
   also counts triples that merely share the relation r; the issue asks for shared entities.)
 
-The proof method (the facts of a prover's proof) needs a prover run and is not here.
+* ``proof``: the facts (training triples) of the proof a prover run (``kgtrace prove``) finds
+  for the prediction, in the order the proof uses them: the best proof within its depth for a
+  BFS run, the policy's for a learned one. An unproved prediction loses nothing, and a proof
+  with fewer than k facts loses all of them. The prover run must use the embedding run's
+  entity and relation labels (ids are matched by label).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.run import Run
 
-__all__ = ["METHODS", "Method"]
-
-Method = Callable[[Run, Tensor, int, int, bool], list[Tensor]]
+__all__ = ["METHODS", "Method", "MethodInputs"]
 
 
-def tracin_last(run: Run, predictions: Tensor, k: int, seed: int, progress: bool = False) -> list[Tensor]:
-    return _tracin(run, predictions, k, "last", progress)
+@dataclass(frozen=True)
+class MethodInputs:
+    """What a method may need besides the run and the predictions."""
+
+    seed: int = 0  # of the random draws (random, neighbourhood)
+    progress: bool = False  # show TracIn's progress bar
+    prover_run: str | None = None  # the prover run folder (proof)
 
 
-def tracin_all(run: Run, predictions: Tensor, k: int, seed: int, progress: bool = False) -> list[Tensor]:
-    return _tracin(run, predictions, k, "all", progress)
+Method = Callable[[Run, Tensor, int, MethodInputs], list[Tensor]]
+
+
+def tracin_last(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
+    return _tracin(run, predictions, k, "last", inputs.progress)
+
+
+def tracin_all(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
+    return _tracin(run, predictions, k, "all", inputs.progress)
 
 
 def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) -> list[Tensor]:
@@ -49,21 +65,64 @@ def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) 
     return [item.proponents.clone() for item in found]
 
 
-def random_triples(run: Run, predictions: Tensor, k: int, seed: int, progress: bool = False) -> list[Tensor]:
+def random_triples(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
     n = len(run.dataset.train)
-    return [torch.randperm(n, generator=_generator(seed, "random", triple))[:k] for triple in predictions]
+    return [torch.randperm(n, generator=_generator(inputs.seed, "random", triple))[:k] for triple in predictions]
 
 
-def neighbourhood(run: Run, predictions: Tensor, k: int, seed: int, progress: bool = False) -> list[Tensor]:
+def neighbourhood(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
     train = run.dataset.train
     chosen = []
     for triple in predictions:
         ends = triple[[0, 2]]  # [2] the prediction's head and tail
         shares = torch.isin(train[:, 0], ends) | torch.isin(train[:, 2], ends)  # [n_train]
         candidates = torch.nonzero(shares).flatten()
-        order = torch.randperm(len(candidates), generator=_generator(seed, "neighbourhood", triple))
+        order = torch.randperm(len(candidates), generator=_generator(inputs.seed, "neighbourhood", triple))
         chosen.append(candidates[order[:k]])
     return chosen
+
+
+def proof_facts(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
+    from kgtrace.prover.explain import find_proof
+    from kgtrace.prover.reference import FACT
+    from kgtrace.prover.run import load_prover_run
+
+    if inputs.prover_run is None:
+        raise ConfigError(["methods=proof: needs a prover run; fix: pass --prover-run DIR (a kgtrace prove --out folder)"])
+    prover = load_prover_run(inputs.prover_run)
+    entity_ids, relation_ids = _same_labels(run, prover.dataset, inputs.prover_run)
+    train_index = {triple: i for i, triple in enumerate(map(tuple, run.dataset.train.tolist()))}
+    back_entity = {p: e for e, p in enumerate(entity_ids)}
+    back_relation = {p: r for r, p in enumerate(relation_ids)}
+    chosen = []
+    for h, r, t in predictions.tolist():
+        proof = find_proof(prover, (entity_ids[h], relation_ids[r], entity_ids[t]))
+        facts = []
+        for step in proof.steps if proof is not None else ():
+            if step.kind == FACT:
+                rel, head, tail = prover.engine.fact_atom(step.index)  # the prover's ids
+                triple = (back_entity[head], back_relation[rel], back_entity[tail])
+                if triple not in train_index:
+                    raise KgtraceError(f"{inputs.prover_run}: its proof of a prediction uses a fact that is not a "
+                                       f"training triple of {run.path}. Fix: pass a prover run made from the "
+                                       "embedding run's dataset and split")
+                facts.append(train_index[triple])
+        chosen.append(torch.tensor(list(dict.fromkeys(facts))[:k], dtype=torch.long))  # first use of each fact
+    return chosen
+
+
+def _same_labels(run: Run, prover_dataset, prover_run: str) -> tuple[list[int], list[int]]:
+    """The prover's id of each of the run's entities and relations (by label); raises when labels differ."""
+    maps = []
+    for what in ("entities", "relations"):
+        ours, theirs = getattr(run.dataset, what), getattr(prover_dataset, what)
+        missing = [label for label in ours.labels if label not in theirs.to_id]
+        if missing or len(ours.labels) != len(theirs.labels):
+            raise KgtraceError(f"{prover_run}: the prover run's {what} differ from those of {run.path} "
+                               f"(e.g. {(missing or ['a different count'])[0]!r}). Fix: pass a prover run made "
+                               "from the same dataset as the embedding run")
+        maps.append([theirs.to_id[label] for label in ours.labels])
+    return maps[0], maps[1]
 
 
 def _generator(seed: int, salt: str, triple: Tensor) -> torch.Generator:
@@ -78,4 +137,5 @@ METHODS: dict[str, Method] = {
     "tracin-all": tracin_all,
     "random": random_triples,
     "neighbourhood": neighbourhood,
+    "proof": proof_facts,
 }
