@@ -28,6 +28,7 @@ Everything lands in --out (base runs, and each check's folder inside its run, wh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -79,8 +80,11 @@ def prover_run(dataset: str, out: Path) -> Path:
     from kgtrace.prover.run import is_prover_run
 
     run = out / f"{dataset}-bfs"
-    if not is_prover_run(run) and kgtrace(["prove", "bfs", "--dataset", dataset, "--mine", "--depth", "3",
-                                           "--out", str(run)]) != 0:
+    if is_prover_run(run):
+        return run
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON only
+        done = kgtrace(["prove", "bfs", "--dataset", dataset, "--mine", "--depth", "3", "--out", str(run)])
+    if done != 0:
         raise SystemExit(f"could not make the prover run {run}")
     return run
 
