@@ -218,7 +218,9 @@ def run_dataset(name: str, args, work: Path) -> dict:
     run = load_prover_run(trained.run_dir)
     scorer = PolicyScorer(run.model.policy, run.model.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
                           compile=args.compile_policy)
-    subset = ds.test[: args.policy_test_triples] if args.policy_test_triples else ds.test
+    limits = [int(n) for n in args.policy_test_triples.split(",")]
+    limit = limits[args.datasets.split(",").index(name)] if len(limits) > 1 else limits[0]
+    subset = ds.test[:limit] if limit else ds.test
     valid_tables = policy_tables(scorer, VALID[0], ds.num_relations)
     valid_mrrs = {mode: round(valid_mrr(rows, ds), 4) for mode, rows in valid_tables.items()}
     mode = max(PROOF_SCORES, key=lambda m: valid_mrrs[m])  # first listed wins a tie
@@ -261,8 +263,9 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="PPO epochs of the policy")
     parser.add_argument("--beam", type=int, default=4, help="the policy's beam width when scoring")
-    parser.add_argument("--policy-test-triples", type=int, default=0,
-                        help="rank only the first N test triples for the policy (0: all); the others also on them")
+    parser.add_argument("--policy-test-triples", default="0",
+                        help="rank only the first N test triples for the policy (0: all), one N or one per dataset; "
+                             "the other methods are also reported on them")
     parser.add_argument("--policy-batch", type=int, default=512, help="ground searches per policy beam batch")
     parser.add_argument("--no-compile-policy", dest="compile_policy", action="store_false",
                         help="run the policy's beam search eagerly (else one compiled graph)")
