@@ -86,11 +86,11 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass) -
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
     a, z_hat, y = pairs_fn(model, pairs)  # [U, F], [U, D], [U, D]
     dy_dz = _bn2_slope(model, y)  # [D]
-    q = torch.relu(y)[index]  # [n, D]
+    q = torch.relu(y).index_select(0, index)  # [n, D]
     tails = triples[:, 2]
     e_t = model.entity_embeddings[tails]  # [n, D]
     g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
-    dl_dy = (g.unsqueeze(1) * e_t).masked_fill_(y[index] <= 0, 0.0)  # [n, D], relu's derivative
+    dl_dy = (g.unsqueeze(1) * e_t).masked_fill_(q <= 0, 0.0)  # [n, D], relu's derivative (q <= 0 iff y <= 0)
     return _Pass(pairs, index, a, z_hat, q, g, dl_dy, dl_dy * dy_dz)
 
 

@@ -80,7 +80,8 @@ def dot(x: Factors, y: Factors) -> Tensor:
                     out.index_put_((i, j), (g_x[i, s] * g_y[j, s2]).sum(-1).float(), accumulate=True)
     for ox, oy in zip(x.outer, y.outer, strict=True):
         aa = (ox.a @ oy.a.T).float()  # [U_x, U_y]
-        out += aa[ox.index][:, oy.index] * (ox.delta @ oy.delta.T).float()
+        # index_select, not aa[i][:, j]: advanced indexing along columns is ~4x slower on CPU.
+        out += aa.index_select(0, ox.index).index_select(1, oy.index) * (ox.delta @ oy.delta.T).float()
     return out
 
 
