@@ -212,7 +212,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
 
     started = time.perf_counter()
     config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
-                          beam_width=args.beam, threads=args.threads, eval_triples=100)
+                          beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
     train_seconds = time.perf_counter() - started
     run = load_prover_run(trained.run_dir)
@@ -268,7 +268,7 @@ def main() -> None:
                              "the other methods are also reported on them")
     parser.add_argument("--policy-batch", type=int, default=512, help="ground searches per policy beam batch")
     parser.add_argument("--no-compile-policy", dest="compile_policy", action="store_false",
-                        help="run the policy's beam search eagerly (else one compiled graph)")
+                        help="train and search with the policy eagerly (else its rollout and beam search are compiled graphs)")
     parser.add_argument("--conve-epochs", type=int, default=100)
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
     parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")

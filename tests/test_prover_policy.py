@@ -1,5 +1,5 @@
 """The proof environment (pure steps, success and failure), rollouts and beam search, PPO's pieces,
-policy runs trained, resumed, evaluated and explained; the compiled rollout equal to the eager one."""
+policy runs trained, resumed, evaluated and explained; the compiled rollout and beam search equal to the eager ones."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kgtrace.prover.engine import VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Trajectory, beam_search, env_reset, env_step, rollout
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
-from kgtrace.prover.policy import ProofPolicy, beam_scores, compiled_rollout
+from kgtrace.prover.policy import PolicyScorer, ProofPolicy, beam_scores, compiled_rollout
 from kgtrace.prover.ppo import _is_known, _triple_keys, advantages, corrupt, resume_policy, train_policy
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import ProverConfig
@@ -200,6 +200,25 @@ def test_compiled_rollout_equals_eager(tiny):
     for name, got, want in zip(Trajectory._fields, compiled, eager):
         assert torch.allclose(got, want, atol=1e-5) if got.is_floating_point() else torch.equal(got, want), name
     assert call.stats.recompilations == 0 and call.stats.graph_breaks == 0
+
+
+def test_compiled_beam_search_equals_eager(tiny):
+    engine, policy = tiny
+    hrt = torch.tensor([(ANN, GRANDPARENT, CAT), (BOB, GRANDPARENT, ANN), (ANN, GRANDPARENT, DAN), (ANN, PARENT, BOB),
+                        (CAT, GRANDPARENT, DAN)] * 2)  # 10 queries: batches of 4, the last one padded
+    eager = PolicyScorer(policy, engine, STEPS, width=3, batch_size=4)
+    compiled = PolicyScorer(policy, engine, STEPS, width=3, batch_size=4, compile=True)
+    with torch.no_grad():
+        for part in hrt.split(4):
+            got, want = compiled.search(part), eager.search(part)
+            for name, g, w in zip(got._fields, got, want):
+                assert torch.allclose(g, w, atol=1e-5) if g.is_floating_point() else torch.equal(g, w), name
+        for mode in ("confidence", "noisy_or", "probability"):
+            eager.proof_score = compiled.proof_score = mode
+            assert torch.allclose(compiled.score_hrt(hrt), eager.score_hrt(hrt), atol=1e-5), mode
+    assert compiled.score_hrt(hrt)[:4].gt(1).tolist() == [True, False, True, True]  # proved: 1 + confidence
+    stats = compiled._compiled.stats
+    assert stats.recompilations == 0 and stats.graph_breaks == 0
 
 
 def test_a_training_query_without_its_own_fact_looks_like_a_test_query():

@@ -60,7 +60,7 @@ class ProverConfig:
     max_atoms: int = 6  # engine shapes (see kgtrace.prover.logic.EngineShapes)
     max_states: int = 0
     max_facts: int = 0
-    compile: bool = False  # run the engine's step through torch.compile
+    compile: bool = False  # run the engine's step, the rollout and the beam search through torch.compile
     embedding_run: str = ""  # hybrid: an embedding run over the same ids, whose logit is added
     hybrid_weight: float = 1.0  # hybrid score = embedding logit + weight * prover score
     device: str = "auto"

@@ -251,8 +251,8 @@ def compiled_rollout(policy: ProofPolicy, engine: VectorEngine, max_steps: int, 
 
 
 def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, derive: Deriver | None,
-                       checkpoint: str | Path | None, device: torch.device | str) -> PolicyScorer:
-    """The policy of a run's checkpoint (best, last or a file) as a scorer."""
+                       checkpoint: str | Path | None, device: torch.device | str, compile: bool = False) -> PolicyScorer:
+    """The policy of a run's checkpoint (best, last or a file) as a scorer (compile: its beam search compiled)."""
     from kgtrace.run import resolve_checkpoint
     from kgtrace.training.checkpoint import check_digests, load_checkpoint
 
@@ -263,7 +263,7 @@ def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, der
                          engine.keys_head, config.entity_embeddings)
     policy.load_state_dict(state["policy_state"])
     return PolicyScorer(policy.to(device).eval(), engine, config.depth, derive, width=config.beam_width,
-                        proof_score=config.proof_score)
+                        proof_score=config.proof_score, compile=compile)
 
 
 def policy_proof(run, triple: tuple[int, int, int]):

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from kgtrace.compile import logged_compilation
 from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset
@@ -78,7 +79,8 @@ def train_policy(config: ProverConfig, dataset: Dataset, rules: RuleSet, out: st
     state = new_state(config, dataset, engine)
     if config.init_from:
         log(init_from_run(state.policy, config.init_from, dataset))
-    return fit(state, config, dataset, engine, out, progress, log)
+    with logged_compilation(out / "compile_stats.json", config.compile, log):
+        return fit(state, config, dataset, engine, out, progress, log)
 
 
 def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool = True, log=print) -> PolicyResult:
@@ -99,7 +101,8 @@ def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool 
         restore_state(state, saved)
         log(f"resuming {out} from {path.name} (epoch {state.epoch})")
     write_yaml(config.to_dict(), out / CONFIG_FILE)
-    return fit(state, config, dataset, engine, out, progress, log)
+    with logged_compilation(out / "compile_stats.json", config.compile, log):
+        return fit(state, config, dataset, engine, out, progress, log)
 
 
 def new_state(config: ProverConfig, dataset: Dataset, engine: VectorEngine) -> PolicyState:
@@ -138,6 +141,10 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
     keys = _triple_keys(dataset.train, dataset.num_entities, dataset.num_relations)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     collect = _collector(state.policy, engine, config)
+    # Built once: with config.compile its beam search compiles on the first validation only (it reads the
+    # policy's current weights at every call).
+    scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width, proof_score=config.proof_score,
+                          compile=config.compile)
     _truncate_metrics(out, state.epoch)
     while state.epoch < config.epochs:
         started = time.perf_counter()
@@ -151,7 +158,7 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
         state.epoch += 1
         record = {"epoch": state.epoch, "step": state.step, **totals, "seconds": time.perf_counter() - started}
         if config.eval_every and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
-            record.update(_validate(state, config, dataset, engine, known_valid))
+            record.update(_validate(state, config, dataset, scorer, known_valid))
             if record["valid_improved"]:
                 save_checkpoint(state_dict(state, config, dataset), out / "checkpoints" / "best.pt")
         with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -280,9 +287,8 @@ def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory,
     return total / max(count, 1)
 
 
-def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: VectorEngine,
+def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, scorer: PolicyScorer,
               known: AnswerIndex) -> dict:
-    scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width, proof_score=config.proof_score)
     metrics = evaluate(scorer, dataset.valid[: config.eval_triples], known=known,
                        candidates=Candidates(config.eval_corruptions, seed=config.seed))["both"]["realistic"]
     improved = metrics["mrr"] > state.best_mrr

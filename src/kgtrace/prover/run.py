@@ -90,7 +90,7 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
                     device: torch.device | str = "cpu", *, compile: bool | None = None) -> ProverRun:
     """Reload a prover run; checkpoint (policy runs): None/'best', 'last' or a file.
 
-    compile: run the engine's step through torch.compile (None: as the run's config says).
+    compile: run the engine's step, and a policy's beam search, through torch.compile (None: as the run's config says).
     """
     from kgtrace.prover.scorer import BfsScorer, HybridScorer
     from kgtrace.prover.search import compiled_deriver
@@ -103,13 +103,14 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
                            relations=read_vocab(run_dir / "rel_dict"))
     rules = read_rules(run_dir / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
-    derive = compiled_deriver(engine, 1024) if (config.compile if compile is None else compile) else None
+    compile = config.compile if compile is None else compile
+    derive = compiled_deriver(engine, 1024) if compile else None
     if config.method == "bfs":
         model: nn.Module = BfsScorer(engine, config.depth, derive)
     else:
         from kgtrace.prover.policy import load_policy_scorer
 
-        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device)
+        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, compile)
     if config.embedding_run:
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
     return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
