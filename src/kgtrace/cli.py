@@ -323,7 +323,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if prover and args.world.distributed:
         raise KgtraceError(f"{args.run_dir}: a prover run is evaluated in one process (its overflow counts are "
                            "per process). Fix: run this command without torchrun")
-    # A prover run compiles its engine's step (--compile, or its own setting); ranking itself runs eagerly.
+    # A prover run compiles its engine's step and its policy's beam search (--compile, or its own setting);
+    # ranking itself runs eagerly.
     run = (load_prover_run(args.run_dir, args.checkpoint, device, compile=args.compile) if prover
            else load_run(args.run_dir, args.checkpoint, device=device))
     ds = run.dataset
@@ -333,8 +334,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     compile_ = not prover and (device.type == "cuda" if args.compile is None else args.compile)
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
+    prover_compiles = prover and (run.config.compile if args.compile is None else args.compile)
     with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
-                            compile_ and args.world.is_main):
+                            (compile_ or prover_compiles) and args.world.is_main):
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
