@@ -6,6 +6,8 @@ during training, so reported numbers never depend on which door was used.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -199,19 +201,33 @@ def rank_queries(
     device: torch.device | str | None = None,
 ) -> QueryRanks:
     """Filtered rank counts of every query of ``triples`` [n, 3]; see :func:`evaluate`."""
+    device, known = ranking_inputs(model, triples, known, device)
+    with eval_mode(model):
+        counts = {side: rank_side_with(model, side_queries(triples, model.num_relations, side), known, candidates,
+                                       memory_budget=memory_budget, device=device) for side in sides}
+    return QueryRanks(triples, counts, candidates)
+
+
+def ranking_inputs(model: Scorer, triples: Tensor, known: Tensor | AnswerIndex | None,
+                   device: torch.device | str | None) -> tuple[torch.device, AnswerIndex]:
+    """The device to rank on (None: the model's) and the known triples as an index (None: none)."""
     device = model_device(model) if device is None else torch.device(device)
     if not isinstance(known, AnswerIndex):
         known = AnswerIndex.build(known if known is not None else triples[:0], model.num_relations)
+    return device, known
+
+
+@contextmanager
+def eval_mode(model: Scorer) -> Iterator[None]:
+    """The model in eval mode for the block (BatchNorm on running statistics, no dropout); its mode restored after."""
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
-        model.eval()  # BatchNorm on running statistics, no dropout
+        model.eval()
     try:
-        counts = {side: rank_side_with(model, side_queries(triples, model.num_relations, side), known, candidates,
-                                       memory_budget=memory_budget, device=device) for side in sides}
+        yield
     finally:
         if was_training:
             model.train()
-    return QueryRanks(triples, counts, candidates)
 
 
 def model_device(model: Scorer) -> torch.device:

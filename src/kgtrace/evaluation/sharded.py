@@ -20,8 +20,9 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.distributed import ONE, World, block_split
 from kgtrace.evaluation import candidates as cand
-from kgtrace.evaluation.evaluate import (BYTES_PER_SCORE, SIDES, Candidates, QueryRanks, SideQueries, metrics_of,
-                                         model_device, query_chunk_size, rank_queries, rank_side_with, side_queries)
+from kgtrace.evaluation.evaluate import (BYTES_PER_SCORE, SIDES, Candidates, QueryRanks, SideQueries, eval_mode,
+                                         metrics_of, query_chunk_size, rank_queries, rank_side_with,
+                                         ranking_inputs, side_queries)
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models.base import Scorer
 
@@ -90,14 +91,9 @@ def rank_queries_sharded(
     if not world.distributed:
         return rank_queries(model, triples, known=known, sides=sides, candidates=candidates,
                             memory_budget=memory_budget, device=device)
-    device = model_device(model) if device is None else torch.device(device)
-    if not isinstance(known, AnswerIndex):
-        known = AnswerIndex.build(known if known is not None else triples[:0], model.num_relations)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()  # BatchNorm on running statistics, no dropout
+    device, known = ranking_inputs(model, triples, known, device)
     counts = {}
-    try:
+    with eval_mode(model):
         for side in sides:
             sq = side_queries(triples, model.num_relations, side)
             chunk = queries_per_chunk(model, candidates, memory_budget, len(sq.answers))
@@ -108,9 +104,6 @@ def rank_queries_sharded(
             local = _rank_part(model, part, known, candidates, chunk=chunk, memory_budget=memory_budget,
                                device=device)
             counts[side] = _gather(local, sizes, world)
-    finally:
-        if was_training:
-            model.train()
     return QueryRanks(triples, counts, candidates)
 
 
