@@ -115,7 +115,7 @@ def vector_search(engine: VectorEngine, derive: Deriver, starts: Tensor, depth: 
             keep &= result_depth[frontier.query] < 0
         frontier = _take(frontier, keep)
         expanded += len(frontier.query)
-        frontier = _expand(frontier, derive, excluded, level, overflow, chunk)
+        frontier = _expand(frontier, derive, excluded, level, overflow, chunk, depth - level - 1, R)
     return SearchResult(result_depth, best, overflow, answers, expanded)
 
 
@@ -146,15 +146,20 @@ def _take(frontier: _Frontier, keep: Tensor) -> _Frontier:
 
 
 def _expand(frontier: _Frontier, derive: Deriver, excluded: Tensor, level: int, overflow: Tensor,
-            chunk: int) -> _Frontier:
-    """Derive every frontier state (in chunks) and gather the derived states as the next frontier."""
+            chunk: int, max_goals: int, num_relations: int) -> _Frontier:
+    """Derive every frontier state (in chunks) and gather the derived states as the next frontier.
+
+    Only derived states with at most ``max_goals`` goals (the steps left) are gathered: the next
+    level would drop the others unexamined, and after the last step only proofs are left to note.
+    """
     parts = []
     for start in range(0, len(frontier.query), chunk):
         part = _Frontier(*(x[start : start + chunk] for x in (frontier.states, frontier.history, frontier.query,
                                                                 frontier.log_confidence)))
         out = derive(part.states, part.history, excluded[part.query])
         overflow.index_add_(0, part.query, out.overflow)
-        row, slot = torch.nonzero(out.valid, as_tuple=True)  # in order: state by state, derived in canonical order
+        promising = out.valid & (_goals(out.states, num_relations) <= max_goals)  # [n, S]
+        row, slot = torch.nonzero(promising, as_tuple=True)  # in order: state by state, derived in canonical order
         states = out.states[row, slot]  # [m, A, 3]
         history = part.history[row].clone()  # [m, H, A, 3]
         history[:, level + 1] = states
