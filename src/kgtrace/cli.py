@@ -334,9 +334,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     compile_ = not prover and (device.type == "cuda" if args.compile is None else args.compile)
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
     known = ds.known_triples(args.split)
-    prover_compiles = prover and (run.config.compile if args.compile is None else args.compile)
     with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
-                            (compile_ or prover_compiles) and args.world.is_main):
+                            (compile_ or (prover and run.config.compile)) and args.world.is_main):
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)

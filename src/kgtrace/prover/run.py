@@ -103,14 +103,15 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
                            relations=read_vocab(run_dir / "rel_dict"))
     rules = read_rules(run_dir / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
-    compile = config.compile if compile is None else compile
-    derive = compiled_deriver(engine, 1024) if compile else None
+    if compile is not None:  # the returned run's config says what it runs with
+        config = dataclasses.replace(config, compile=compile)
+    derive = compiled_deriver(engine, 1024) if config.compile else None
     if config.method == "bfs":
         model: nn.Module = BfsScorer(engine, config.depth, derive)
     else:
         from kgtrace.prover.policy import load_policy_scorer
 
-        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, compile)
+        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, config.compile)
     if config.embedding_run:
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
     return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
