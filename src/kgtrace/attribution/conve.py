@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block
+from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, dot
 
 __all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "pair_pass",
@@ -90,7 +90,7 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass) -
     tails = triples[:, 2]
     e_t = model.entity_embeddings[tails]  # [n, D]
     g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
-    dl_dy = (g.unsqueeze(1) * e_t).masked_fill_(q <= 0, 0.0)  # [n, D], relu's derivative (q <= 0 iff y <= 0)
+    dl_dy = g.unsqueeze(1) * e_t * relu_gate(q)  # [n, D], relu's derivative (q > 0 iff y > 0)
     return _Pass(pairs, index, a, z_hat, q, g, dl_dy, dl_dy * dy_dz)
 
 

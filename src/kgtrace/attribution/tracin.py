@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from kgtrace.attribution.compiled import CompiledGradients
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, forward_mode_pays
+from kgtrace.attribution.conve import conve_factors, conve_forward_influence, forward_mode_pays, needs_upstream
 from kgtrace.attribution.factors import Factors, dot, self_dot
 from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
@@ -64,6 +64,8 @@ FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = 
 }
 #: Influence on few test triples without per-triple backward passes: (whether it pays, how).
 FORWARD_MODE = {"ConvE": (forward_mode_pays, conve_forward_influence)}
+#: Parameter sets for which the fast path allocates same-sized blocks per sub-chunk or test triple.
+REUSES_BLOCKS = {"ConvE": needs_upstream}
 SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress
 
 
@@ -180,6 +182,11 @@ class TracIn:
         return (self.forward_mode and self.path == "fast" and self.precision == "fp32" and pays is not None
                 and pays(self.model, self.names, len(test), triples))
 
+    def _reuses_blocks(self) -> bool:
+        """Whether the fast path allocates the same large blocks over and over for these parameters."""
+        reuses = REUSES_BLOCKS.get(type(self.model).__name__)
+        return self.path == "fast" and reuses is not None and reuses(self.names)
+
     def _check_test(self, test: Tensor) -> Tensor:
         test = torch.as_tensor(test, dtype=torch.long, device=self.device)
         if test.dim() == 1:
@@ -203,6 +210,12 @@ class TracIn:
         with torch.no_grad():  # kept for the whole pass: each checkpoint's test factors, computed once
             test_factors = None if test is None else [self._factorise(m, test) for m in models]
         chunks = self._chunks()
+        if self._reuses_blocks():
+            # Same-sized blocks re-allocated per test triple or per sub-chunk: keeping freed memory saves
+            # their page faults (15% of forward mode's time, 25% of the upstream pass's). Not for the other
+            # passes, whose chunk-sized blocks vary: kept, they fragment the heap (working memory +20%
+            # from 250k to 1M training triples).
+            keep_freed_memory()
         bar = tqdm(total=len(chunks), initial=state.next, desc=desc, unit="chunk", disable=not progress,
                    dynamic_ncols=True)
         with bar, torch.no_grad():
@@ -212,10 +225,6 @@ class TracIn:
                 if test is None:
                     parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
                 elif self._forward_mode(test, triples):
-                    # Forward mode re-allocates same-sized blocks per test triple: keeping freed memory saves
-                    # their page faults (15% of its time). Not for the other passes, whose chunk-sized blocks
-                    # vary: kept, they fragment the heap (working memory +20% from 250k to 1M triples).
-                    keep_freed_memory()
                     influence = FORWARD_MODE[type(self.model).__name__][1]
                     influence = influence if self.compiled is None else self.compiled.wrap(influence)
                     parts = [lr * influence(m, tf, test, triples, self.names)
