@@ -7,9 +7,11 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
   the learned policy (PPO for --epochs epochs, then its beam search of every candidate triple; its
   proof score, confidence / noisy_or / probability, chosen on the validation triples), ConvE
   (--conve-epochs), and the hybrids ConvE logit + w x prover score, w chosen on validation triples
-  from a grid. The policy searches each (query, entity) pair, E searches per query: with
-  --policy-test-triples N only the first N test triples are ranked for it, and BFS, ConvE and the
-  BFS hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
+  from a grid (0 for a triple the prover does not prove, as kgtrace's HybridScorer; for the policy
+  also ``hybrid_policy_conve_value_kept``, its value estimate kept for unproved triples). The policy
+  searches each (query, entity) pair, E searches per query: with --policy-test-triples N only the
+  first N test triples are ranked for it, and BFS, ConvE and the BFS hybrid are reported on the same
+  N triples too (``*_policy_subset``), side by side;
 * proof rates: the share of test triples, and of their sampled corruptions, that each prover proves;
 * engine speed: exhaustive provability search to --depth of --qps-queries test triples and as many
   corruptions, in queries per second, for the reference engine, the vectorised engine eager and
@@ -47,7 +49,7 @@ from kgtrace.prover.policy import PolicyScorer, beam_scores
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
-from kgtrace.prover.scorer import BfsScorer
+from kgtrace.prover.scorer import BfsScorer, proof_part
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
@@ -135,10 +137,13 @@ def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
             "proof_rate": proof_rates(rows, ds, proved_above)}
 
 
-def hybrid(prover_rows: dict, prover_valid: dict, conve, ds) -> dict:
-    """ConvE logit + w x prover score, w picked by validation MRR (all entities, filtered by train + valid)."""
+def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float, conve, ds) -> dict:
+    """ConvE logit + w x prover proof score (0 unproved: kgtrace's HybridScorer), w picked by validation MRR
+    (all entities, filtered by train + valid)."""
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
     conve_rows = {key: conve.score_t(torch.tensor([key])).squeeze(0).float() for key in prover_rows | prover_valid}
+    prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
+    prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
     best = None
     for w in WEIGHTS:
         mixed = TableScorer({k: conve_rows[k] + w * v for k, v in prover_valid.items()}, ds.num_entities,
@@ -212,7 +217,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
                     args.depth, state_chunk=1024)
     bfs.derive = compiled_deriver(bfs.engine, 1024)
     bfs_rows, bfs_valid = table(bfs, ds.test, ds.num_relations), table(bfs, VALID[0], ds.num_relations)
-    result["bfs"] = {"depth": args.depth, **evaluate_rows(bfs_rows, ds, 0.0),
+    result["bfs"] = {"depth": args.depth, **evaluate_rows(bfs_rows, ds, BfsScorer.proof_line),
                      "seconds": round(time.perf_counter() - started, 1), "overflow": bfs.overflow.tolist()}
     log("bfs", result["bfs"])
 
@@ -234,11 +239,11 @@ def run_dataset(name: str, args, work: Path) -> dict:
     TEST[0] = subset
     result["policy"] = {"epochs": args.epochs, "beam_width": args.beam, "best_valid_mrr": round(trained.best_valid_mrr, 4),
                         "test_triples": len(subset), "proof_score": mode, "valid_mrr_by_proof_score": valid_mrrs,
-                        **evaluate_rows(policy_rows, ds, 1.0), "train_seconds": round(train_seconds, 1),
+                        **evaluate_rows(policy_rows, ds, PolicyScorer.proof_line), "train_seconds": round(train_seconds, 1),
                         "seconds": round(time.perf_counter() - started, 1)}
     log("policy", result["policy"])
     if len(subset) < len(ds.test):
-        result["bfs_policy_subset"] = evaluate_rows(bfs_rows, ds, 0.0)
+        result["bfs_policy_subset"] = evaluate_rows(bfs_rows, ds, BfsScorer.proof_line)
     TEST[0] = ds.test
 
     started = time.perf_counter()
@@ -250,13 +255,15 @@ def run_dataset(name: str, args, work: Path) -> dict:
     result["conve"] = {"epochs": args.conve_epochs, **evaluate_rows(conve_rows, ds, float("inf")),
                        "seconds": round(time.perf_counter() - started, 1)}
     del result["conve"]["proof_rate"]
-    result["hybrid_bfs_conve"] = hybrid(bfs_rows, bfs_valid, conve, ds)
+    result["hybrid_bfs_conve"] = hybrid(bfs_rows, bfs_valid, BfsScorer.proof_line, conve, ds)
     TEST[0] = subset
     if len(subset) < len(ds.test):
         result["conve_policy_subset"] = evaluate_rows(conve_rows, ds, float("inf"))
         del result["conve_policy_subset"]["proof_rate"]
-        result["hybrid_bfs_conve_policy_subset"] = hybrid(bfs_rows, bfs_valid, conve, ds)
-    result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, conve, ds)
+        result["hybrid_bfs_conve_policy_subset"] = hybrid(bfs_rows, bfs_valid, BfsScorer.proof_line, conve, ds)
+    result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, PolicyScorer.proof_line, conve, ds)
+    # The earlier form, for comparison: unproved triples keep the policy's value (-inf: every score is a "proof").
+    result["hybrid_policy_conve_value_kept"] = hybrid(policy_rows, policy_valid, float("-inf"), conve, ds)
     TEST[0] = ds.test
     log("conve", result["conve"], "hybrids", result["hybrid_bfs_conve"], result["hybrid_policy_conve"])
     return result

@@ -70,6 +70,31 @@ def test_hybrid_adds_the_weighted_prover_score():
     assert hybrid.score_hrt(torch.tensor([[ANN, GRANDPARENT, CAT]])).tolist() == pytest.approx([11.0])
 
 
+def test_hybrid_ignores_what_the_prover_does_not_prove():
+    """A policy scores an unproved triple by its value (below its proof line of 1): the hybrid adds 0 for it."""
+    class Guessing(torch.nn.Module):
+        proof_line = 1.0
+
+        def score_hrt(self, hrt):
+            return torch.tensor([0.9, 1.5, -0.5])[: len(hrt)]
+
+        def score_t(self, hr):
+            return torch.tensor([[0.9, 1.5, -0.5, 1.0]]).expand(len(hr), 4)
+
+    class Flat(torch.nn.Module):
+        num_entities, num_relations = 4, 2
+
+        def score_hrt(self, hrt):
+            return torch.ones(len(hrt))
+
+        def score_t(self, hr):
+            return torch.ones(len(hr), 4)
+
+    hybrid = HybridScorer(Guessing(), Flat(), weight=2.0)
+    assert hybrid.score_t(torch.tensor([[0, 0], [1, 1]])).tolist() == [[1.0, 4.0, 1.0, 1.0]] * 2
+    assert hybrid.score_hrt(torch.zeros(3, 3, dtype=torch.long)).tolist() == [1.0, 4.0, 1.0]
+
+
 @pytest.fixture(scope="module")
 def nations():
     ds = load_dataset("nations")

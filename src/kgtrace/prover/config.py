@@ -62,7 +62,7 @@ class ProverConfig:
     max_facts: int = 0
     compile: bool = False  # run the engine's step, the rollout and the beam search through torch.compile
     embedding_run: str = ""  # hybrid: an embedding run over the same ids, whose logit is added
-    hybrid_weight: float = 1.0  # hybrid score = embedding logit + weight * prover score
+    hybrid_weight: float = 1.0  # hybrid score = embedding logit + weight * proof score (0 when unproved)
     device: str = "auto"
     threads: int = 0
     seed: int = 0

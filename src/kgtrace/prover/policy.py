@@ -173,6 +173,8 @@ def beam_scores(beams: Beams, proof_score: str = "confidence") -> Tensor:
 class PolicyScorer(nn.Module):
     """Policy-guided beam search of ground queries as scores (see the module docstring)."""
 
+    proof_line = 1.0  # scores above it are proofs (an unproved triple scores its value, below 1)
+
     def __init__(self, policy: ProofPolicy, engine: VectorEngine, max_steps: int, derive: Deriver | None = None, *,
                  width: int = 1, proof_score: str = "confidence", batch_size: int = 1024, compile: bool = False):
         super().__init__()

@@ -10,7 +10,12 @@ are. Scores:
   query ``r(h, X)`` once and reads every answer's best proof, which equals searching each
   ``r(h, e)`` alone (a proof of one is a proof of the other, step for step; best proofs never
   revisit a state).
-* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times a prover's score.
+* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times a prover's proof score,
+  0 for a triple it does not prove. Every prover scorer says where its proofs start
+  (``proof_line``: scores above it are proofs): BFS scores an unproved triple 0 already; the
+  policy scores one by its value head, a guess that ranks unproved triples when the prover is
+  alone, but beside an embedding model the embedding ranks them (on Nations, keeping the
+  guess put the policy hybrid below ConvE alone).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import open_query_state, query_state
 from kgtrace.prover.search import Deriver, eager_deriver, vector_search
 
-__all__ = ["BfsScorer", "HybridScorer", "prover_report"]
+__all__ = ["BfsScorer", "HybridScorer", "proof_part", "prover_report"]
 
 
 class BfsScorer(nn.Module):
@@ -32,6 +37,8 @@ class BfsScorer(nn.Module):
     overflow [3] counts what the engine's fixed shapes lost over every search so far (states,
     atoms, facts; see :mod:`kgtrace.prover.engine`).
     """
+
+    proof_line = 0.0  # scores above it are proofs (an unproved triple scores 0)
 
     def __init__(self, engine: VectorEngine, depth: int, derive: Deriver | None = None, *, query_chunk: int = 256,
                  state_chunk: int = 2048):
@@ -76,8 +83,14 @@ class BfsScorer(nn.Module):
         return torch.cat(parts).exp().float().to(device)  # exp(-inf) = 0: no proof
 
 
+def proof_part(scores: Tensor, proof_line: float) -> Tensor:
+    """A prover's scores (any shape) where they are proofs (above ``proof_line``), 0 elsewhere."""
+    return torch.where(scores > proof_line, scores, torch.zeros_like(scores))
+
+
 class HybridScorer(nn.Module):
-    """``embedding logit + weight * prover score`` for every triple (weight 0: the embedding model alone)."""
+    """``embedding logit + weight * prover proof score`` (0 when unproved) for every triple (weight 0: the
+    embedding model alone). ``prover`` must say where its proofs start (``proof_line``)."""
 
     def __init__(self, prover: Scorer, embedding: Scorer, weight: float):
         super().__init__()
@@ -86,11 +99,13 @@ class HybridScorer(nn.Module):
 
     @torch.no_grad()
     def score_hrt(self, hrt: Tensor) -> Tensor:
-        return self.embedding.score_hrt(hrt).float() + self.weight * self.prover.score_hrt(hrt).float().to(hrt.device)
+        proofs = proof_part(self.prover.score_hrt(hrt).float(), self.prover.proof_line).to(hrt.device)
+        return self.embedding.score_hrt(hrt).float() + self.weight * proofs
 
     @torch.no_grad()
     def score_t(self, hr: Tensor) -> Tensor:
-        return self.embedding.score_t(hr).float() + self.weight * self.prover.score_t(hr).float().to(hr.device)
+        proofs = proof_part(self.prover.score_t(hr).float(), self.prover.proof_line).to(hr.device)
+        return self.embedding.score_t(hr).float() + self.weight * proofs
 
     def score_h(self, rt: Tensor) -> Tensor:
         return self.score_t(inverse_queries(rt, self.num_relations))
