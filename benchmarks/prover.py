@@ -6,12 +6,12 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
   100 sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps),
   the learned policy (PPO for --epochs epochs, then its beam search of every candidate triple; its
   proof score, confidence / noisy_or / probability, chosen on the validation triples), ConvE
-  (--conve-epochs), and the hybrids ConvE logit + w x prover score, w chosen on validation triples
-  from a grid (0 for a triple the prover does not prove, as kgtrace's HybridScorer; for the policy
-  also ``hybrid_policy_conve_value_kept``, its value estimate kept for unproved triples). The policy
-  searches each (query, entity) pair, E searches per query: with --policy-test-triples N only the
-  first N test triples are ranked for it, and BFS, ConvE and the BFS hybrid are reported on the same
-  N triples too (``*_policy_subset``), side by side;
+  (--conve-epochs), and the hybrids ConvE logit + w x the prover's proof confidence (0 for a triple
+  it does not prove: kgtrace's HybridScorer), w chosen on validation triples from a grid; for the
+  policy also ``hybrid_policy_conve_raw_score``, w x its score as it is (1 + confidence, or the
+  value estimate of an unproved triple). The policy searches each (query, entity) pair, E searches
+  per query: with --policy-test-triples N only the first N test triples are ranked for it, and BFS,
+  ConvE and the BFS hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
 * proof rates: the share of test triples, and of their sampled corruptions, that each prover proves;
 * engine speed: exhaustive provability search to --depth of --qps-queries test triples and as many
   corruptions, in queries per second, for the reference engine, the vectorised engine eager and
@@ -137,25 +137,27 @@ def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
             "proof_rate": proof_rates(rows, ds, proved_above)}
 
 
-def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float, conve, ds) -> dict:
-    """ConvE logit + w x prover proof score (0 unproved: kgtrace's HybridScorer), w picked by validation MRR
-    (all entities, filtered by train + valid)."""
+def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float | None, conve, ds) -> dict:
+    """ConvE logit + w x proof_part(prover score) (kgtrace's HybridScorer; proof_line None: the prover score as
+    it is), w picked by validation MRR (all entities, filtered by train + valid)."""
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
     conve_rows = {key: conve.score_t(torch.tensor([key])).squeeze(0).float() for key in prover_rows | prover_valid}
-    prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
-    prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
-    best = None
+    if proof_line is not None:
+        prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
+        prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
+    valid = {}
     for w in WEIGHTS:
         mixed = TableScorer({k: conve_rows[k] + w * v for k, v in prover_valid.items()}, ds.num_entities,
                             ds.num_relations)
-        mrr = evaluate(mixed, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
-        if best is None or mrr > best[1]:
-            best = (w, mrr)
-    w = best[0]
+        valid[w] = round(evaluate(mixed, VALID[0], known=known_valid)["both"]["realistic"]["mrr"], 4)
+    w = max(WEIGHTS, key=lambda x: valid[x])  # the first (smallest) weight wins a tie
     rows = {k: conve_rows[k] + w * v for k, v in prover_rows.items()}
     result = evaluate_rows(rows, ds, float("inf"))
     del result["proof_rate"]
-    return {"weight": w, "valid_mrr": round(best[1], 4), **result}
+    # For reading the choice only (it is made on validation): the test MRR every weight would have given.
+    test = {x: metrics(TableScorer({k: conve_rows[k] + x * v for k, v in prover_rows.items()}, ds.num_entities,
+                                   ds.num_relations), ds, 0)["mrr"] for x in WEIGHTS}
+    return {"weight": w, "valid_mrr": valid[w], **result, "valid_mrr_by_weight": valid, "test_mrr_by_weight": test}
 
 
 VALID: list = [None]  # the validation triples the hybrid weight (and the policy's proof score) is chosen on
@@ -262,8 +264,8 @@ def run_dataset(name: str, args, work: Path) -> dict:
         del result["conve_policy_subset"]["proof_rate"]
         result["hybrid_bfs_conve_policy_subset"] = hybrid(bfs_rows, bfs_valid, BfsScorer.proof_line, conve, ds)
     result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, PolicyScorer.proof_line, conve, ds)
-    # The earlier form, for comparison: unproved triples keep the policy's value (-inf: every score is a "proof").
-    result["hybrid_policy_conve_value_kept"] = hybrid(policy_rows, policy_valid, float("-inf"), conve, ds)
+    # The earlier form, for comparison: the policy's score as it is (1 + confidence, or the value when unproved).
+    result["hybrid_policy_conve_raw_score"] = hybrid(policy_rows, policy_valid, None, conve, ds)
     TEST[0] = ds.test
     log("conve", result["conve"], "hybrids", result["hybrid_bfs_conve"], result["hybrid_policy_conve"])
     return result

@@ -71,7 +71,8 @@ def test_hybrid_adds_the_weighted_prover_score():
 
 
 def test_hybrid_ignores_what_the_prover_does_not_prove():
-    """A policy scores an unproved triple by its value (below its proof line of 1): the hybrid adds 0 for it."""
+    """A policy scores a proof 1 + confidence, an unproved triple its value (below 1): the hybrid adds
+    weight x confidence for a proof and 0 for the rest, as for BFS."""
     class Guessing(torch.nn.Module):
         proof_line = 1.0
 
@@ -90,9 +91,9 @@ def test_hybrid_ignores_what_the_prover_does_not_prove():
         def score_t(self, hr):
             return torch.ones(len(hr), 4)
 
-    hybrid = HybridScorer(Guessing(), Flat(), weight=2.0)
-    assert hybrid.score_t(torch.tensor([[0, 0], [1, 1]])).tolist() == [[1.0, 4.0, 1.0, 1.0]] * 2
-    assert hybrid.score_hrt(torch.zeros(3, 3, dtype=torch.long)).tolist() == [1.0, 4.0, 1.0]
+    hybrid = HybridScorer(Guessing(), Flat(), weight=2.0)  # adds 2 x (score - 1) for a proof, else 0
+    assert hybrid.score_t(torch.tensor([[0, 0], [1, 1]])).tolist() == [[1.0, 2.0, 1.0, 1.0]] * 2
+    assert hybrid.score_hrt(torch.zeros(3, 3, dtype=torch.long)).tolist() == [1.0, 2.0, 1.0]
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,14 @@ are. Scores:
   query ``r(h, X)`` once and reads every answer's best proof, which equals searching each
   ``r(h, e)`` alone (a proof of one is a proof of the other, step for step; best proofs never
   revisit a state).
-* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times a prover's proof score,
-  0 for a triple it does not prove. Every prover scorer says where its proofs start
-  (``proof_line``: scores above it are proofs): BFS scores an unproved triple 0 already; the
-  policy scores one by its value head, a guess that ranks unproved triples when the prover is
-  alone, but beside an embedding model the embedding ranks them (on Nations, keeping the
-  guess put the policy hybrid below ConvE alone).
+* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times how far a prover's score
+  lies above its proof line, 0 for a triple it does not prove. Every prover scorer says where
+  its proofs start (``proof_line``: scores above it are proofs): BFS scores a proof by its
+  confidence and an unproved triple 0 (line 0); the policy scores a proof 1 + its confidence
+  and an unproved triple its value estimate (line 1). So both hybrids add ``weight`` x the
+  best found proof's confidence (the policy's other proof scores likewise, without the 1),
+  and the embedding alone ranks what the prover does not prove (the policy's value estimate
+  ranks unproved triples only when the policy is alone).
 """
 
 from __future__ import annotations
@@ -84,13 +86,13 @@ class BfsScorer(nn.Module):
 
 
 def proof_part(scores: Tensor, proof_line: float) -> Tensor:
-    """A prover's scores (any shape) where they are proofs (above ``proof_line``), 0 elsewhere."""
-    return torch.where(scores > proof_line, scores, torch.zeros_like(scores))
+    """How far a prover's scores (any shape) lie above ``proof_line`` where they are proofs, 0 elsewhere."""
+    return torch.where(scores > proof_line, scores - proof_line, torch.zeros_like(scores))
 
 
 class HybridScorer(nn.Module):
-    """``embedding logit + weight * prover proof score`` (0 when unproved) for every triple (weight 0: the
-    embedding model alone). ``prover`` must say where its proofs start (``proof_line``)."""
+    """``embedding logit + weight * proof_part(prover score)`` for every triple (weight 0: the embedding
+    model alone). ``prover`` must say where its proofs start (``proof_line``)."""
 
     def __init__(self, prover: Scorer, embedding: Scorer, weight: float):
         super().__init__()
