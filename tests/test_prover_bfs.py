@@ -149,6 +149,38 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     assert item["steps"][0]["kind"] == "rule" and item["steps"][-1]["goals_after"] == "(proved)"
 
 
+def test_hybrid_prover_run_adds_the_embedding_runs_logit(tmp_path, capsys, nations):
+    """prove bfs --embedding-run: the run's model is the embedding logit + weight x the BFS confidence."""
+    from kgtrace.config import TrainConfig
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import train
+
+    ds, _ = nations
+    embedding = tmp_path / "distmult"
+    train(TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 8}, epochs=1, eval_every=0,
+                      threads=1, device="cpu"), embedding, progress=False, log=lambda *_: None)
+    rules = tmp_path / "good.rules"
+    rules.write_text("0.5  embassy(X,Y) :- embassy(Y,X)\n")
+    hybrid, plain = tmp_path / "hybrid", tmp_path / "plain"
+    common = ["prove", "bfs", "--dataset", "nations", "--rules", str(rules)]
+    assert main(common + ["--embedding-run", str(embedding), "--hybrid-weight", "3", "--out", str(hybrid)]) == 0
+    assert main(common + ["--out", str(plain)]) == 0
+    queries = torch.stack([ds.test[:20, 0], ds.test[:20, 1]], 1)  # [20, 2] (head, relation)
+    expected = (load_run(embedding).model.score_t(queries).float()
+                + 3 * load_prover_run(plain).model.score_t(queries))
+    got = load_prover_run(hybrid).model.score_t(queries)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert (load_prover_run(plain).model.score_t(queries) > 0).any()  # some proofs: the weight mattered
+    assert main(["evaluate", str(hybrid), "--corruptions", "3", "--out", str(tmp_path / "m.json"), "--device", "cpu"]) == 0
+    # An embedding run over other id maps is refused in one line.
+    other = tmp_path / "umls-run"
+    train(TrainConfig(dataset="umls", model="distmult", model_args={"embedding_dim": 8}, epochs=1, eval_every=0,
+                      threads=1, device="cpu"), other, progress=False, log=lambda *_: None)
+    capsys.readouterr()
+    assert main(common + ["--embedding-run", str(other), "--out", str(tmp_path / "bad")]) == 2
+    assert "id maps differ" in capsys.readouterr().err
+
+
 def test_prove_refuses_bad_rules_and_existing_folders(tmp_path, capsys):
     bad = tmp_path / "bad.rules"
     bad.write_text("0.5  embassy(X,Y) :- embassy(Y,X)\n0.5  nosuchrelation(X,Y) :- embassy(X,Y)\n")
