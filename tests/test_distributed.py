@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -293,24 +292,25 @@ def free_port() -> int:
 
 
 def test_a_failing_process_stops_the_job_with_its_error(umls_run, tmp_path):
-    """No launcher to kill the others: rank 1 fails while rank 0 waits for its counts; both exit, promptly."""
+    """No launcher to kill the others: rank 1 fails while rank 0 waits for its counts; both exit.
+
+    The collective timeout (1 hour) is far beyond how long the test waits (90 s, then it fails with
+    TimeoutExpired): that the processes end at all shows the failure, not the timeout, ended them.
+    """
     port = str(free_port())
     args = [sys.executable, str(JOB), "fail", "1", "evaluate", str(umls_run), "--memory-budget", BUDGET,
             "--device", "cpu", "--out", str(tmp_path / "m.json")]
-    start = time.monotonic()
     processes = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**env(), "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+                                  env={**env(), "KGTRACE_DIST_TIMEOUT": "3600", "RANK": str(r), "LOCAL_RANK": str(r),
+                                       "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
                  for r in (0, 1)]
     try:
         outputs = [p.communicate(timeout=90) for p in processes]
     finally:
         for p in processes:
             p.kill()
-    elapsed = time.monotonic() - start
     codes = [p.returncode for p in processes]
     assert codes[1] == 2 and codes[0] != 0, (codes, outputs)
     assert "kgtrace evaluate [rank 1/2]: error: injected failure on rank 1" in outputs[1][1]
     assert "kgtrace evaluate [rank 0/2]: stopped: lost contact with the other processes" in outputs[0][1]
-    assert elapsed < 60  # far below the 120 s collective timeout: the failure, not the timeout, ended it
     assert not (tmp_path / "m.json").exists()
