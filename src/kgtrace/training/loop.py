@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,18 @@ def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainCon
     return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing, denominator=denominator)
 
 
+def backward_and_step(state: TrainState, loss: Tensor, sync: Callable[[], None] | None = None) -> None:
+    """The loss's backward pass (unless the chunked loss already ran it), ``sync`` (a distributed job's
+    gradient all-reduce), then one optimiser step."""
+    if loss.requires_grad:
+        state.scaler.scale(loss).backward()
+    if sync is not None:
+        sync()
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.step += 1
+
+
 def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
     """One pass over the shuffled examples; returns the mean batch loss."""
     state.model.train()
@@ -135,11 +148,7 @@ def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: 
         state.optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = batch_loss(state.model, batches, pos, config, device)
-        if loss.requires_grad:  # the chunked loss has already run its backward pass
-            state.scaler.scale(loss).backward()
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.step += 1
+        backward_and_step(state, loss)
         # Summed on the device: reading the loss every step would stall a GPU.
         total, count = total + loss.detach().float(), count + 1
         if progress and count % 10 == 0:

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from kgtrace.config import TrainConfig
 from kgtrace.distributed import World
-from kgtrace.training.loop import Batches, TrainState, batch_loss, precision_context
+from kgtrace.training.loop import Batches, TrainState, backward_and_step, batch_loss, precision_context
 
 __all__ = ["BatchLoss", "all_reduce_gradients", "part_of_batch", "sharded_epochs"]
 
@@ -115,13 +115,8 @@ def run_sharded_epoch(state: TrainState, batches: Batches, config: TrainConfig, 
                 loss = ddp(part, rows)
             else:
                 loss = batch_loss(state.model, batches, part, config, device, batch_rows=rows)
-        if loss.requires_grad:  # the chunked loss has already run its backward passes
-            state.scaler.scale(loss).backward()
-        if ddp is None:
-            all_reduce_gradients(state.model, world)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.step += 1
+        # Under DDP its backward pass all-reduces the gradients; without, they are all-reduced here.
+        backward_and_step(state, loss, None if ddp is not None else lambda: all_reduce_gradients(state.model, world))
         total, count = total + loss.detach().float(), count + 1
         if progress and count % 10 == 0:
             bar.set_postfix(loss=f"{float(total) / count:.4f}")
