@@ -145,6 +145,39 @@ class Beams(NamedTuple):
     support: Tensor  # [Q] noisy-or over the first steps of the found proofs of the best confidence through each
 
 
+class _Frontier(NamedTuple):
+    """The ``W`` partial proofs a beam search keeps per query (rows [Q W]: query-major)."""
+
+    states: Tensor  # [Q W, A, 3] their current goals
+    history: Tensor  # [Q W, T + 1, A, 3] their paths (for the engine's no-revisit check)
+    log_prob: Tensor  # [Q, W] under the policy; -inf: an empty beam
+    confidence: Tensor  # [Q, W] sum of the log confidences of their rules
+    first: Tensor  # [Q, W] long: their first step, a slot of the query's derived states
+    steps: Tensor  # [Q, W, T] the engine's step ids so far (-1 after)
+    visited: Tensor  # [Q, W, T, A, 3] the states they went through
+
+
+class _Candidates(NamedTuple):
+    """Every derived state of every beam, as a one-step extension of it (columns [W S]: beam-major)."""
+
+    log_prob: Tensor  # [Q, W S] -inf: invalid, or from an empty beam
+    proved: Tensor  # [Q, W S] bool: no goal left
+    confidence: Tensor  # [Q, W S]
+    first: Tensor  # [Q, W S] long
+    action: Tensor  # [Q, W, S] the engine's step ids
+    states: Tensor  # [Q, W, S, A, 3]
+
+
+class _Found(NamedTuple):
+    """What the proofs completed so far say, per query."""
+
+    log_prob: Tensor  # [Q] the most probable one's (-inf: none)
+    step: Tensor  # [Q, T] its step ids
+    states: Tensor  # [Q, T, A, 3] its states
+    length: Tensor  # [Q]
+    by_first: Tensor  # [Q, S] the best log confidence through each first step (-inf: none)
+
+
 def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tensor, *, width: int, max_steps: int,
                 num_relations: int) -> Beams:
     """Keep the ``width`` most probable partial proofs of each query for max_steps steps; note the proofs found.
@@ -155,71 +188,92 @@ def beam_search(policy: Policy, derive: Deriver, states: Tensor, excluded: Tenso
     1 - prod(1 - c) (AnyBURL's aggregation over rules: groundings of one rule count once).
     Fixed shapes throughout: [Q W] states per step, a top-k over [Q, W S] candidates.
     """
-    Q, A = states.shape[:2]
-    W, T, device = width, max_steps, states.device
-    beams = states.repeat_interleave(W, 0)  # [Q W, A, 3]
-    history = start_history(beams, T + 1)
-    banned = excluded.repeat_interleave(W, 0)
-    log_prob = torch.full((Q, W), float("-inf"), device=device)
-    log_prob[:, 0] = 0.0  # one live beam at the start
-    confidence = torch.zeros(Q, W, device=device)  # log confidence of each beam's rules so far
-    first = torch.zeros(Q, W, dtype=torch.long, device=device)  # each beam's first step: a slot of the query's
-    by_first = None  # [Q, S]: best log confidence of a proof through each first step
-    steps = torch.full((Q, W, T), -1, dtype=torch.long, device=device)
-    visited = beams.view(Q, W, 1, A, 3).repeat(1, 1, T, 1, 1)
-    best = torch.full((Q,), float("-inf"), device=device)
-    best_step = torch.full((Q, T), -1, dtype=torch.long, device=device)
-    best_states = visited[:, 0].clone()
-    best_length = torch.zeros(Q, dtype=torch.long, device=device)
-    value = None
-    overflow = torch.zeros(Q, 3, dtype=torch.long, device=device)
-    rows = torch.arange(Q, device=device)
-    for t in range(T):
-        taken = torch.full((Q * W,), t, dtype=torch.long, device=device)
-        derived = feasible(derive(beams, history, banned), taken, max_steps, num_relations)
-        live = (log_prob > float("-inf")).view(-1, 1)  # beams that hold a partial proof
+    Q, W = len(states), width
+    frontier = _start_frontier(states, W, max_steps)
+    banned = excluded.repeat_interleave(W, 0)  # [Q W, 3]
+    overflow = torch.zeros(Q, 3, dtype=torch.long, device=states.device)
+    for t in range(max_steps):
+        taken = torch.full((Q * W,), t, dtype=torch.long, device=states.device)
+        derived = feasible(derive(frontier.states, frontier.history, banned), taken, max_steps, num_relations)
+        live = (frontier.log_prob > float("-inf")).view(-1, 1)  # beams that hold a partial proof
         overflow = overflow + (derived.overflow * live).view(Q, W, 3).sum(1)
-        logits, values = policy(beams, derived.states, derived.valid, derived.log_confidence, banned)
-        S = logits.shape[1]
-        if value is None:
+        logits, values = policy(frontier.states, derived.states, derived.valid, derived.log_confidence, banned)
+        if t == 0:  # the start state's value; the number of derived states S is known from here on
             value = values.view(Q, W)[:, 0]
-            by_first = torch.full((Q, S), float("-inf"), device=device)
-        candidate = log_prob.view(-1, 1) + torch.log_softmax(logits, 1)  # [Q W, S]
-        candidate = candidate.masked_fill(~derived.valid, float("-inf")).view(Q, W * S)
-        proved = (_goals(derived.states, num_relations) == 0).view(Q, W * S)
-        # The candidates' rule confidences and first steps (at t = 0 the candidate is the first step).
-        candidate_confidence = (confidence.view(-1, 1) + derived.log_confidence).view(Q, W * S)
-        slots = torch.arange(S, device=device).view(1, 1, S).expand(Q, W, S)
-        candidate_first = (slots if t == 0 else first.view(Q, W, 1).expand(Q, W, S)).reshape(Q, W * S)
-        found = proved & (candidate > float("-inf"))
-        found_confidence = torch.where(found, candidate_confidence, float("-inf"))
-        by_first = by_first.scatter_reduce(1, candidate_first, found_confidence, "amax")
-        # The most probable proof completed at this step, if better than the best so far.
-        proof_score, proof_at = torch.where(proved, candidate, float("-inf")).max(1)
-        better = proof_score > best
-        beam, slot = proof_at // S, proof_at % S
-        action = derived.action.view(Q, W, S)[rows, beam, slot]
-        path = steps[rows, beam].clone()
-        path[:, t] = action
-        trail = visited[rows, beam].clone()
-        trail[:, t] = derived.states.view(Q, W, S, A, 3)[rows, beam, slot]
-        best = torch.where(better, proof_score, best)
-        best_step = torch.where(better.view(Q, 1), path, best_step)
-        best_states = torch.where(better.view(Q, 1, 1, 1), trail, best_states)
-        best_length = torch.where(better, t + 1, best_length)
-        # The next beams: the most probable unfinished candidates.
-        top, index = candidate.masked_fill(proved, float("-inf")).topk(W, dim=1)  # [Q, W]
-        beam, slot = index // S, index % S
-        flat = (rows.view(Q, 1) * W + beam).view(-1)  # [Q W] rows of the previous beams
-        chosen = derived.states.view(Q, W, S, A, 3)[rows.view(Q, 1), beam, slot].view(Q * W, A, 3)
-        steps = steps.view(Q * W, T)[flat].view(Q, W, T).clone()
-        steps[:, :, t] = derived.action.view(Q, W, S)[rows.view(Q, 1), beam, slot]
-        visited = visited.view(Q * W, T, A, 3)[flat].view(Q, W, T, A, 3).clone()
-        visited[:, :, t] = chosen.view(Q, W, A, 3)
-        history = history[flat].clone()
-        history[:, t + 1] = chosen
-        confidence, first = candidate_confidence.gather(1, index), candidate_first.gather(1, index)
-        beams, log_prob = chosen, top
-    support = 1.0 - torch.log1p(-by_first.exp()).sum(1).exp()  # exp(-inf) = 0: a first step with no proof adds 0
-    return Beams(best > float("-inf"), best, value, best_step, best_states, best_length, overflow,
-                 by_first.max(1).values, support)
+            found = _nothing_found(frontier, logits.shape[1])
+        candidates = _candidates(frontier, derived, logits, t, num_relations)
+        found = _record(found, frontier, candidates, t)
+        frontier = _advance(frontier, candidates, t)
+    support = 1.0 - torch.log1p(-found.by_first.exp()).sum(1).exp()  # exp(-inf) = 0: a first step with no proof adds 0
+    return Beams(found.log_prob > float("-inf"), found.log_prob, value, found.step, found.states, found.length,
+                 overflow, found.by_first.max(1).values, support)
+
+
+def _start_frontier(states: Tensor, width: int, max_steps: int) -> _Frontier:
+    """Each query's start state in ``width`` beams, only the first of them live."""
+    Q, A, W, T = states.shape[0], states.shape[1], width, max_steps
+    beams = states.repeat_interleave(W, 0)  # [Q W, A, 3]
+    log_prob = torch.full((Q, W), float("-inf"), device=states.device)
+    log_prob[:, 0] = 0.0
+    steps = torch.full((Q, W, T), -1, dtype=torch.long, device=states.device)
+    visited = beams.view(Q, W, 1, A, 3).repeat(1, 1, T, 1, 1)  # [Q, W, T, A, 3]
+    return _Frontier(beams, start_history(beams, T + 1), log_prob, torch.zeros(Q, W, device=states.device),
+                     torch.zeros(Q, W, dtype=torch.long, device=states.device), steps, visited)
+
+
+def _nothing_found(frontier: _Frontier, num_slots: int) -> _Found:
+    Q, device = frontier.log_prob.shape[0], frontier.states.device
+    return _Found(torch.full((Q,), float("-inf"), device=device), torch.full_like(frontier.steps[:, 0], -1),
+                  frontier.visited[:, 0].clone(), torch.zeros(Q, dtype=torch.long, device=device),
+                  torch.full((Q, num_slots), float("-inf"), device=device))
+
+
+def _candidates(frontier: _Frontier, derived: Derived, logits: Tensor, t: int, num_relations: int) -> _Candidates:
+    """The one-step extensions of every beam at step ``t``, scored by the policy."""
+    Q, W = frontier.log_prob.shape
+    S, A = logits.shape[1], frontier.states.shape[1]
+    log_prob = frontier.log_prob.view(-1, 1) + torch.log_softmax(logits, 1)  # [Q W, S]
+    log_prob = log_prob.masked_fill(~derived.valid, float("-inf")).view(Q, W * S)
+    proved = (_goals(derived.states, num_relations) == 0).view(Q, W * S)
+    confidence = (frontier.confidence.view(-1, 1) + derived.log_confidence).view(Q, W * S)
+    # At t = 0 every beam is the query itself, so a candidate's first step is its own slot.
+    slots = torch.arange(S, device=logits.device).view(1, 1, S).expand(Q, W, S)
+    first = (slots if t == 0 else frontier.first.view(Q, W, 1).expand(Q, W, S)).reshape(Q, W * S)
+    return _Candidates(log_prob, proved, confidence, first, derived.action.view(Q, W, S),
+                       derived.states.view(Q, W, S, A, 3))
+
+
+def _record(found: _Found, frontier: _Frontier, c: _Candidates, t: int) -> _Found:
+    """Add the proofs completed at step ``t``: the best confidence per first step, and the most probable proof."""
+    Q, S = c.action.shape[0], c.action.shape[2]
+    rows = torch.arange(Q, device=c.log_prob.device)
+    completed = c.proved & (c.log_prob > float("-inf"))
+    by_first = found.by_first.scatter_reduce(1, c.first, torch.where(completed, c.confidence, float("-inf")), "amax")
+    log_prob, at = torch.where(c.proved, c.log_prob, float("-inf")).max(1)  # [Q] the most probable one
+    better = log_prob > found.log_prob
+    beam, slot = at // S, at % S
+    path = frontier.steps[rows, beam].clone()  # [Q, T]
+    path[:, t] = c.action[rows, beam, slot]
+    trail = frontier.visited[rows, beam].clone()  # [Q, T, A, 3]
+    trail[:, t] = c.states[rows, beam, slot]
+    return _Found(torch.where(better, log_prob, found.log_prob), torch.where(better.view(Q, 1), path, found.step),
+                  torch.where(better.view(Q, 1, 1, 1), trail, found.states),
+                  torch.where(better, t + 1, found.length), by_first)
+
+
+def _advance(frontier: _Frontier, c: _Candidates, t: int) -> _Frontier:
+    """The next beams: each query's ``W`` most probable unfinished candidates."""
+    Q, W, S = c.action.shape
+    A, T = frontier.states.shape[1], frontier.steps.shape[2]
+    rows = torch.arange(Q, device=c.log_prob.device).view(Q, 1)
+    top, index = c.log_prob.masked_fill(c.proved, float("-inf")).topk(W, dim=1)  # [Q, W]
+    beam, slot = index // S, index % S
+    flat = (rows * W + beam).view(-1)  # [Q W] rows of the previous beams
+    chosen = c.states[rows, beam, slot].view(Q * W, A, 3)
+    steps = frontier.steps.view(Q * W, T)[flat].view(Q, W, T).clone()
+    steps[:, :, t] = c.action[rows, beam, slot]
+    visited = frontier.visited.view(Q * W, T, A, 3)[flat].view(Q, W, T, A, 3).clone()
+    visited[:, :, t] = chosen.view(Q, W, A, 3)
+    history = frontier.history[flat].clone()  # [Q W, T + 1, A, 3]
+    history[:, t + 1] = chosen
+    return _Frontier(chosen, history, top, c.confidence.gather(1, index), c.first.gather(1, index), steps, visited)
