@@ -545,7 +545,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kgtrace.attribution import TracIn, report
+    from kgtrace.attribution import TracIn
     from kgtrace.compile import logged_compilation
     from kgtrace.prover.run import is_prover_run
     from kgtrace.run import load_run
@@ -556,7 +556,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise KgtraceError(f"{args.run_dir}: a prover run's proofs are found in one process. "
                                "Fix: run this command without torchrun")
         return explain_prover_run(args)
+    check_explain_options(args)
+    options = tracin_options(args)  # parsed before the run loads: a bad --params fails at once
+    out = Path(args.out) if args.out else Path(args.run_dir) / (
+        "self_influence.json" if args.self_influence else "explain.json")
+    check_json_out(out)
+    outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
+    check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, args.checkpoint, device=device)
+    compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
+                                  else compile_stats_path(out, out), args.compile and args.world.is_main)
+    if args.self_influence:
+        return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)
+    return explain_test_triples(args, run, device, options, compiled, out)
 
+
+def check_explain_options(args: argparse.Namespace) -> None:
+    """Every conflict among explain's options, raised at once."""
     problems = [f"--{key} {value}: must be at least 1" for key, value in (("top-k", args.top_k), ("top-n", args.top_n))
                 if value < 1]
     if args.out_dir and (args.self_influence or args.out):
@@ -567,29 +584,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
         problems.append("--index: queries of a projected index run in one process; fix: run it without torchrun")
     if problems:
         raise ConfigError(problems)
+
+
+def tracin_options(args: argparse.Namespace) -> dict:
+    """TracIn's keyword arguments from explain's --params, --checkpoints, --precision and --compile."""
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
-    out = Path(args.out) if args.out else Path(args.run_dir) / (
-        "self_influence.json" if args.self_influence else "explain.json")
-    check_json_out(out)
-    outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
-    check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
-    device = resolve_device(args.device)
-    run = load_run(args.run_dir, args.checkpoint, device=device)
-    # Progress of a long pass is saved here now and then; rerunning the same command resumes from it.
-    state = Path(str(args.out_dir or out) + ".state")
-    compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
-                                  else compile_stats_path(out, out), args.compile and args.world.is_main)
-    if args.self_influence:
-        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
-                        compile=args.compile, world=args.world)
-        with compiled:
-            ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress, state=state)
-        if not args.world.is_main:
-            return 0
-        print_self_influence(ranking)
-        print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
+    return {"params": params, "checkpoints": checkpoints, "precision": args.precision, "compile": args.compile,
+            "world": args.world}
+
+
+def explain_state(args: argparse.Namespace, out: Path) -> Path:
+    """Where a long pass saves its progress now and then; rerunning the same command resumes from it."""
+    return Path(str(args.out_dir or out) + ".state")
+
+
+def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out: Path) -> int:
+    from kgtrace.attribution import report
+
+    with compiled:
+        ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress,
+                                                state=explain_state(args, out))
+    if not args.world.is_main:
         return 0
+    print_self_influence(ranking)
+    print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
+    return 0
+
+
+def explain_test_triples(args: argparse.Namespace, run, device, options: dict, compiled, out: Path) -> int:
+    from kgtrace.attribution import TracIn, report
+
     test = explain_targets(args, run)
     if args.index:
         from kgtrace.attribution.index import ProjectedIndex
@@ -597,10 +622,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         finder = ProjectedIndex(args.index, run, device=device)
         found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
     else:
-        tracin = TracIn(run, params=params, checkpoints=checkpoints, device=device, precision=args.precision,
-                        compile=args.compile, world=args.world)
+        tracin = TracIn(run, device=device, **options)
         with compiled:
-            found = tracin.top_k(test, args.top_k, progress=args.progress, state=state)
+            found = tracin.top_k(test, args.top_k, progress=args.progress, state=explain_state(args, out))
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
