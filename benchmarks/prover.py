@@ -4,8 +4,9 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
 
 * ranking (filtered, realistic ties; test split, head and tail) against all entities and against
   100 sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps),
-  the learned policy (PPO for --epochs epochs, then its beam search of every candidate triple; its
-  proof score, confidence / noisy_or / probability, chosen on the validation triples), ConvE
+  the learned policy (PPO for --epochs epochs, with --init-from-conve from ConvE's entity and relation
+  embeddings, then its beam search of every candidate triple; its proof score, confidence / noisy_or /
+  probability, chosen on the validation triples), ConvE
   (--conve-epochs), and the hybrids ConvE logit + w x the prover's proof confidence (0 for a triple
   it does not prove: kgtrace's HybridScorer), w chosen on validation triples from a grid; for the
   policy also ``hybrid_policy_conve_raw_score``, w x its score as it is (1 + confidence, or the
@@ -21,7 +22,7 @@ Each prover's scores of every test query are computed once ([queries, E] tables)
 rankings read them, so all-entity and sampled metrics rank the very same scores.
 
     python benchmarks/prover.py [--datasets nations,kinships,umls] [--threads 2] [--epochs 3] [--out FILE.json]
-        [--policy-test-triples N] [--valid-triples N] [--beam W] [--engine-speed-only]
+        [--policy-test-triples N] [--valid-triples N] [--beam W] [--init-from-conve] [--engine-speed-only]
 """
 
 from __future__ import annotations
@@ -200,6 +201,16 @@ def engine_speed(ds, rules, depth: int, n: int, threads: int, repeats: int = 3) 
     return out
 
 
+def train_conve(name: str, args, work: Path) -> tuple[Path, float]:
+    """ConvE for --conve-epochs on the dataset: (its run folder, seconds). It seeds itself, as the policy's
+    training does, so training it before or after the policy changes neither."""
+    started = time.perf_counter()
+    conve_dir = work / f"{name}-conve"
+    train(TrainConfig(dataset=name, model="conve", epochs=args.conve_epochs, eval_every=0, threads=args.threads,
+                      device="cpu"), conve_dir, progress=False, log=lambda *_: None)
+    return conve_dir, time.perf_counter() - started
+
+
 def run_dataset(name: str, args, work: Path) -> dict:
     log = lambda *a: print(f"[{name}]", *a, file=sys.stderr, flush=True)  # noqa: E731
     ds = load_dataset(name)
@@ -223,9 +234,12 @@ def run_dataset(name: str, args, work: Path) -> dict:
                      "seconds": round(time.perf_counter() - started, 1), "overflow": bfs.overflow.tolist()}
     log("bfs", result["bfs"])
 
+    conve_dir, conve_train_seconds = train_conve(name, args, work)  # first, so that the policy may start from it
     started = time.perf_counter()
     config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
-                          beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy)
+                          beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy,
+                          init_from=str(conve_dir) if args.init_from_conve else "",
+                          entity_embeddings=args.init_from_conve)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
     train_seconds = time.perf_counter() - started
     run = load_prover_run(trained.run_dir)
@@ -249,13 +263,10 @@ def run_dataset(name: str, args, work: Path) -> dict:
     TEST[0] = ds.test
 
     started = time.perf_counter()
-    conve_dir = work / f"{name}-conve"
-    train(TrainConfig(dataset=name, model="conve", epochs=args.conve_epochs, eval_every=0, threads=args.threads,
-                      device="cpu"), conve_dir, progress=False, log=lambda *_: None)
     conve = load_run(conve_dir).model
     conve_rows = table(conve, ds.test, ds.num_relations, chunk=1024)
     result["conve"] = {"epochs": args.conve_epochs, **evaluate_rows(conve_rows, ds, float("inf")),
-                       "seconds": round(time.perf_counter() - started, 1)}
+                       "seconds": round(conve_train_seconds + time.perf_counter() - started, 1)}
     del result["conve"]["proof_rate"]
     result["hybrid_bfs_conve"] = hybrid(bfs_rows, bfs_valid, BfsScorer.proof_line, conve, ds)
     TEST[0] = subset
@@ -285,6 +296,9 @@ def main() -> None:
     parser.add_argument("--no-compile-policy", dest="compile_policy", action="store_false",
                         help="train and search with the policy eagerly (else its rollout and beam search are compiled graphs)")
     parser.add_argument("--conve-epochs", type=int, default=100)
+    parser.add_argument("--init-from-conve", action="store_true",
+                        help="start the policy's entity and relation embeddings from the ConvE run (one embedding per "
+                             "entity; else all entities share one and the policy sees relations and rule confidences only)")
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
     parser.add_argument("--engine-speed-only", action="store_true", help="time the engines only (no ranking)")
     parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")
