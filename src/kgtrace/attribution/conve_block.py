@@ -177,4 +177,4 @@ def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor],
         taps = _taps(block.normalised, model.conv.kernel_size)  # [U, K, L]
         return d_bias + t_b * rowsum, 0.0, t_w * (block.weight @ taps)
     scale = t_w / bn0.weight  # [1]
-    return d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum), float(scale), None
+    return d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum), float(scale.detach()), None
