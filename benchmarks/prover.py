@@ -47,6 +47,7 @@ from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
+from kgtrace.prover.config import PROOF_SCORES
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
@@ -55,7 +56,6 @@ from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
-PROOF_SCORES = ("confidence", "noisy_or", "probability")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
