@@ -290,10 +290,6 @@ def test_found_proofs_give_the_best_confidence_and_a_noisy_or_over_first_steps()
     assert beams.log_confidence[2] == float("-inf") and not beams.success[2]
     assert scores[:2].tolist() == pytest.approx([1.9 + 0.94e-3, 1.4 + 0.4e-3]) and scores[2] < 1
     assert beam_scores(beams, "noisy_or")[:2].tolist() == pytest.approx([1.94, 1.4])
-    # "value": the start state's value ranks the proved triples (halved into (1, 2)), confidence breaks ties.
-    by_value = beam_scores(beams, "value")
-    assert by_value[:2].tolist() == pytest.approx((1.5 + 0.5 * beams.value[:2] + 1e-3 * torch.tensor([0.9, 0.4])).tolist())
-    assert by_value[2] == beams.value[2] and (by_value[:2] > 1).all()
 
 
 def test_factored_atom_embeddings_equal_the_linear_layer_over_concatenations(tiny):

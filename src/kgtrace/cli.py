@@ -991,8 +991,7 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
         ("lr", "Adam learning rate"),
         ("embedding_dim", "width of the policy's embeddings"),
         ("beam_width", "partial proofs the policy keeps per triple when scoring"),
-        ("proof_score", "a proved triple's tie-break: confidence (best proof's rules), noisy_or, probability "
-                        "or value (the policy's estimate)"),
+        ("proof_score", "a proved triple's tie-break: confidence (best proof's rules), noisy_or or probability"),
         ("entropy", "entropy bonus"),
         ("negative_reward", "penalty for proving a false triple"),
         ("ppo_epochs", "optimisation passes over each batch of episodes"),

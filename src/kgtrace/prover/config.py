@@ -13,7 +13,7 @@ __all__ = ["MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
 METHODS = ("bfs", "policy")
-PROOF_SCORES = ("confidence", "noisy_or", "probability", "value")
+PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -70,7 +70,7 @@ class ProverConfig:
     embedding_dim: int = 64
     entity_embeddings: bool = False  # a learned embedding per entity (else one shared; init_from sets them)
     beam_width: int = 8  # scoring: the policy's most probable partial proofs kept per triple
-    proof_score: str = "confidence"  # a proved triple's tie-break: best proof's confidence (max+), noisy_or, probability, value
+    proof_score: str = "confidence"  # a proved triple's tie-break: best proof's confidence (max+), noisy_or, probability
     init_from: str = ""  # an embedding run whose entity and relation embeddings start the policy's
     epochs: int = 10  # passes over the training triples
     chunk_queries: int = 64  # training queries per rollout batch, each with `corruptions` false ones

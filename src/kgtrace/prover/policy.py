@@ -18,9 +18,8 @@ trained kgtrace embedding run (:func:`init_from_run`).
 ground query (:func:`kgtrace.prover.env.beam_search`; width 1 follows the policy's most
 probable step): a proved triple scores above 1, by default ``1 + c + 0.001 n`` with c the
 confidence of the most confident proof found and n the noisy-or over its first steps' best
-proofs (``proof_score="noisy_or"``: ``1 + n``; ``"probability"``: ``1 + p``, p the probability of the most
-probable proof found; ``"value"``: ``1 + (1 + v) / 2 + 0.001 c``, v the start state's value); an unproved
-one scores the value of its start state, below every proved one.
+proofs (``proof_score="noisy_or"``: ``1 + n``; ``"probability"``: ``1 + p``, p the probability of the most probable
+proof found); an unproved one scores the value of its start state, below every proved one.
 """
 
 from __future__ import annotations
@@ -164,13 +163,10 @@ def beam_scores(beams: Beams, proof_score: str = "confidence") -> Tensor:
     noisy-or over the best proofs through each first step (AnyBURL's max+ ranking in one
     number: the best rule decides, the others break its ties). "noisy_or": 1 + that noisy-or
     (every first step's evidence adds up). "probability": 1 + the probability of the most
-    probable proof found. "value": 1 + (1 + the start state's value) / 2 + SUPPORT_WEIGHT x the
-    best found proof's confidence (the policy's own estimate ranks the proved triples, so that
-    with entity embeddings, e.g. from an embedding run, two proofs by the same rule differ).
+    probable proof found.
     """
     proved = {"confidence": lambda: 1.0 + beams.log_confidence.exp() + SUPPORT_WEIGHT * beams.support,
-              "noisy_or": lambda: 1.0 + beams.support, "probability": lambda: 1.0 + beams.log_prob.exp(),
-              "value": lambda: 1.5 + 0.5 * beams.value + SUPPORT_WEIGHT * beams.log_confidence.exp()}
+              "noisy_or": lambda: 1.0 + beams.support, "probability": lambda: 1.0 + beams.log_prob.exp()}
     return torch.where(beams.success, proved[proof_score](), beams.value)
 
 
