@@ -43,11 +43,11 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
 from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
+from kgtrace.prover.config import PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
-from kgtrace.prover.config import PROOF_SCORES
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
