@@ -301,3 +301,26 @@ def test_factored_atom_embeddings_equal_the_linear_layer_over_concatenations(tin
         derived = env_reset(eager_deriver(engine), states, excluded, STEPS, R).derived.states  # [3, S, 4, 3]
         for x in (states, derived):
             assert torch.allclose(policy.embed(x, excluded), policy.embed_reference(x, excluded), atol=1e-6)
+
+
+def test_policy_gradients_repeat_exactly_on_two_threads(tiny):
+    # PPO's update must not depend on thread scheduling: table[ids]'s backward accumulates with atomic
+    # adds on a multi-threaded CPU (different sums on every call), F.embedding's does not.
+    engine, _ = tiny
+    torch.manual_seed(4)
+    policy = ProofPolicy(E, R, engine.num_variables, 64, engine.keys_head)
+    triples = torch.randint(E, (4096, 3)).remainder(torch.tensor([E, R, E]))  # many rows on 4 entities: contention
+    states, excluded = start(triples.tolist())
+    derived = env_reset(eager_deriver(engine), states, excluded, STEPS, R).derived
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(4):
+            policy.zero_grad()
+            logits, value = policy(states, derived.states, derived.valid, derived.log_confidence, excluded)
+            (logits.masked_fill(~derived.valid, 0).square().sum() + value.sum()).backward()
+            grads.append([p.grad.clone() for p in policy.parameters()])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for other in grads[1:] for a, b in zip(grads[0], other))

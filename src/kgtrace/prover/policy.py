@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from kgtrace.compile import CompiledCall
 from kgtrace.errors import KgtraceError
@@ -81,8 +82,11 @@ class ProofPolicy(nn.Module):
         w_relation, w_first, w_second = self.atom.weight.split(self.atom.weight.shape[1] // 3, 1)  # [dim, dim] each
         first = self.terms.weight @ w_first.T  # [E + V, dim]: each term as a first argument
         second = self.terms.weight @ w_second.T
-        pre = ((self.relations.weight @ w_relation.T + self.atom.bias)[relation] + first[terms[..., 0]]
-               + second[terms[..., 1]] + self.status(self._status(states, excluded)))  # [N, ..., A, dim]
+        # F.embedding rather than table[ids]: indexing's backward accumulates with atomic adds on a
+        # multi-threaded CPU, so its gradients (and PPO) would change from run to run.
+        pre = (F.embedding(relation, self.relations.weight @ w_relation.T + self.atom.bias)
+               + F.embedding(terms[..., 0], first) + F.embedding(terms[..., 1], second)
+               + self.status(self._status(states, excluded)))  # [N, ..., A, dim]
         real = (relation <= self.num_relations).unsqueeze(-1)  # goals and the answer atom
         return (torch.relu(pre) * real).sum(-2)
 
