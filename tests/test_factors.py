@@ -2,7 +2,7 @@
 
 import torch
 
-from kgtrace.attribution.factors import Factors, Outer, dot, self_dot
+from kgtrace.attribution.factors import Factors, Outer, Part, dot, self_dot
 
 
 def dense(f: Factors, num_ids: int) -> torch.Tensor:
@@ -15,17 +15,28 @@ def dense(f: Factors, num_ids: int) -> torch.Tensor:
             table[j, ids[j, s]] += grads[j, s]  # a row hit by two slots gets their sum
     parts.append(table.reshape(f.n, -1))
     for o in f.outer:
-        parts.append(torch.einsum("nd,nf->ndf", o.delta, o.a[o.index]).reshape(f.n, -1))
+        width = sum(p.a.shape[1] for p in o.parts)
+        a = torch.zeros(f.n, width, dtype=torch.float64)
+        for p in o.parts:
+            a[:, torch.arange(width) if p.columns is None else p.columns] = p.a[p.index]
+        parts.append(torch.einsum("nd,nf->ndf", o.delta, a).reshape(f.n, -1))
     return torch.cat(parts, dim=1)
 
 
 def random_factors(ids, seed):
+    """Dense, entity-row and two linear blocks: one with a whole input [5], one whose input [7] comes in
+    two interleaved parts, per head (3 distinct values) and per triple."""
     g = torch.Generator().manual_seed(seed)
     n = len(ids)
+    heads = torch.tensor([i for i, _ in ids])
     a = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    split = Outer(torch.randn(n, 2, generator=g, dtype=torch.float64),
+                  [Part(torch.randn(7, 3, generator=g, dtype=torch.float64), heads, torch.tensor([0, 3, 5])),
+                   Part(torch.randn(n, 4, generator=g, dtype=torch.float64), torch.arange(n), torch.tensor([1, 2, 4, 6]))])
     return Factors(n, torch.randn(n, 2, generator=g, dtype=torch.float64),
                    {"entity": (torch.tensor(ids), torch.randn(n, 2, 4, generator=g, dtype=torch.float64))},
-                   [Outer(a, torch.tensor([j % 3 for j in range(n)]), torch.randn(n, 6, generator=g, dtype=torch.float64))])
+                   [Outer.whole(a, torch.tensor([j % 3 for j in range(n)]), torch.randn(n, 6, generator=g, dtype=torch.float64)),
+                    split])
 
 
 def test_dot_equals_dense_products_with_shared_rows_and_self_loops():

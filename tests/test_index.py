@@ -7,7 +7,7 @@ import torch
 
 from kgtrace.attribution import TracIn, build_index
 from kgtrace.attribution import index as index_module
-from kgtrace.attribution.factors import Factors, Outer, dot
+from kgtrace.attribution.factors import Factors, Outer, Part, dot
 from kgtrace.attribution.index import ProjectedIndex, Projector
 from kgtrace.config import TrainConfig
 from kgtrace.errors import KgtraceError
@@ -30,15 +30,29 @@ def test_projection_is_unbiased_and_touches_only_the_linear_input():
     g = torch.Generator().manual_seed(0)
     f = Factors(3, torch.randn(3, 5, generator=g), {"entity": (torch.tensor([[0, 1], [1, 1], [2, 0]]),
                                                                 torch.randn(3, 2, 4, generator=g))},
-                [Outer(torch.randn(2, 6, generator=g), torch.tensor([0, 1, 1]), torch.randn(3, 3, generator=g))])
+                [Outer.whole(torch.randn(2, 6, generator=g), torch.tensor([0, 1, 1]), torch.randn(3, 3, generator=g))])
     exact = dot(f, f)
     projected = [Projector(64, seed)(f) for seed in range(400)]
     mean = torch.stack([dot(p, p) for p in projected]).mean(0)
     assert ((mean - exact).abs().max() / exact.abs().max()) < 0.03
     one = projected[0]
-    assert one.outer[0].a.shape == (3, 64) and torch.equal(one.outer[0].delta, f.outer[0].delta)
+    assert one.outer[0].parts[0].a.shape == (3, 64) and torch.equal(one.outer[0].delta, f.outer[0].delta)
     assert torch.equal(one.dense, f.dense) and one.rows is f.rows
-    assert torch.equal(Projector(64, 0)(f).outer[0].a, one.outer[0].a)  # same seed, same map
+    assert torch.equal(Projector(64, 0)(f).outer[0].parts[0].a, one.outer[0].parts[0].a)  # same seed, same map
+
+
+def test_projection_of_an_input_in_parts_equals_that_of_the_whole_input():
+    """An index built from whole fc inputs stays valid for queries whose factors split the input (ConvE's bands)."""
+    g = torch.Generator().manual_seed(1)
+    a, delta = torch.randn(4, 7, generator=g), torch.randn(4, 3, generator=g)
+    heads, cols_head, cols_rest = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 6])
+    head_rows = torch.stack([a[0, cols_head], a[1, cols_head]])  # [2, 3]: the head part's distinct values
+    a[2, cols_head], a[3, cols_head] = a[0, cols_head], a[1, cols_head]  # triples 0 and 2 share head 0, 1 and 3 head 1
+    whole = Factors(4, outer=[Outer.whole(a, torch.arange(4), delta)])
+    parts = [Part(head_rows, heads, cols_head), Part(a[:, cols_rest], torch.arange(4), cols_rest)]
+    split = Factors(4, outer=[Outer(delta, parts)])
+    torch.testing.assert_close(Projector(16, 3)(split).outer[0].parts[0].a, Projector(16, 3)(whole).outer[0].parts[0].a)
+    torch.testing.assert_close(dot(split, split), dot(whole, whole))
 
 
 def test_index_approximates_exact_influence_better_with_more_dims(run, tmp_path):

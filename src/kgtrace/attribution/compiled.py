@@ -11,7 +11,10 @@ last chunk, mark-step, clone at the boundary, no eager fallback):
   and bn2 output (:func:`~.conve.pair_pass`, the convolution and the fc layer: the factors'
   costly part). The per-triple closed form, O(D) per triple, stays eager; so do the
   upstream pull-back through the convolution (:mod:`.conve_block`, needed only when conv,
-  batch norm or embedding parameters are selected) and forward mode's JVPs.
+  batch norm or embedding parameters are selected) and forward mode's JVPs. Compiled
+  factors use this whole-input pass for every parameter set: eager ones without upstream
+  parameters compute fc's input in bands (:mod:`.conve_bands`, per distinct head and
+  relation), which has no compiled form.
 
 Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
 (distinct pairs, shared ids), which a static graph cannot take.

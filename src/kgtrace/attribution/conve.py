@@ -15,7 +15,8 @@ With l = softplus(-score) and g = dl/dscore = -sigmoid(-score), going backwards:
     dl/da = W^T delta                               -> through maps: conv, bn0, bn1, e_h and w_r
 
 Everything up to ``delta`` is closed form and costs O(D) per triple once each distinct (h, r)
-pair's a and z are known (computed once per pair: a depends only on (h, r)). The parameters
+pair's a and z are known (computed once per pair: a depends only on (h, r); without upstream
+parameters, in bands of which two depend on h alone and on r alone: :mod:`.conve_bands`). The parameters
 before fc (the "upstream" ones: conv, bn0, bn1 and the head and relation rows) need
 dl/da = W^T delta per triple, [n, F], pulled back through the convolution block
 (:mod:`.conve_block`, by hand); only when such a parameter is selected is that cost paid.
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from kgtrace.attribution.conve_bands import KEYS, Band, band_pass, band_weight, bands, conv_rows, whole_band
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
-from kgtrace.attribution.factors import Factors, Outer, dot
+from kgtrace.attribution.factors import Factors, Outer, Part, dot
 
 __all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "pair_pass",
            "unique_pairs"]
@@ -61,7 +63,7 @@ class _Pass:
 
     pairs: Tensor  # [U, 2] distinct (head, relation)
     index: Tensor  # [n] each triple's pair
-    a: Tensor  # [U, F] fc input
+    bands: list[Band]  # fc input: one whole band [U, F], or bands per distinct head, pair, relation
     z_hat: Tensor  # [U, D] bn2-normalised fc output
     q: Tensor  # [n, D] query vector relu(y) of each triple's pair
     g: Tensor  # [n] dl/dscore
@@ -80,18 +82,25 @@ def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return a, z_hat, y
 
 
-def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass) -> _Pass:
+def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, banded: bool = False) -> _Pass:
+    """banded: compute fc's input in bands (:mod:`.conve_bands`), whose head and relation bands cost per
+    distinct head and relation; else one whole band per pair, which per-triple upstream gradients need."""
     if model.training:
         raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    a, z_hat, y = pairs_fn(model, pairs)  # [U, F], [U, D], [U, D]
+    if banded:
+        fc_bands, z = band_pass(model, pairs)  # per band [U_b, F_b], [U, D]
+        z_hat, y = _bn2(model, z)  # [U, D], [U, D]
+    else:
+        a, z_hat, y = pairs_fn(model, pairs)  # [U, F], [U, D], [U, D]
+        fc_bands = [whole_band(model, pairs, a)]
     dy_dz = _bn2_slope(model, y)  # [D]
     q = torch.relu(y).index_select(0, index)  # [n, D]
     tails = triples[:, 2]
     e_t = model.entity_embeddings[tails]  # [n, D]
     g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
     dl_dy = g.unsqueeze(1) * e_t * relu_gate(q)  # [n, D], relu's derivative (q > 0 iff y > 0)
-    return _Pass(pairs, index, a, z_hat, q, g, dl_dy, dl_dy * dy_dz)
+    return _Pass(pairs, index, fc_bands, z_hat, q, g, dl_dy, dl_dy * dy_dz)
 
 
 @torch.no_grad()
@@ -102,9 +111,11 @@ def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstr
     ``model`` must be a ConvE in eval mode. head_slot=False leaves out everything that needs
     a backward pass through the convolution (upstream parameters, head and relation rows):
     :func:`conve_forward_influence` adds those terms another way. pairs_fn: how the distinct
-    pairs are passed through the network (:func:`pair_pass`, or its compiled form).
+    pairs are passed through the network (:func:`pair_pass`, or its compiled form). Without
+    upstream parameters, eagerly, fc's input is computed in bands (:mod:`.conve_bands`).
     """
-    return _assemble(model, triples, _forward(model, triples, pairs_fn), names, upstream_chunk, head_slot)
+    banded = pairs_fn is pair_pass and not needs_upstream(names)
+    return _assemble(model, triples, _forward(model, triples, pairs_fn, banded), names, upstream_chunk, head_slot)
 
 
 def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str], upstream_chunk: int,
@@ -124,7 +135,8 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
         rows["entity"] = entity
     if "relation_embeddings" in selected:
         rows["relation"] = (triples[:, 1:2], rel_rows.unsqueeze(1))  # [n, 1], [n, 1, D]
-    outer = [Outer(fw.a, fw.index, fw.delta)] if "fc.weight" in selected else []
+    inputs = [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands]  # per triple
+    outer = [Outer(fw.delta, inputs)] if "fc.weight" in selected else []
     return Factors(len(triples), torch.cat(dense, dim=1) if dense else None, rows, outer)
 
 
@@ -133,16 +145,21 @@ def needs_upstream(names: Sequence[str]) -> bool:
     return bool(set(names) & {*UPSTREAM, "entity_embeddings", "relation_embeddings"})
 
 
-def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor) -> bool:
+def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor,
+                      banded: bool = True) -> bool:
     """True when :func:`conve_forward_influence` is cheaper than per-triple upstream gradients.
 
     Per-triple (reverse) costs one [D] x [D, F] product per training triple; forward mode one
-    per (test triple, distinct training pair).
+    per (test triple, distinct value of each band) over the band's columns (banded: eager, in
+    :func:`~.conve_bands.bands`; else one band, the whole input per distinct pair).
     """
     if not needs_upstream(names):
         return False
     pairs, _ = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    return n_test * len(pairs) < len(triples)
+    spans = bands(model) if banded else [("pair", range(conv_rows(model)))]
+    distinct = {"pair": len(pairs), "head": len(pairs[:, 0].unique()), "relation": len(pairs[:, 1].unique())}
+    forward = n_test * sum(distinct[key] * len(rows) for key, rows in spans)  # in units of D x (C x Wc) products
+    return forward < len(triples) * sum(len(rows) for _, rows in spans)
 
 
 @torch.no_grad()
@@ -153,21 +170,26 @@ def conve_forward_influence(model: nn.Module, test: Factors, test_triples: Tenso
     The upstream terms <u_i, J_p^T W^T delta_j> are computed as <W (J_p u_i), delta_j>: one
     Jacobian-vector product of the pair's fc input along the test gradient u_i (its upstream
     parameters, and its entity and relation rows where the pair's head or relation is one of
-    them) per (test triple, distinct pair), instead of a backward pass per training triple.
-    The remaining terms are the ordinary factored products with the training triples'
-    downstream factors.
+    them) per test triple and distinct value of each band of fc's input (eagerly: per distinct
+    head, pair and relation, :mod:`.conve_bands`; compiled: per distinct pair, the whole input),
+    instead of a backward pass per training triple. The remaining terms are the ordinary
+    factored products with the training triples' downstream factors.
     """
-    fw = _forward(model, triples, pairs_fn)
+    fw = _forward(model, triples, pairs_fn, banded=pairs_fn is pair_pass)
     train = _assemble(model, triples, fw, names, 0, head_slot=False)
     out = dot(_downstream_part(model, test, names), train)
-    u_params, u_head, u_rel = _test_tangents(model, test, test_triples, names, fw.pairs)
-    block = conv_block(model, fw.pairs, fw.a)
-    for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
-        tangent = {n: v[i] for n, v in u_params.items()}
-        w_da = torch.cat([block_jvp(model, block.part(s, s + PAIR_BLOCK), tangent, u_head[i, s:s + PAIR_BLOCK],
-                                    u_rel[i, s:s + PAIR_BLOCK]) @ model.fc.weight.T
-                          for s in range(0, len(fw.pairs), PAIR_BLOCK)])  # [U, D], W da per pair block (in cache)
-        out[i] += torch.linalg.vecdot(w_da[fw.index], fw.delta)
+    u_params = _param_tangents(model, test, names)
+    for band in fw.bands:
+        block = conv_block(model, band.ids, band.a, band.image_rows(model))
+        u_head, u_rel = _row_tangents(model, test, names, band)  # [n_test, U_b, D] each
+        weight = band_weight(model, band)  # [D, F_b]
+        index = band.index.index_select(0, fw.index)  # [n] each triple's row of the band
+        for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
+            tangent = {n: v[i] for n, v in u_params.items()}
+            w_da = torch.cat([block_jvp(model, block.part(s, s + PAIR_BLOCK), tangent, u_head[i, s:s + PAIR_BLOCK],
+                                        u_rel[i, s:s + PAIR_BLOCK]) @ weight.T
+                              for s in range(0, len(band.ids), PAIR_BLOCK)])  # [U_b, D], per block (in cache)
+            out[i] += torch.linalg.vecdot(w_da.index_select(0, index), fw.delta)
     return out
 
 
@@ -190,28 +212,31 @@ def _downstream_part(model: nn.Module, test: Factors, names: Sequence[str]) -> F
     return Factors(test.n, dense, rows, test.outer)
 
 
-def _test_tangents(model: nn.Module, test: Factors, test_triples: Tensor, names: Sequence[str],
-                   pairs: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """The test gradients as tangents: upstream parameters {name: [n_test, *shape]}, and per pair the
-    head-row [n_test, U, D] and relation-row [n_test, U, D] directions (zero where the pair's
-    head or relation is not among the test triple's rows)."""
+def _param_tangents(model: nn.Module, test: Factors, names: Sequence[str]) -> dict[str, Tensor]:
+    """The test gradients' upstream parameter parts as tangents {name: [n_test, *shape]}."""
     params = dict(model.named_parameters())
     columns = _dense_columns(model, names)
-    n, dim = test.n, model.entity_embeddings.shape[1]
-    u_params = {name: test.dense[:, columns[name]].reshape(n, *params[name].shape) for name in UPSTREAM
-                if name in columns}
-    u_head = torch.zeros(n, len(pairs), dim, dtype=model.entity_embeddings.dtype, device=pairs.device)
+    return {name: test.dense[:, columns[name]].reshape(test.n, *params[name].shape) for name in UPSTREAM
+            if name in columns}
+
+
+def _row_tangents(model: nn.Module, test: Factors, names: Sequence[str], band: Band) -> tuple[Tensor, Tensor]:
+    """The test gradients' head-row [n_test, U_b, D] and relation-row [n_test, U_b, D] directions for each
+    of the band's distinct values: zero where its head or relation is not among the test triple's rows,
+    or is not what the band sees (a head band's relation id is a placeholder)."""
+    ids, dim = band.ids, model.entity_embeddings.shape[1]
+    u_head = torch.zeros(test.n, len(ids), dim, dtype=model.entity_embeddings.dtype, device=ids.device)
     u_rel = torch.zeros_like(u_head)
-    if "entity_embeddings" in names:
-        ids, grads = test.rows["entity"]  # [n, 2], [n, 2, W]: slots (head, tail), embedding columns first
-        for slot in range(ids.shape[1]):
-            hit = (pairs[:, 0].unsqueeze(0) == ids[:, slot].unsqueeze(1)).to(u_head.dtype)  # [n, U]
+    if "entity_embeddings" in names and KEYS[band.key] != 1:
+        rows, grads = test.rows["entity"]  # [n, 2], [n, 2, W]: slots (head, tail), embedding columns first
+        for slot in range(rows.shape[1]):
+            hit = (ids[:, 0].unsqueeze(0) == rows[:, slot].unsqueeze(1)).to(u_head.dtype)  # [n, U_b]
             u_head += hit.unsqueeze(2) * grads[:, slot, :dim].unsqueeze(1)
-    if "relation_embeddings" in names:
-        ids, grads = test.rows["relation"]  # [n, 1], [n, 1, D]
-        hit = (pairs[:, 1].unsqueeze(0) == ids[:, 0].unsqueeze(1)).to(u_rel.dtype)  # [n, U]
+    if "relation_embeddings" in names and KEYS[band.key] != 0:
+        rows, grads = test.rows["relation"]  # [n, 1], [n, 1, D]
+        hit = (ids[:, 1].unsqueeze(0) == rows[:, 0].unsqueeze(1)).to(u_rel.dtype)  # [n, U_b]
         u_rel += hit.unsqueeze(2) * grads[:, 0].unsqueeze(1)
-    return u_params, u_head, u_rel
+    return u_head, u_rel
 
 
 def _bn2(model: nn.Module, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -256,7 +281,8 @@ def _upstream(model: nn.Module, fw: _Pass, chunk: int) -> tuple[dict[str, Tensor
     dl/da = W^T delta [c, F] is formed ``chunk`` triples at a time and pulled back through
     the convolution block by hand (:func:`~.conve_block.block_vjp`).
     """
-    block = conv_block(model, fw.pairs, fw.a)
+    (band,) = fw.bands  # per-triple gradients are pulled back through the whole image
+    block = conv_block(model, fw.pairs, band.a)
     parts = [block_vjp(model, block, fw.index[s:s + chunk], fw.delta[s:s + chunk] @ model.fc.weight)
              for s in range(0, max(len(fw.index), 1), chunk)]  # one part even for no triples
     grads = {name: torch.cat([p[0][name] for p in parts]) for name in parts[0][0]}

@@ -17,19 +17,19 @@ norm; tests/test_tracin.py checks the influences they give against the reference
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ConvBlock", "block_jvp", "block_vjp", "conv_block"]
+__all__ = ["ConvBlock", "block_jvp", "block_vjp", "conv_block", "folded_conv", "taps"]
 
 
 @dataclass
 class ConvBlock:
     """Eval-mode constants of the block and its pieces for U distinct pairs."""
 
-    normalised: Tensor  # [U, 2H, W] (x - mu0) * inv0 (x itself without batch norm)
+    normalised: Tensor  # [U, R, W] (x - mu0) * inv0 on the image rows the block sees (x itself without batch norm)
     patches: Tensor  # [U, K + 1, L] patches of bn0(x), then a row of ones (for biases)
     weight: Tensor  # [C, K] W' (bn1 folded in)
     bias: Tensor  # [C] B' (bn1 folded in)
@@ -40,6 +40,8 @@ class ConvBlock:
     inv1: Tensor  # [C] 1 / sqrt(var1 + eps) (ones without batch norm)
     mean1: Tensor  # [C] mu1 (zeros without batch norm)
     gain0: Tensor  # [] gamma0 * inv0 (one without batch norm)
+    # Which rows of the stacked [2H, W] image: all, or a band's (:mod:`.conve_bands`).
+    image_rows: slice = field(default_factory=lambda: slice(None))
 
     def part(self, start: int, stop: int) -> "ConvBlock":
         """The block restricted to pairs start .. stop-1 (views, no copies)."""
@@ -47,21 +49,21 @@ class ConvBlock:
                        active=self.active[start:stop])
 
 
-def _taps(x: Tensor, kernel: tuple[int, int], ones: bool = False) -> Tensor:
-    """Images [U, 2H, W] -> patches [U, K, L], taps and positions row-major (as Conv2d and ConvE._patches).
+def taps(x: Tensor, kernel: tuple[int, int], ones: bool = False) -> Tensor:
+    """Images [U, rows, W] -> patches [U, K, L], taps and positions row-major (as Conv2d and ConvE._patches).
 
     ones=True appends a row of ones, [U, K + 1, L], so that a bias rides in the matmul.
     """
     kh, kw = kernel
     ch, cw = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-    taps = [x[:, u:u + ch, v:v + cw] for u in range(kh) for v in range(kw)]
+    shifted = [x[:, u:u + ch, v:v + cw] for u in range(kh) for v in range(kw)]
     if ones:
-        taps.append(x.new_ones(x.shape[0], ch, cw))
-    return torch.stack(taps, dim=1).reshape(x.shape[0], len(taps), ch * cw)  # [U, K (+ 1), L]
+        shifted.append(x.new_ones(x.shape[0], ch, cw))
+    return torch.stack(shifted, dim=1).reshape(x.shape[0], len(shifted), ch * cw)  # [U, K (+ 1), L]
 
 
 def _fold(dp: Tensor, kernel: tuple[int, int], height: int, width: int) -> Tensor:
-    """Adjoint of :func:`_taps`: patch gradients [n, K, L] -> image gradients [n, height, width]."""
+    """Adjoint of :func:`taps`: patch gradients [n, K, L] -> image gradients [n, height, width]."""
     kh, kw = kernel
     ch, cw = height - kh + 1, width - kw + 1
     out = dp.new_zeros(dp.shape[0], height, width)
@@ -71,11 +73,16 @@ def _fold(dp: Tensor, kernel: tuple[int, int], height: int, width: int) -> Tenso
     return out
 
 
-def conv_block(model: nn.Module, pairs: Tensor, a: Tensor) -> ConvBlock:
-    """The block's pieces for distinct pairs [U, 2] whose fc inputs are a [U, F] (``model._features``)."""
-    x = model._image(pairs)[:, 0]  # [U, 2H, W]
+def conv_block(model: nn.Module, pairs: Tensor, a: Tensor, image_rows: slice = slice(None)) -> ConvBlock:
+    """The block's pieces for distinct pairs [U, 2] whose fc inputs are a [U, F] (``model._features``).
+
+    image_rows: a band's rows of the image, with ``a`` the fc input of the conv rows they give
+    (:class:`~.conve_bands.Band`); such a block serves :func:`block_jvp` only.
+    """
+    x = model._image(pairs)[:, 0, image_rows]  # [U, R, W]
     w = model.conv.weight.view(model.conv.out_channels, -1)  # [C, K]
     b = model.conv.bias
+    weight, bias = folded_conv(model)
     if model.bn0 is not None:
         bn0, bn1 = model.bn0, model.bn1
         inv0 = torch.rsqrt(bn0.running_var + bn0.eps)  # [1]
@@ -83,15 +90,24 @@ def conv_block(model: nn.Module, pairs: Tensor, a: Tensor) -> ConvBlock:
         x0 = normalised * bn0.weight + bn0.bias
         inv1 = torch.rsqrt(bn1.running_var + bn1.eps)  # [C]
         scale1, mean1, gain0 = bn1.weight * inv1, bn1.running_mean, (bn0.weight * inv0)[0]
-        weight = w * scale1.unsqueeze(1)
-        bias = bn1.bias + (b - bn1.running_mean) * scale1
     else:
         normalised = x0 = x
         inv1 = scale1 = torch.ones_like(b)
-        mean1, gain0, weight, bias = torch.zeros_like(b), torch.ones_like(b[0]), w, b
-    patches = _taps(x0, model.conv.kernel_size, ones=True)
+        mean1, gain0 = torch.zeros_like(b), torch.ones_like(b[0])
+    patches = taps(x0, model.conv.kernel_size, ones=True)
     active = a.view(len(pairs), w.shape[0], -1)  # [U, C, L]
-    return ConvBlock(normalised, patches, weight, bias, active, w, b, scale1, inv1, mean1, gain0)
+    return ConvBlock(normalised, patches, weight, bias, active, w, b, scale1, inv1, mean1, gain0, image_rows)
+
+
+def folded_conv(model: nn.Module) -> tuple[Tensor, Tensor]:
+    """The convolution with bn1 (running statistics) folded in: weight W' [C, K] and bias B' [C]."""
+    w = model.conv.weight.view(model.conv.out_channels, -1)  # [C, K]
+    b = model.conv.bias
+    if model.bn1 is None:
+        return w, b
+    bn1 = model.bn1
+    scale1 = bn1.weight * torch.rsqrt(bn1.running_var + bn1.eps)  # [C]
+    return w * scale1.unsqueeze(1), bn1.bias + (b - bn1.running_mean) * scale1
 
 
 def relu_gate(active: Tensor, out: Tensor | None = None) -> Tensor:
@@ -109,6 +125,7 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
 
     Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
     """
+    assert block.image_rows == slice(None), "per-triple gradients need the whole image's block"
     n, channels = len(index), block.weight.shape[0]
     gate = block.active.index_select(0, index)  # [n, C, L], made relu's derivative in place
     do = relu_gate(gate, out=gate).mul_(da.view(n, channels, -1))  # [n, C, L]
@@ -158,8 +175,9 @@ def block_jvp(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor], dh
         do += extra
     rows = (dh.abs().sum(1) + dr.abs().sum(1) > 0).nonzero().squeeze(1)  # pairs touched by the row tangent
     if len(rows):
-        image = torch.cat([dh[rows], dr[rows]], dim=1).view(len(rows), *block.normalised.shape[1:])  # [u, 2H, W]
-        do[rows] += block.weight @ _taps(image * block.gain0, model.conv.kernel_size)
+        width = block.normalised.shape[2]
+        image = torch.cat([dh[rows], dr[rows]], dim=1).view(len(rows), -1, width)[:, block.image_rows]  # [u, R, W]
+        do[rows] += block.weight @ taps(image * block.gain0, model.conv.kernel_size)
     return do.mul_(relu_gate(block.active)).view(count, -1)  # [U, F], relu's derivative
 
 
@@ -174,7 +192,7 @@ def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor],
     t_b = tangent.get("bn0.bias", torch.zeros_like(bn0.bias))  # [1]
     rowsum = block.weight.sum(1)  # [C]
     if bool(bn0.weight == 0):  # gamma0 = 0 leaves no way back from P to normalised: take the taps
-        taps = _taps(block.normalised, model.conv.kernel_size)  # [U, K, L]
-        return d_bias + t_b * rowsum, 0.0, t_w * (block.weight @ taps)
+        patches = taps(block.normalised, model.conv.kernel_size)  # [U, K, L]
+        return d_bias + t_b * rowsum, 0.0, t_w * (block.weight @ patches)
     scale = t_w / bn0.weight  # [1]
     return d_bias + t_b * rowsum - scale * (block.bias + bn0.bias * rowsum), float(scale.detach()), None

@@ -11,8 +11,11 @@ every parameter is what makes naive TracIn slow (ConvE's fc layer alone has 2M w
   where their ids are equal; the tables of one space (ConvE's entity embeddings and entity
   bias) are concatenated along W because they share the ids;
 * ``outer``: a linear layer whose weight gradient is the outer product delta a^T, kept as
-  its input a (one row per distinct input, [U, F], with ``index`` [n] into it) and its output
-  gradient delta [n, D]; <delta a^T, delta' a'^T> = <a, a'> <delta, delta'>.
+  its output gradient delta [n, D] and its input a, in one or more :class:`Part` s (each a
+  slice of the input's columns, one row per distinct value [U, F_p] with ``index`` [n] into
+  them: ConvE's fc input has parts that depend on the head alone, on the pair, on the
+  relation alone); <delta a^T, delta' a'^T> = <a, a'> <delta, delta'>, and <a, a'> is the
+  sum over parts.
 
 Then
 
@@ -31,16 +34,54 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["Factors", "Outer", "dot", "self_dot"]
+__all__ = ["Factors", "Outer", "Part", "dot", "self_dot"]
+
+
+@dataclass
+class Part:
+    """Some columns of a linear layer's input: their distinct values and each triple's row."""
+
+    a: Tensor  # [U, F_p] distinct values
+    index: Tensor  # LongTensor [n], row of ``a`` for each triple
+    columns: Tensor | None = None  # LongTensor [F_p], the part's positions among the input's columns; None: all
 
 
 @dataclass
 class Outer:
-    """A linear layer's per-triple weight gradients delta_j a_{index_j}^T."""
+    """A linear layer's per-triple weight gradients delta_j a_j^T, a_j the union of its parts' rows."""
 
-    a: Tensor  # [U, F] distinct layer inputs
-    index: Tensor  # LongTensor [n], row of ``a`` for each triple
     delta: Tensor  # [n, D] gradient of the loss at the layer's output
+    parts: list[Part]  # disjoint column sets covering the layer's input
+
+    @classmethod
+    def whole(cls, a: Tensor, index: Tensor, delta: Tensor) -> "Outer":
+        """The gradients of a layer whose input is one part: distinct inputs a [U, F], index [n]."""
+        return cls(delta, [Part(a, index)])
+
+    def gram(self, other: "Outer") -> Tensor:
+        """<a_i, a'_j> [n, n'] float32, part by part: the same columns in the same order, or one side whole."""
+        out = None
+        for px, py in zip(*_aligned(self.parts, other.parts), strict=True):
+            assert px.a.shape[1] == py.a.shape[1], "parts of different widths: factors from different factorisers"
+            # index_select, not aa[i][:, j]: advanced indexing along columns is ~4x slower on CPU.
+            aa = (px.a @ py.a.T).float().index_select(0, px.index).index_select(1, py.index)  # [n, n']
+            out = aa if out is None else out.add_(aa)
+        return out
+
+    def input_norms(self) -> Tensor:
+        """|a_j|^2 [n] float32."""
+        return sum(p.a.float().pow(2).sum(1)[p.index] for p in self.parts)
+
+
+def _aligned(x: list[Part], y: list[Part]) -> tuple[list[Part], list[Part]]:
+    """Parts cut alike: a whole input (one part, columns None) facing parts is cut into their columns."""
+    if len(x) == len(y):
+        return x, y
+    if len(x) == 1 and x[0].columns is None:
+        return [Part(x[0].a[:, p.columns], x[0].index, p.columns) for p in y], y
+    if len(y) == 1 and y[0].columns is None:
+        return x, [Part(y[0].a[:, p.columns], y[0].index, p.columns) for p in x]
+    raise AssertionError("linear-layer inputs cut differently: factors from different factorisers")
 
 
 @dataclass
@@ -58,7 +99,7 @@ class Factors:
             self.n,
             None if self.dense is None else self.dense.to(dtype),
             {space: (ids, grads.to(dtype)) for space, (ids, grads) in self.rows.items()},
-            [Outer(o.a.to(dtype), o.index, o.delta.to(dtype)) for o in self.outer],
+            [Outer(o.delta.to(dtype), [Part(p.a.to(dtype), p.index, p.columns) for p in o.parts]) for o in self.outer],
         )
 
 
@@ -79,9 +120,7 @@ def dot(x: Factors, y: Factors) -> Tensor:
                 if len(i):
                     out.index_put_((i, j), (g_x[i, s] * g_y[j, s2]).sum(-1).float(), accumulate=True)
     for ox, oy in zip(x.outer, y.outer, strict=True):
-        aa = (ox.a @ oy.a.T).float()  # [U_x, U_y]
-        # index_select, not aa[i][:, j]: advanced indexing along columns is ~4x slower on CPU.
-        out += aa.index_select(0, ox.index).index_select(1, oy.index) * (ox.delta @ oy.delta.T).float()
+        out += ox.gram(oy).mul_((ox.delta @ oy.delta.T).float())
     return out
 
 
@@ -96,7 +135,7 @@ def self_dot(x: Factors) -> Tensor:
                 same = (ids[:, s] == ids[:, s2]).float()  # [n]; always 1 when s == s2
                 out += same * (grads[:, s].float() * grads[:, s2].float()).sum(-1)
     for o in x.outer:
-        out += o.a.float().pow(2).sum(1)[o.index] * o.delta.float().pow(2).sum(1)
+        out += o.input_norms() * o.delta.float().pow(2).sum(1)
     return out
 
 

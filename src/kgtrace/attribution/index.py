@@ -66,9 +66,17 @@ class Projector:
         return self._maps[(layer, width)]
 
     def __call__(self, f: Factors) -> Factors:
-        """The same gradients with each outer block's a projected, one row per triple ([n, dim])."""
-        outer = [Outer((o.a.float() @ self._map(k, o.a.shape[1]))[o.index], torch.arange(f.n, device=o.index.device),
-                       o.delta) for k, o in enumerate(f.outer)]
+        """The same gradients with each outer block's a projected, one row per triple ([n, dim]).
+
+        A block's input in several parts is projected part by part with the rows of one map for the
+        whole input, so the result does not depend on how the input was split.
+        """
+        outer = []
+        for k, o in enumerate(f.outer):
+            full = self._map(k, sum(p.a.shape[1] for p in o.parts))  # [F, dim]
+            projected = sum((p.a.float() @ (full if p.columns is None else full[p.columns]))[p.index]
+                            for p in o.parts)  # [n, dim]
+            outer.append(Outer.whole(projected, torch.arange(f.n, device=o.delta.device), o.delta))
         return Factors(f.n, f.dense, f.rows, outer)
 
 
@@ -165,7 +173,8 @@ class _Store:
         for space, (ids, grads) in f.rows.items():
             blocks[f"rows-{space}-ids"], blocks[f"rows-{space}-grads"] = ids, grads
         for k, o in enumerate(f.outer):
-            blocks[f"outer-{k}-a"], blocks[f"outer-{k}-delta"] = o.a, o.delta
+            (part,) = o.parts  # one per-triple part, as Projector returns it
+            blocks[f"outer-{k}-a"], blocks[f"outer-{k}-delta"] = part.a, o.delta
         return blocks
 
     def write(self, positions: np.ndarray, f: Factors) -> None:
@@ -195,7 +204,7 @@ class _Store:
         index = torch.arange(n, device=device)
         return Factors(n, load("dense") if "dense" in names else None,
                        {s: (load(f"rows-{s}-ids"), load(f"rows-{s}-grads")) for s in spaces},
-                       [Outer(load(f"outer-{k}-a"), index, load(f"outer-{k}-delta")) for k in layers])
+                       [Outer.whole(load(f"outer-{k}-a"), index, load(f"outer-{k}-delta")) for k in layers])
 
 
 class ProjectedIndex:

@@ -1,0 +1,117 @@
+"""ConvE's fc input in bands of rows that see the head alone, both halves, or the relation alone.
+
+The stacked input image is the head's H rows above the relation's H rows, and ConvE's
+convolution has no padding, so output row i sees image rows i .. i + kh - 1:
+
+    rows 0 .. H - kh           see the head only      -> a_head(h)
+    rows H - kh + 1 .. H - 1   see both (kh - 1 rows)  -> a_pair(h, r)
+    rows H .. 2H - kh          see the relation only  -> a_relation(r)
+
+In eval mode everything before fc acts per pixel (bn0 on running statistics), per channel
+(conv bias, bn1: folded into the convolution) or elementwise (relu; the dropouts are the
+identity), so each band of fc's input is a function of what it sees, and
+
+    fc(a) = W_head a_head(h) + W_pair a_pair(h, r) + W_relation a_relation(r) + b
+
+with W_band fc's weight columns of that band. The head and relation bands are computed once
+per distinct head and relation instead of once per distinct pair, and so are their Grams
+(:class:`~.factors.Part`) and forward mode's Jacobian-vector products. On UMLS (H = 10,
+kh = 3: 8, 2 and 8 of 18 rows; 810 distinct training pairs over 135 heads and 46 relations)
+the fc product and the Gram of fc inputs cost about a quarter of the whole-input ones.
+Equal to :func:`~.conve.pair_pass` up to float rounding (tests/test_conve_bands.py; the
+influences: tests/test_tracin.py). With kh > H every row sees both halves: one band, the pair's.
+Per-triple (reverse-mode) upstream gradients still take the whole image (:mod:`.conve_block`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from kgtrace.attribution.conve_block import folded_conv, taps
+
+__all__ = ["Band", "band_pass", "band_weight", "bands", "conv_rows", "image_rows", "whole_band"]
+
+#: Which id a band depends on: column of the (head, relation) pair, or None for the pair itself.
+KEYS = {"head": 0, "pair": None, "relation": 1}
+
+
+@dataclass
+class Band:
+    """fc's input on some conv output rows, for distinct pairs [U, 2]: one row per distinct value."""
+
+    key: str  # what the band depends on: "head", "relation" or "pair"
+    rows: range  # conv output rows
+    ids: Tensor  # [U_b, 2] a (head, relation) pair for each distinct value (for "head" and "relation", the other id is 0)
+    a: Tensor  # [U_b, C * len(rows) * Wc] relu(bn1(conv)) on those rows, channel-major as fc's input
+    index: Tensor  # [U] each pair's row of ``a``
+    columns: Tensor | None  # [C * len(rows) * Wc] the band's positions among fc's inputs; None: all of them
+
+    def image_rows(self, model: nn.Module) -> slice:
+        """The rows of the stacked image that the band's output rows see."""
+        return image_rows(model, self.rows)
+
+
+def conv_rows(model: nn.Module) -> int:
+    """The number of conv output rows: 2H - kh + 1."""
+    return 2 * model.embedding_height - model.conv.kernel_size[0] + 1
+
+
+def bands(model: nn.Module) -> list[tuple[str, range]]:
+    """The non-empty bands of conv output rows, [(key, rows)], top to bottom."""
+    out_rows = conv_rows(model)
+    alone = max(0, model.embedding_height - model.conv.kernel_size[0] + 1)  # rows that see one half only, at each end
+    spans = [("head", range(0, alone)), ("pair", range(alone, out_rows - alone)),
+             ("relation", range(out_rows - alone, out_rows))]
+    return [(key, rows) for key, rows in spans if len(rows)]
+
+
+def image_rows(model: nn.Module, rows: range) -> slice:
+    """The rows of the stacked image that conv output ``rows`` see."""
+    return slice(rows.start, rows.stop + model.conv.kernel_size[0] - 1)
+
+
+def whole_band(model: nn.Module, pairs: Tensor, a: Tensor) -> Band:
+    """The whole fc input a [U, F] of distinct pairs [U, 2] as one band."""
+    return Band("pair", range(0, conv_rows(model)), pairs, a, torch.arange(len(pairs), device=pairs.device), None)
+
+
+def band_weight(model: nn.Module, band: Band) -> Tensor:
+    """fc's weight columns of the band, [D, C * len(rows) * Wc] (one strided copy)."""
+    if band.columns is None:
+        return model.fc.weight
+    width = model.embedding_width - model.conv.kernel_size[1] + 1
+    fc = model.fc.weight.view(len(model.fc.weight), model.conv.out_channels, -1)  # [D, C, Hc * Wc]
+    return fc[:, :, band.rows.start * width:band.rows.stop * width].reshape(len(fc), -1)
+
+
+def band_pass(model: nn.Module, pairs: Tensor) -> tuple[list[Band], Tensor]:
+    """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
+    weight, bias = folded_conv(model)  # [C, K], [C]
+    affine = torch.cat([weight, bias.unsqueeze(1)], dim=1)  # [C, K + 1]: the bias meets the ones row
+    width = model.embedding_width - model.conv.kernel_size[1] + 1
+    columns = torch.arange(model.fc.weight.shape[1], device=pairs.device).view(weight.shape[0], -1)  # [C, Hc * Wc]
+    out, z = [], model.fc.bias.expand(len(pairs), -1)  # [U, D]
+    for key, rows in bands(model):
+        ids, index = _distinct(pairs, KEYS[key])  # [U_b, 2], [U]
+        image = model._image(ids)[:, :, image_rows(model, rows)]  # [U_b, 1, rows + kh - 1, W]
+        if model.bn0 is not None:
+            image = model.bn0(image)  # per pixel on running statistics: a band of bn0(x) is bn0 of the band
+        patches = taps(image[:, 0], model.conv.kernel_size, ones=True)  # [U_b, K + 1, L_b]
+        a = torch.relu(affine @ patches).view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input
+        band = Band(key, rows, ids, a, index, columns[:, rows.start * width:rows.stop * width].reshape(-1))
+        z = z + (a @ band_weight(model, band).T).index_select(0, index)  # [U, D]
+        out.append(band)
+    return out, z
+
+
+def _distinct(pairs: Tensor, column: int | None) -> tuple[Tensor, Tensor]:
+    """Pairs [U_b, 2] with distinct values in ``column`` (all columns: None), and each pair's row [U] among them."""
+    if column is None:
+        return pairs, torch.arange(len(pairs), device=pairs.device)
+    values, index = torch.unique(pairs[:, column], return_inverse=True)
+    ids = torch.zeros(len(values), 2, dtype=pairs.dtype, device=pairs.device)  # the other id is never read
+    ids[:, column] = values
+    return ids, index

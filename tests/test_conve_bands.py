@@ -1,0 +1,70 @@
+"""ConvE's fc input computed in bands (head rows, mixed rows, relation rows) equals the whole-input pass."""
+
+import pytest
+import torch
+
+from kgtrace.attribution.conve import pair_pass
+from kgtrace.attribution.conve_bands import band_pass, bands
+from kgtrace.models.conve import ConvE
+
+
+def model(height, kernel, batch_norm, dim=24, seed=0):
+    torch.manual_seed(seed)
+    m = ConvE(7, 3, embedding_dim=dim, embedding_height=height, output_channels=5, kernel_height=kernel[0],
+              kernel_width=kernel[1], apply_batch_normalization=batch_norm)
+    with torch.no_grad():
+        m.entity_bias.normal_()
+        for bn in (m.bn0, m.bn1, m.bn2) if batch_norm else ():
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.normal_()
+            bn.bias.normal_()
+    return m.eval()
+
+
+@pytest.mark.parametrize("height,kernel,batch_norm,expected", [
+    (4, (3, 3), True, [("head", range(0, 2)), ("pair", range(2, 4)), ("relation", range(4, 6))]),
+    (4, (3, 2), False, [("head", range(0, 2)), ("pair", range(2, 4)), ("relation", range(4, 6))]),
+    (4, (1, 3), True, [("head", range(0, 4)), ("relation", range(4, 8))]),  # kh = 1: no row sees both
+    (3, (5, 3), True, [("pair", range(0, 2))]),  # kh > H: every row sees both halves
+    (2, (4, 1), True, [("pair", range(0, 1))]),  # kh = 2H: one output row
+])
+def test_bands_equal_the_whole_fc_input(height, kernel, batch_norm, expected):
+    m = model(height, kernel, batch_norm)
+    assert bands(m) == expected
+    pairs = torch.tensor([[0, 0], [0, 4], [3, 4], [6, 1], [3, 2], [2, 5]])  # shared heads, shared relations
+    with torch.no_grad():
+        a, _, _ = pair_pass(m, pairs)  # [U, F]
+        parts, z = band_pass(m, pairs)
+    assembled = torch.full_like(a, float("nan"))
+    for part in parts:
+        assembled[:, part.columns] = part.a[part.index]
+    torch.testing.assert_close(assembled, a)  # every column covered once, with the same value
+    torch.testing.assert_close(z, m.fc(a))
+    distinct = {"head": 4, "pair": 6, "relation": 5}  # heads 0, 3, 6, 2; six pairs; relations 0, 4, 1, 2, 5
+    assert [part.a.shape[0] for part in parts] == [distinct[key] for key, _ in expected]  # one row per distinct id
+
+
+@pytest.mark.parametrize("batch_norm", [True, False])
+def test_band_jvps_equal_the_whole_inputs_columns(batch_norm):
+    """Forward mode per band (rows of the image sliced, head or relation tangents only where the band sees them)."""
+    from kgtrace.attribution.conve_bands import KEYS
+    from kgtrace.attribution.conve_block import block_jvp, conv_block
+
+    m = model(4, (3, 3), batch_norm, seed=1)
+    pairs = torch.tensor([[0, 0], [0, 4], [3, 4], [6, 1], [3, 2], [2, 5]])
+    g = torch.Generator().manual_seed(2)
+    entity_tangent, relation_tangent = torch.randn(7, 24, generator=g), torch.randn(6, 24, generator=g)
+    entity_tangent[6] = 0  # a head the test gradient does not touch
+    tangent = {"conv.weight": torch.randn(m.conv.weight.shape, generator=g), "conv.bias": torch.randn(5, generator=g)}
+    if batch_norm:
+        tangent |= {"bn0.weight": torch.randn(1, generator=g), "bn1.bias": torch.randn(5, generator=g)}
+    with torch.no_grad():
+        a, _, _ = pair_pass(m, pairs)
+        whole = block_jvp(m, conv_block(m, pairs, a), tangent, entity_tangent[pairs[:, 0]], relation_tangent[pairs[:, 1]])
+        for band in band_pass(m, pairs)[0]:
+            sees = KEYS[band.key]  # 0: the head only, 1: the relation only, None: both
+            dh = entity_tangent[band.ids[:, 0]] * (sees != 1)
+            dr = relation_tangent[band.ids[:, 1]] * (sees != 0)
+            got = block_jvp(m, conv_block(m, band.ids, band.a, band.image_rows(m)), tangent, dh, dr)  # [U_b, F_b]
+            torch.testing.assert_close(got.index_select(0, band.index), whole[:, band.columns])
