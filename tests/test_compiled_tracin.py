@@ -45,12 +45,14 @@ def test_conve_fast_path(conve):
     assert relative(got, expected) < 1e-4
     assert [t.proponents.tolist() for t in compiled.top_k(test, 5)] == [t.proponents.tolist() for t in eager.top_k(test, 5)]
     assert relative(compiled.self_influence(), eager.self_influence()) < 1e-4
-    (call,) = compiled.compiled.calls
-    stats = call.stats
-    assert call.name == "tracin_conve_pairs" and call.batch_size == 512
-    # Two checkpoints x (test factors + two chunks) x three passes, each with its own number of pairs.
-    assert stats.calls == 16 and len(stats.input_sizes) > 2
-    assert stats.compilations == 1 and stats.recompilations == 0 and stats.graph_breaks == 0
+    calls = compiled.compiled.calls  # fc's input in bands: per distinct head, pair and relation
+    assert [c.name for c in calls] == [f"tracin_conve_band_{k}" for k in ("head", "pair", "relation")]
+    for call in calls:
+        stats = call.stats
+        assert call.batch_size == 512
+        # Two checkpoints x (test factors + two chunks) x three passes, each with its own number of rows.
+        assert stats.calls == 16 and len(stats.input_sizes) > 2
+        assert stats.compilations == 1 and stats.recompilations == 0 and stats.graph_breaks == 0
 
 
 def test_conve_every_parameter_forward_and_reverse(conve):
@@ -60,7 +62,9 @@ def test_conve_every_parameter_forward_and_reverse(conve):
         compiled = TracIn(conve, params="all", train_indices=range(0, 5216, 7), compile=True)
         compiled.forward_mode = forward_mode
         assert relative(compiled.influence(test), expected) < 1e-4
-        assert compiled.compiled.calls[0].stats.recompilations == 0
+        names = {c.name for c in compiled.compiled.calls}  # forward mode in bands; reverse with the whole input
+        assert ("tracin_conve_band_pair" in names) == forward_mode and "tracin_conve_pairs" in names
+        assert all(c.stats.recompilations == 0 for c in compiled.compiled.calls)
 
 
 @pytest.mark.parametrize("path", ["fast", "general"])
@@ -97,9 +101,11 @@ def test_explain_writes_counters_beside_its_output(conve, tmp_path):
     out = tmp_path / "explain.json"
     assert main(["explain", str(conve.path), "--test", "2", "--top-k", "3", "--compile", "--device", "cpu",
                  "--no-progress", "--out", str(out)]) == 0
-    (entry,) = json.loads((tmp_path / "explain.compile_stats.json").read_text())["entry_points"]
-    assert entry["entry_point"] == "tracin_conve_pairs" and entry["compilations"] == 1
-    assert entry["recompilations"] == 0 and entry["calls"] == 6  # 2 checkpoints x (test + 2 chunks)
+    entries = json.loads((tmp_path / "explain.compile_stats.json").read_text())["entry_points"]
+    assert [e["entry_point"] for e in entries] == [f"tracin_conve_band_{k}" for k in ("head", "pair", "relation")]
+    for entry in entries:
+        assert entry["compilations"] == 1 and entry["recompilations"] == 0
+        assert entry["calls"] == 6  # 2 checkpoints x (test + 2 chunks)
     eager = tmp_path / "eager.json"
     assert main(["explain", str(conve.path), "--test", "2", "--top-k", "3", "--device", "cpu", "--no-progress",
                  "--out", str(eager)]) == 0

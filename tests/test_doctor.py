@@ -92,7 +92,8 @@ def test_doctor_passes_the_default_run(compiled_runs, capsys):
     """No RUN_DIR: a small ConvE on UMLS; its graphs are the session fixture's, loaded from Inductor's cache."""
     assert main(["doctor", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    for entry in ("rank_side", "train_kvsall", "tracin_conve_pairs"):
+    for entry in ("rank_side", "train_kvsall", "tracin_conve_band_head", "tracin_conve_band_pair",
+                  "tracin_conve_band_relation"):
         assert entry in out
-    assert "4 of 4 entry points passed" in out
+    assert "6 of 6 entry points passed" in out
     assert "FAILED" not in out

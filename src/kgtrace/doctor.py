@@ -10,7 +10,7 @@ trained for one epoch on the bundled UMLS in a temporary folder:
 * ``train_kvsall`` / ``train_1vsall``: the training step (``train --compile``) at the run's
   batch size and at the epoch's remainder, which gets its own call (training never pads:
   :mod:`kgtrace.training.compiled`);
-* TracIn's gradient function for the run's model (``explain --compile``, path auto).
+* TracIn's gradient functions for the run's model (``explain --compile``, path auto, params last).
 
 Each is called again and again with fresh values: the row-independent ones with a full
 batch, a padded last chunk (1 and batch - 1 rows) and more than a batch; the training calls
@@ -267,20 +267,28 @@ def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]
     return [probe(size) for size in sizes if size]
 
 
-def tracin_probe(run, device: torch.device, gen: torch.Generator) -> Probe:
-    """TracIn's compiled gradient function for the run's model, as ``kgtrace explain --compile``."""
+def tracin_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
+    """TracIn's compiled gradient functions for the run's model, as ``kgtrace explain --compile`` (params last)."""
     from kgtrace.attribution import TracIn
-    from kgtrace.attribution.compiled import entry_point_for
+    from kgtrace.attribution.compiled import entry_points_for
+
+    tracin = TracIn(run, device=device, compile=True)
+    return [_tracin_probe(tracin, name, gen) for name in entry_points_for(tracin.model, tracin.path, tracin.names)]
+
+
+def _tracin_probe(tracin, name: str, gen: torch.Generator) -> Probe:
     from kgtrace.attribution.conve import pair_pass
+    from kgtrace.attribution.conve_bands import band_values
     from kgtrace.attribution.grads import ScoreHRT, wrapped_gradients
     from kgtrace.attribution.rows import row_gradients
 
-    tracin = TracIn(run, device=device, compile=True)
     model, names, train = tracin.model, tuple(tracin.names), tracin.train
-    name = entry_point_for(model, tracin.path)
     call = tracin.compiled.call(name)
     if name == "tracin_conve_pairs":
         key, static, eager_fn = "pairs", (model,), lambda x: pair_pass(model, x)
+    elif name.startswith("tracin_conve_band_"):
+        band = name.removeprefix("tracin_conve_band_")
+        key, static, eager_fn = "ids", (model,), lambda x: band_values(model, band, x)
     else:
         function = wrapped_gradients if name == "tracin_general" else row_gradients
         key, static = "triples", (ScoreHRT(model), names)
@@ -291,7 +299,7 @@ def tracin_probe(run, device: torch.device, gen: torch.Generator) -> Probe:
 
     def sample(n: int) -> dict[str, Tensor]:
         triples = train[torch.randint(len(train), (n,), generator=gen)]
-        return {key: triples[:, :2] if key == "pairs" else triples}
+        return {key: triples if key == "triples" else triples[:, :2]}
 
     return Probe(call, lambda inputs: call(*static, **inputs), lambda inputs: eager_fn(inputs[key]), sample,
                  _row_sizes(call.batch_size), torch.no_grad)
@@ -317,7 +325,7 @@ def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -
         torch.manual_seed(0)  # the dropout masks: the same check every time
         log(f"compiling each entry point of {run_dir} ({type(run.model).__name__}, {where}); this takes a while")
         probes = [rank_probe(run, where, parse_size(run.config.memory_budget), gen), *train_probes(run, where, gen),
-                  tracin_probe(run, where, gen)]
+                  *tracin_probes(run, where, gen)]
         return run_probes(probes)
 
 

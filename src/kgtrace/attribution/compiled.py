@@ -7,14 +7,15 @@ last chunk, mark-step, clone at the boundary, no eager fallback):
   ``functional_call``, :func:`~.grads.wrapped_gradients`);
 * ``tracin_rows``: the embedding-row form (the rows path, and DistMult's and ComplEx's fast
   path): dense gradients and row gradients per id space (:func:`~.rows.row_gradients`);
-* ``tracin_conve_pairs``: ConvE's fast path per distinct (head, relation) pair, its fc input
-  and bn2 output (:func:`~.conve.pair_pass`, the convolution and the fc layer: the factors'
-  costly part). The per-triple closed form, O(D) per triple, stays eager; so do the
-  upstream pull-back through the convolution (:mod:`.conve_block`, needed only when conv,
-  batch norm or embedding parameters are selected) and forward mode's JVPs. Compiled
-  factors use this whole-input pass for every parameter set: eager ones without upstream
-  parameters compute fc's input in bands (:mod:`.conve_bands`, per distinct head and
-  relation), which has no compiled form.
+* ``tracin_conve_band_head``, ``tracin_conve_band_pair``, ``tracin_conve_band_relation``:
+  ConvE's fast path, one band of fc's input and its part of fc's product per distinct head,
+  pair or relation (:func:`~.conve_bands.band_values`, the convolution and the fc layer: the
+  factors' costly part), for parameter sets without upstream parameters and for forward mode;
+  a model whose kernel is taller than an embedding has only the pair band;
+* ``tracin_conve_pairs``: ConvE's whole fc input and bn2 output per distinct pair
+  (:func:`~.conve.pair_pass`), for per-triple upstream gradients, which are pulled back
+  through the whole image. The per-triple closed form, O(D) per triple, stays eager; so do
+  that pull-back (:mod:`.conve_block`) and forward mode's JVPs.
 
 Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
 (distinct pairs, shared ids), which a static graph cannot take.
@@ -35,15 +36,16 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, pair_pass
+from kgtrace.attribution.conve import conve_factors, conve_forward_influence, needs_upstream, pair_pass
+from kgtrace.attribution.conve_bands import band_values, bands
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.grads import ScoreHRT, dense_factors, wrapped_gradients
 from kgtrace.attribution.rows import row_factors, row_gradients, rows_to_factors
 from kgtrace.compile import CompiledCall
 
-__all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_point_for"]
+__all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_points_for"]
 
-#: Distinct pairs per compiled run of ConvE's pair pass: a chunk of 4096 triples sorted by
+#: Distinct pairs (heads, relations) per compiled run of ConvE's pair (band) pass: a chunk of 4096 triples sorted by
 #: (head, relation) holds a few hundred to thousands of pairs; padding wastes less than one batch.
 PAIR_BATCH = 512
 
@@ -60,18 +62,25 @@ def _pairs(model: nn.Module, pairs: Tensor, valid: Tensor) -> tuple[Tensor, Tens
     return pair_pass(model, pairs)
 
 
-def entry_point_for(model: nn.Module, path: str) -> str:
-    """The entry point TracIn's resolved ``path`` ("fast", "rows" or "general") compiles for this model."""
+def _band(model: nn.Module, ids: Tensor, valid: Tensor, key: str) -> tuple[Tensor, Tensor]:
+    return band_values(model, key, ids)
+
+
+def entry_points_for(model: nn.Module, path: str, names: Sequence[str]) -> list[str]:
+    """The entry points TracIn's resolved ``path`` ("fast", "rows" or "general") compiles for this model and
+    parameter set (ConvE's pair pass only with upstream parameters, whose per-triple gradients need it)."""
     if path == "general":
-        return "tracin_general"
-    return "tracin_conve_pairs" if path == "fast" and type(model).__name__ == "ConvE" else "tracin_rows"
+        return ["tracin_general"]
+    if path == "fast" and type(model).__name__ == "ConvE":
+        return [f"tracin_conve_band_{key}" for key, _ in bands(model)] + ["tracin_conve_pairs"] * needs_upstream(names)
+    return ["tracin_rows"]
 
 
 class CompiledGradients:
     """Compiled stand-ins for TracIn's gradient functions, each entry point compiled on first use.
 
     batch_size: triples per compiled run of the general and rows forms (TracIn's chunk size,
-    which bounds their memory); ConvE's pair pass runs :data:`PAIR_BATCH` pairs at a time.
+    which bounds their memory); ConvE's pair and band passes run :data:`PAIR_BATCH` rows at a time.
     """
 
     def __init__(self, batch_size: int, device: torch.device):
@@ -84,8 +93,8 @@ class CompiledGradients:
         forms = {
             dense_factors: self.dense_factors,
             row_factors: self.row_factors,
-            conve_factors: partial(conve_factors, pairs_fn=self.pair_pass),
-            conve_forward_influence: partial(conve_forward_influence, pairs_fn=self.pair_pass),
+            conve_factors: partial(conve_factors, pairs_fn=self.pair_pass, band_fn=self.band_values),
+            conve_forward_influence: partial(conve_forward_influence, band_fn=self.band_values),
         }
         if function not in forms:
             raise ValueError(f"no compiled form of {getattr(function, '__name__', function)!r}")
@@ -110,11 +119,15 @@ class CompiledGradients:
         """As :func:`~.conve.pair_pass`, compiled."""
         return self.call("tracin_conve_pairs")(model, pairs=pairs)
 
+    def band_values(self, model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """As :func:`~.conve_bands.band_values`, compiled (one entry point per band)."""
+        return self.call(f"tracin_conve_band_{key}")(model, ids=ids)
+
     def call(self, name: str) -> CompiledCall:
         """The compiled call of entry point ``name`` (see :data:`ENTRY_POINTS`), built on first use."""
         if name not in self._calls:
             fn, key, width = ENTRY_POINTS[name]
-            batch_size = min(self.batch_size, PAIR_BATCH) if key == "pairs" else self.batch_size
+            batch_size = min(self.batch_size, PAIR_BATCH) if key in ("pairs", "ids") else self.batch_size
             example = {key: torch.zeros(1, width, dtype=torch.long, device=self.device)}
             self._calls[name] = CompiledCall(name, fn, batch_size, example)
         return self._calls[name]
@@ -126,4 +139,7 @@ ENTRY_POINTS: dict[str, tuple[Callable, str, int]] = {
     "tracin_general": (_general, "triples", 3),
     "tracin_rows": (_rows, "triples", 3),
     "tracin_conve_pairs": (_pairs, "pairs", 2),
+    "tracin_conve_band_head": (partial(_band, key="head"), "ids", 2),
+    "tracin_conve_band_pair": (partial(_band, key="pair"), "ids", 2),
+    "tracin_conve_band_relation": (partial(_band, key="relation"), "ids", 2),
 }

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve_bands import KEYS, Band, band_pass, band_weight, bands, conv_rows, whole_band
+from kgtrace.attribution.conve_bands import KEYS, Band, BandFn, band_pass, band_values, bands, whole_band
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
 
@@ -82,14 +82,15 @@ def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return a, z_hat, y
 
 
-def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, banded: bool = False) -> _Pass:
+def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values,
+             banded: bool = False) -> _Pass:
     """banded: compute fc's input in bands (:mod:`.conve_bands`), whose head and relation bands cost per
     distinct head and relation; else one whole band per pair, which per-triple upstream gradients need."""
     if model.training:
         raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
     if banded:
-        fc_bands, z = band_pass(model, pairs)  # per band [U_b, F_b], [U, D]
+        fc_bands, z = band_pass(model, pairs, band_fn)  # per band [U_b, F_b], [U, D]
         z_hat, y = _bn2(model, z)  # [U, D], [U, D]
     else:
         a, z_hat, y = pairs_fn(model, pairs)  # [U, F], [U, D], [U, D]
@@ -105,17 +106,18 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, b
 
 @torch.no_grad()
 def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstream_chunk: int = 512,
-                  head_slot: bool = True, pairs_fn: PairsFn = pair_pass) -> Factors:
+                  head_slot: bool = True, pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values) -> Factors:
     """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
 
     ``model`` must be a ConvE in eval mode. head_slot=False leaves out everything that needs
     a backward pass through the convolution (upstream parameters, head and relation rows):
-    :func:`conve_forward_influence` adds those terms another way. pairs_fn: how the distinct
-    pairs are passed through the network (:func:`pair_pass`, or its compiled form). Without
-    upstream parameters, eagerly, fc's input is computed in bands (:mod:`.conve_bands`).
+    :func:`conve_forward_influence` adds those terms another way. Without upstream parameters
+    fc's input is computed in bands (:mod:`.conve_bands`) by band_fn (:func:`~.conve_bands.band_values`
+    or its compiled form); with them, whole, per distinct pair by pairs_fn (:func:`pair_pass` or its
+    compiled form): per-triple upstream gradients are pulled back through the whole image.
     """
-    banded = pairs_fn is pair_pass and not needs_upstream(names)
-    return _assemble(model, triples, _forward(model, triples, pairs_fn, banded), names, upstream_chunk, head_slot)
+    fw = _forward(model, triples, pairs_fn, band_fn, banded=not needs_upstream(names))
+    return _assemble(model, triples, fw, names, upstream_chunk, head_slot)
 
 
 def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str], upstream_chunk: int,
@@ -145,18 +147,16 @@ def needs_upstream(names: Sequence[str]) -> bool:
     return bool(set(names) & {*UPSTREAM, "entity_embeddings", "relation_embeddings"})
 
 
-def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor,
-                      banded: bool = True) -> bool:
+def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor) -> bool:
     """True when :func:`conve_forward_influence` is cheaper than per-triple upstream gradients.
 
     Per-triple (reverse) costs one [D] x [D, F] product per training triple; forward mode one
-    per (test triple, distinct value of each band) over the band's columns (banded: eager, in
-    :func:`~.conve_bands.bands`; else one band, the whole input per distinct pair).
+    per (test triple, distinct value of each band: :func:`~.conve_bands.bands`) over the band's columns.
     """
     if not needs_upstream(names):
         return False
     pairs, _ = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    spans = bands(model) if banded else [("pair", range(conv_rows(model)))]
+    spans = bands(model)
     distinct = {"pair": len(pairs), "head": len(pairs[:, 0].unique()), "relation": len(pairs[:, 1].unique())}
     forward = n_test * sum(distinct[key] * len(rows) for key, rows in spans)  # in units of D x (C x Wc) products
     return forward < len(triples) * sum(len(rows) for _, rows in spans)
@@ -164,25 +164,25 @@ def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, tripl
 
 @torch.no_grad()
 def conve_forward_influence(model: nn.Module, test: Factors, test_triples: Tensor, triples: Tensor,
-                            names: Sequence[str], pairs_fn: PairsFn = pair_pass) -> Tensor:
+                            names: Sequence[str], band_fn: BandFn = band_values) -> Tensor:
     """<grad l(test_i), grad l(triple_j)> [n_test, n] from the test triples' full factors, in forward mode.
 
     The upstream terms <u_i, J_p^T W^T delta_j> are computed as <W (J_p u_i), delta_j>: one
     Jacobian-vector product of the pair's fc input along the test gradient u_i (its upstream
     parameters, and its entity and relation rows where the pair's head or relation is one of
-    them) per test triple and distinct value of each band of fc's input (eagerly: per distinct
-    head, pair and relation, :mod:`.conve_bands`; compiled: per distinct pair, the whole input),
-    instead of a backward pass per training triple. The remaining terms are the ordinary
-    factored products with the training triples' downstream factors.
+    them) per test triple and distinct value of each band of fc's input (per distinct head,
+    pair and relation, :mod:`.conve_bands`; band_fn: :func:`~.conve_bands.band_values` or its
+    compiled form), instead of a backward pass per training triple. The remaining terms are the
+    ordinary factored products with the training triples' downstream factors.
     """
-    fw = _forward(model, triples, pairs_fn, banded=pairs_fn is pair_pass)
+    fw = _forward(model, triples, band_fn=band_fn, banded=True)
     train = _assemble(model, triples, fw, names, 0, head_slot=False)
     out = dot(_downstream_part(model, test, names), train)
     u_params = _param_tangents(model, test, names)
     for band in fw.bands:
         block = conv_block(model, band.ids, band.a, band.image_rows(model))
         u_head, u_rel = _row_tangents(model, test, names, band)  # [n_test, U_b, D] each
-        weight = band_weight(model, band)  # [D, F_b]
+        weight = band.weight(model)  # [D, F_b]
         index = band.index.index_select(0, fw.index)  # [n] each triple's row of the band
         for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
             tangent = {n: v[i] for n, v in u_params.items()}

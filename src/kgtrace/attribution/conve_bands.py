@@ -25,6 +25,7 @@ Per-triple (reverse-mode) upstream gradients still take the whole image (:mod:`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 
 from kgtrace.attribution.conve_block import folded_conv, taps
 
-__all__ = ["Band", "band_pass", "band_weight", "bands", "conv_rows", "image_rows", "whole_band"]
+__all__ = ["Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "image_rows", "whole_band"]
 
 #: Which id a band depends on: column of the (head, relation) pair, or None for the pair itself.
 KEYS = {"head": 0, "pair": None, "relation": 1}
@@ -52,6 +53,10 @@ class Band:
     def image_rows(self, model: nn.Module) -> slice:
         """The rows of the stacked image that the band's output rows see."""
         return image_rows(model, self.rows)
+
+    def weight(self, model: nn.Module) -> Tensor:
+        """fc's weight columns of the band, [D, F_b]."""
+        return band_weight(model, None if self.columns is None else self.rows)
 
 
 def conv_rows(model: nn.Module) -> int:
@@ -78,32 +83,45 @@ def whole_band(model: nn.Module, pairs: Tensor, a: Tensor) -> Band:
     return Band("pair", range(0, conv_rows(model)), pairs, a, torch.arange(len(pairs), device=pairs.device), None)
 
 
-def band_weight(model: nn.Module, band: Band) -> Tensor:
-    """fc's weight columns of the band, [D, C * len(rows) * Wc] (one strided copy)."""
-    if band.columns is None:
+def band_weight(model: nn.Module, rows: range | None) -> Tensor:
+    """fc's weight columns of the band on conv output ``rows`` (None: all), [D, C * len(rows) * Wc]."""
+    if rows is None:
         return model.fc.weight
     width = model.embedding_width - model.conv.kernel_size[1] + 1
     fc = model.fc.weight.view(len(model.fc.weight), model.conv.out_channels, -1)  # [D, C, Hc * Wc]
-    return fc[:, :, band.rows.start * width:band.rows.stop * width].reshape(len(fc), -1)
+    return fc[:, :, rows.start * width:rows.stop * width].reshape(len(fc), -1)  # one strided copy
 
 
-def band_pass(model: nn.Module, pairs: Tensor) -> tuple[list[Band], Tensor]:
-    """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
+def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Band ``key``'s fc input a [U_b, C * L_b] for pairs ``ids`` [U_b, 2], and its part of fc's product [U_b, D].
+
+    The costly part of the banded factors, and the one compiled under ``TracIn(compile=True)``.
+    """
+    rows = dict(bands(model))[key]
     weight, bias = folded_conv(model)  # [C, K], [C]
     affine = torch.cat([weight, bias.unsqueeze(1)], dim=1)  # [C, K + 1]: the bias meets the ones row
+    image = model._image(ids)[:, :, image_rows(model, rows)]  # [U_b, 1, rows + kh - 1, W]
+    if model.bn0 is not None:
+        image = model.bn0(image)  # per pixel on running statistics: a band of bn0(x) is bn0 of the band
+    patches = taps(image[:, 0], model.conv.kernel_size, ones=True)  # [U_b, K + 1, L_b]
+    a = torch.relu(affine @ patches).view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input
+    return a, a @ band_weight(model, rows).T
+
+
+#: (model, band key, ids [U_b, 2]) -> (a [U_b, F_b], fc's product [U_b, D]): :func:`band_values` or its compiled form.
+BandFn = Callable[[nn.Module, str, Tensor], tuple[Tensor, Tensor]]
+
+
+def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) -> tuple[list[Band], Tensor]:
+    """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
     width = model.embedding_width - model.conv.kernel_size[1] + 1
-    columns = torch.arange(model.fc.weight.shape[1], device=pairs.device).view(weight.shape[0], -1)  # [C, Hc * Wc]
+    columns = torch.arange(model.fc.weight.shape[1], device=pairs.device).view(model.conv.out_channels, -1)  # [C, Hc Wc]
     out, z = [], model.fc.bias.expand(len(pairs), -1)  # [U, D]
     for key, rows in bands(model):
         ids, index = _distinct(pairs, KEYS[key])  # [U_b, 2], [U]
-        image = model._image(ids)[:, :, image_rows(model, rows)]  # [U_b, 1, rows + kh - 1, W]
-        if model.bn0 is not None:
-            image = model.bn0(image)  # per pixel on running statistics: a band of bn0(x) is bn0 of the band
-        patches = taps(image[:, 0], model.conv.kernel_size, ones=True)  # [U_b, K + 1, L_b]
-        a = torch.relu(affine @ patches).view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input
-        band = Band(key, rows, ids, a, index, columns[:, rows.start * width:rows.stop * width].reshape(-1))
-        z = z + (a @ band_weight(model, band).T).index_select(0, index)  # [U, D]
-        out.append(band)
+        a, product = band_fn(model, key, ids)  # [U_b, C * L_b], [U_b, D]
+        out.append(Band(key, rows, ids, a, index, columns[:, rows.start * width:rows.stop * width].reshape(-1)))
+        z = z + product.index_select(0, index)  # [U, D]
     return out, z
 
 

@@ -84,9 +84,7 @@ class TracIn:
     precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
         products in that type (faster where the hardware has it, less exact: see the README).
     compile: compute the per-triple gradients through torch.compile (:mod:`.compiled`; same
-        influences up to float rounding); the counters are in ``compiled.calls``. For ConvE it
-        compiles the whole-input pair pass, where eager computes downstream-only parameter sets
-        (``last``) in bands (:mod:`.conve_bands`): on a CPU, eager ``last`` is the faster.
+        influences up to float rounding); the counters are in ``compiled.calls``.
     world: the processes of a distributed job (:mod:`kgtrace.distributed`); each streams every
         ``world.size``-th training chunk and results are merged, equal to one process's. Every
         process must make the same calls; each gets the whole result.
@@ -182,7 +180,7 @@ class TracIn:
         """Whether this chunk's influence on ``test`` is cheaper in forward mode (fast path, fp32 only)."""
         pays = FORWARD_MODE.get(type(self.model).__name__, (None,))[0]
         return (self.forward_mode and self.path == "fast" and self.precision == "fp32" and pays is not None
-                and pays(self.model, self.names, len(test), triples, banded=self.compiled is None))
+                and pays(self.model, self.names, len(test), triples))
 
     def _reuses_blocks(self) -> bool:
         """Whether the fast path allocates the same large blocks over and over for these parameters."""
