@@ -1,7 +1,7 @@
 """TracIn(compile=True): influences within 1e-4 of eager, one compilation for every checkpoint and chunk.
 
 ConvE is the session's compiled UMLS run (conftest.py ``compiled_runs``: two epoch checkpoints),
-whose pair-pass graph ``kgtrace doctor`` compiles too; DistMult (rows and general paths) is a
+whose band graphs ``kgtrace doctor`` compiles too; DistMult (rows and general paths) is a
 small run of its own.
 """
 
