@@ -17,10 +17,11 @@ then ``TracIn(run, params="last").top_k(test[:n_test], k=10)``, the exact stream
 training triples and checkpoints. Reported per size: seconds (and minutes) of TracIn, training
 triples per second, the distinct (head, relation) pairs (much of the time is per distinct pair, head
 and relation: ConvE's fc input, in bands, and its products with the test triples' at every
-checkpoint; on a skewed graph pairs grow slower than triples), the RSS after loading the run (baseline: model, dataset, id maps), the peak
-RSS while loading and the peak RSS during TracIn (the high-water mark is reset after loading,
-through /proc/self/clear_refs), and their difference, TracIn's working memory. That difference
-should not grow with the training set; ``tracin_memory_ratio`` is its value at the largest size
+checkpoint; on a skewed graph pairs grow slower than triples), the RSS after loading the run
+(baseline: model, dataset, id maps), the peak RSS while loading and the peak RSS during TracIn (the
+high-water mark is reset after loading, through /proc/self/clear_refs), and their difference,
+TracIn's working memory. That difference should not grow with the training set;
+``tracin_memory_ratio`` is its value at the largest size
 over the smallest. Files are written under a temporary folder, removed after each size unless
 --keep.
 

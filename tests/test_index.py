@@ -53,6 +53,8 @@ def test_projection_of_an_input_in_parts_equals_that_of_the_whole_input():
     split = Factors(4, outer=[Outer(delta, parts)])
     torch.testing.assert_close(Projector(16, 3)(split).outer[0].parts[0].a, Projector(16, 3)(whole).outer[0].parts[0].a)
     torch.testing.assert_close(dot(split, split), dot(whole, whole))
+    torch.testing.assert_close(dot(whole, split), dot(whole, whole))  # a whole input is cut like the parts it meets
+    torch.testing.assert_close(dot(split, whole), dot(whole, whole))
 
 
 def test_index_approximates_exact_influence_better_with_more_dims(run, tmp_path):

@@ -45,8 +45,9 @@ from kgtrace.compile import CompiledCall
 
 __all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_points_for"]
 
-#: Distinct pairs (heads, relations) per compiled run of ConvE's pair (band) pass: a chunk of 4096 triples sorted by
-#: (head, relation) holds a few hundred to thousands of pairs; padding wastes less than one batch.
+#: Distinct pairs (or heads, relations) per compiled run of ConvE's pair (band) pass: a chunk of
+#: 4096 triples sorted by (head, relation) holds a few hundred to thousands of pairs; padding wastes
+#: less than one batch.
 PAIR_BATCH = 512
 
 

@@ -33,7 +33,8 @@ from torch import Tensor, nn
 
 from kgtrace.attribution.conve_block import folded_conv, taps
 
-__all__ = ["Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "image_rows", "whole_band"]
+__all__ = ["KEYS", "Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "conv_width",
+           "image_rows", "whole_band"]
 
 #: Which id a band depends on: column of the (head, relation) pair, or None for the pair itself.
 KEYS = {"head": 0, "pair": None, "relation": 1}
@@ -64,6 +65,11 @@ def conv_rows(model: nn.Module) -> int:
     return 2 * model.embedding_height - model.conv.kernel_size[0] + 1
 
 
+def conv_width(model: nn.Module) -> int:
+    """The number of conv output columns: W - kw + 1."""
+    return model.embedding_width - model.conv.kernel_size[1] + 1
+
+
 def bands(model: nn.Module) -> list[tuple[str, range]]:
     """The non-empty bands of conv output rows, [(key, rows)], top to bottom."""
     out_rows = conv_rows(model)
@@ -87,7 +93,7 @@ def band_weight(model: nn.Module, rows: range | None) -> Tensor:
     """fc's weight columns of the band on conv output ``rows`` (None: all), [D, C * len(rows) * Wc]."""
     if rows is None:
         return model.fc.weight
-    width = model.embedding_width - model.conv.kernel_size[1] + 1
+    width = conv_width(model)
     fc = model.fc.weight.view(len(model.fc.weight), model.conv.out_channels, -1)  # [D, C, Hc * Wc]
     return fc[:, :, rows.start * width:rows.stop * width].reshape(len(fc), -1)  # one strided copy
 
@@ -114,7 +120,7 @@ BandFn = Callable[[nn.Module, str, Tensor], tuple[Tensor, Tensor]]
 
 def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) -> tuple[list[Band], Tensor]:
     """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
-    width = model.embedding_width - model.conv.kernel_size[1] + 1
+    width = conv_width(model)
     columns = torch.arange(model.fc.weight.shape[1], device=pairs.device).view(model.conv.out_channels, -1)  # [C, Hc Wc]
     out, z = [], model.fc.bias.expand(len(pairs), -1)  # [U, D]
     for key, rows in bands(model):
