@@ -21,9 +21,8 @@ checkpoint; on a skewed graph pairs grow slower than triples), the RSS after loa
 (baseline: model, dataset, id maps), the peak RSS while loading and the peak RSS during TracIn (the
 high-water mark is reset after loading, through /proc/self/clear_refs), and their difference,
 TracIn's working memory. That difference should not grow with the training set;
-``tracin_memory_ratio`` is its value at the largest size
-over the smallest. Files are written under a temporary folder, removed after each size unless
---keep.
+``tracin_memory_ratio`` is its value at the largest size over the smallest. Files are written
+under a temporary folder, removed after each size unless --keep.
 
     python benchmarks/tracin_scale.py [--sizes 250000,500000,1000000] [--entities 100000]
         [--relations 40] [--n-test 100] [--checkpoints 4] [--threads 2] [--keep DIR]
