@@ -74,8 +74,9 @@ class _Pass:
 def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per distinct (head, relation) pair [U, 2]: fc input a [U, F], bn2-normalised z_hat [U, D] and y [U, D].
 
-    The costly part of the factors (the convolution and fc), and the one compiled under
-    ``TracIn(compile=True)`` (:mod:`.compiled`).
+    The costly part of the factors with upstream parameters (the convolution and fc; without
+    them, :func:`~.conve_bands.band_values` per band), compiled under ``TracIn(compile=True)``
+    (:mod:`.compiled`).
     """
     a = model._features(pairs)  # [U, F]
     z_hat, y = _bn2(model, model.fc(a))  # [U, D], [U, D]
