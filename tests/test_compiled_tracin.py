@@ -49,7 +49,7 @@ def test_conve_fast_path(conve):
     assert [c.name for c in calls] == [f"tracin_conve_band_{k}" for k in ("head", "pair", "relation")]
     for call in calls:
         stats = call.stats
-        assert call.batch_size == 512
+        assert call.batch_size == 128
         # Two checkpoints x (test factors + two chunks) x three passes, each with its own number of rows.
         assert stats.calls == 16 and len(stats.input_sizes) > 2
         assert stats.compilations == 1 and stats.recompilations == 0 and stats.graph_breaks == 0
