@@ -1,7 +1,9 @@
 """Factored gradient inner products against the same gradients written out densely, by hand."""
 
+import pytest
 import torch
 
+from kgtrace.attribution import factors
 from kgtrace.attribution.factors import Factors, Outer, Part, dot, self_dot
 
 
@@ -39,7 +41,9 @@ def random_factors(ids, seed):
                     split])
 
 
-def test_dot_equals_dense_products_with_shared_rows_and_self_loops():
+@pytest.mark.parametrize("dense_rows", [0.0, 1.0])  # row products: always one masked matmul, always gathered
+def test_dot_equals_dense_products_with_shared_rows_and_self_loops(monkeypatch, dense_rows):
+    monkeypatch.setattr(factors, "DENSE_ROWS", dense_rows)
     # (head, tail) ids: shared heads, a shared tail, a head equal to another's tail, and self-loops.
     x = random_factors([[0, 1], [2, 2], [1, 3]], seed=0)
     y = random_factors([[0, 4], [1, 0], [3, 3], [5, 6]], seed=1)
