@@ -35,14 +35,14 @@ def test_bands_equal_the_whole_fc_input(height, kernel, batch_norm, expected):
     pairs = torch.tensor([[0, 0], [0, 4], [3, 4], [6, 1], [3, 2], [2, 5]])  # shared heads, shared relations
     with torch.no_grad():
         a, _, _ = pair_pass(m, pairs)  # [U, F]
-        parts, z = band_pass(m, pairs)
+        fc_bands, z = band_pass(m, pairs)
     assembled = torch.full_like(a, float("nan"))
-    for part in parts:
-        assembled[:, part.columns] = part.a[part.index]
+    for band in fc_bands:
+        assembled[:, band.columns] = band.a[band.index]
     torch.testing.assert_close(assembled, a)  # every column covered once, with the same value
     torch.testing.assert_close(z, m.fc(a))
     distinct = {"head": 4, "pair": 6, "relation": 5}  # heads 0, 3, 6, 2; six pairs; relations 0, 4, 1, 2, 5
-    assert [part.a.shape[0] for part in parts] == [distinct[key] for key, _ in expected]  # one row per distinct id
+    assert [band.a.shape[0] for band in fc_bands] == [distinct[key] for key, _ in expected]  # a row per distinct id
 
 
 @pytest.mark.parametrize("batch_norm", [True, False])

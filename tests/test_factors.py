@@ -27,7 +27,7 @@ def dense(f: Factors, num_ids: int) -> torch.Tensor:
 
 def random_factors(ids, seed):
     """Dense, entity-row and two linear blocks: one with a whole input [5], one whose input [7] comes in
-    two interleaved parts, per head (3 distinct values) and per triple."""
+    two interleaved parts, one row per head id and one per triple."""
     g = torch.Generator().manual_seed(seed)
     n = len(ids)
     heads = torch.tensor([i for i, _ in ids])
