@@ -138,8 +138,9 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
         rows["entity"] = entity
     if "relation_embeddings" in selected:
         rows["relation"] = (triples[:, 1:2], rel_rows.unsqueeze(1))  # [n, 1], [n, 1, D]
-    inputs = [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands]  # per triple
-    outer = [Outer(fw.delta, inputs)] if "fc.weight" in selected else []
+    outer = []
+    if "fc.weight" in selected:  # fc's input per triple: each band's rows through the triple's pair
+        outer.append(Outer(fw.delta, [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands]))
     return Factors(len(triples), torch.cat(dense, dim=1) if dense else None, rows, outer)
 
 
