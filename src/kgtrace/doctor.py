@@ -277,25 +277,17 @@ def tracin_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe
 
 
 def _tracin_probe(tracin, name: str, gen: torch.Generator) -> Probe:
-    from kgtrace.attribution.conve import pair_pass
-    from kgtrace.attribution.conve_bands import band_values
-    from kgtrace.attribution.grads import ScoreHRT, wrapped_gradients
-    from kgtrace.attribution.rows import row_gradients
+    from kgtrace.attribution.compiled import ENTRY_POINTS
+    from kgtrace.attribution.grads import ScoreHRT
 
-    model, names, train = tracin.model, tuple(tracin.names), tracin.train
+    fn, key, _ = ENTRY_POINTS[name]
+    model, train = tracin.model, tracin.train
+    static = (ScoreHRT(model), tuple(tracin.names)) if key == "triples" else (model,)
     call = tracin.compiled.call(name)
-    if name == "tracin_conve_pairs":
-        key, static, eager_fn = "pairs", (model,), lambda x: pair_pass(model, x)
-    elif name.startswith("tracin_conve_band_"):
-        band = name.removeprefix("tracin_conve_band_")
-        key, static, eager_fn = "ids", (model,), lambda x: band_values(model, band, x)
-    else:
-        function = wrapped_gradients if name == "tracin_general" else row_gradients
-        key, static = "triples", (ScoreHRT(model), names)
 
-        def eager_fn(x: Tensor) -> tuple[Tensor, ...]:
-            out = function(ScoreHRT(model), x, names)
-            return out if isinstance(out, tuple) else (out,)
+    def eager_fn(x: Tensor) -> tuple[Tensor, ...]:  # the entry point's own function, uncompiled, every row real
+        out = fn(*static, **{key: x}, valid=torch.ones(len(x), dtype=torch.bool, device=x.device))
+        return out if isinstance(out, tuple) else (out,)
 
     def sample(n: int) -> dict[str, Tensor]:
         triples = train[torch.randint(len(train), (n,), generator=gen)]
