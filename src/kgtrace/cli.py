@@ -978,6 +978,21 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                            "search finds. --resume continues the run in --out.")
     add_prover_args(train, resumable=True)
     add_policy_args(train)
+    from kgtrace.prover.config import HYBRID_WEIGHTS
+
+    weigh = actions.add_parser("weigh", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                               help="choose a hybrid prover run's --hybrid-weight on validation triples",
+                               description="Rank validation triples by a hybrid prover run (one written with "
+                                           "--embedding-run) at each weight of a grid, and set the run's weight to "
+                                           "the smallest one whose validation MRR lies within one standard error of "
+                                           "the best (paired over queries): among weights validation cannot tell "
+                                           "apart, the one that leaves the most to the embedding model. Prints the "
+                                           "curve and writes it to RUN/hybrid-weight.json.")
+    weigh.add_argument("run", help="a prover run written with --embedding-run")
+    weigh.add_argument("--valid-triples", type=int, default=200, help="rank the first N validation triples (0: all)")
+    weigh.add_argument("--weights", default=",".join(f"{w:g}" for w in HYBRID_WEIGHTS),
+                       help="the grid of weights, comma-separated")
+    weigh.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
@@ -1032,7 +1047,7 @@ def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None
     p.add_argument("--compile", action="store_true", help="run the engine's step through torch.compile")
     p.add_argument("--embedding-run", default="", metavar="RUN",
                    help="hybrid: add this embedding run's logit to --hybrid-weight x the prover's score")
-    p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight, help="the prover's weight (hybrid)")
+    p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight, help="the prover's weight (hybrid); kgtrace prove weigh RUN chooses it on validation triples")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prover run in --out")
     if resumable:
         rules.add_argument("--resume", action="store_true",
@@ -1069,6 +1084,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
     if args.action == "train":
         return prove_train(args)
+    if args.action == "weigh":
+        return prove_weigh(args)
     config, rules, notes, ds = prover_config(args, args.action)
     if config.embedding_run:
         from kgtrace.prover.run import embedding_model
@@ -1096,6 +1113,22 @@ def prove_train(args: argparse.Namespace) -> int:
                               progress=args.progress)
     print(f"trained {result.epochs_completed} epochs into {result.run_dir}; best validation MRR "
           f"{result.best_valid_mrr:.4f} at epoch {result.best_epoch}; rank it with: kgtrace evaluate {result.run_dir}")
+    return 0
+
+
+def prove_weigh(args: argparse.Namespace) -> int:
+    from kgtrace.prover.hybrid import WEIGHT_FILE, weigh_prover_run
+    from kgtrace.training.loop import resolve_device
+
+    weights = parse_list(args.weights, "--weights", float)
+    choice = weigh_prover_run(args.run, args.valid_triples, weights, resolve_device(args.device))
+    print(f"validation MRR by hybrid weight ({choice.queries} queries; gap and standard error against the best, "
+          f"weight {choice.best:g}):")
+    for w in sorted(choice.mrr):
+        mark = "  <- chosen" if w == choice.weight else ""
+        print(f"  {w:>8g}  MRR {choice.mrr[w]:.4f}  gap {choice.gap[w]:.4f}  SE {choice.se[w]:.4f}{mark}")
+    print(f"set hybrid_weight {choice.weight:g} in {Path(args.run) / 'prover.yaml'}; the curve is in "
+          f"{Path(args.run) / WEIGHT_FILE}")
     return 0
 
 

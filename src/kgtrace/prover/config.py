@@ -9,12 +9,13 @@ from typing import Any
 from kgtrace.config import choice_problems
 from kgtrace.errors import ConfigError
 
-__all__ = ["MiningConfig", "ProverConfig"]
+__all__ = ["HYBRID_WEIGHTS", "MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
 METHODS = ("bfs", "policy")
 PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
+HYBRID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # the grid kgtrace prove weigh chooses from
 
 
 @dataclass(frozen=True)
