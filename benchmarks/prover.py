@@ -8,7 +8,8 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
   embeddings, then its beam search of every candidate triple; its proof score, confidence / noisy_or /
   probability, chosen on the validation triples), ConvE
   (--conve-epochs), and the hybrids ConvE logit + w x the prover's proof confidence (0 for a triple
-  it does not prove: kgtrace's HybridScorer), w chosen on validation triples from a grid; for the
+  it does not prove: kgtrace's HybridScorer), w chosen on validation triples from a grid by
+  kgtrace.prover.hybrid's rule (the smallest weight within one standard error of the best); for the
   policy also ``hybrid_policy_conve_raw_score``, w x its score as it is (1 + confidence, or the
   value estimate of an unproved triple). The policy searches each (query, entity) pair, E searches
   per query: with --policy-test-triples N only the first N test triples are ranked for it, and BFS,
@@ -45,6 +46,7 @@ from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
 from kgtrace.prover.config import PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
+from kgtrace.prover.hybrid import WEIGHTS, choose_weight, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
@@ -55,9 +57,6 @@ from kgtrace.prover.scorer import BfsScorer, proof_part
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
-
-WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-
 
 class TableScorer(nn.Module):
     """Scores read from precomputed rows: one [E] row per (anchor, relation-or-inverse) query."""
@@ -140,25 +139,27 @@ def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
 
 def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float | None, conve, ds) -> dict:
     """ConvE logit + w x proof_part(prover score) (kgtrace's HybridScorer; proof_line None: the prover score as
-    it is), w picked by validation MRR (all entities, filtered by train + valid)."""
+    it is), w chosen on validation triples (all entities, filtered by train + valid) by kgtrace's rule
+    (kgtrace.prover.hybrid: the smallest weight within one standard error of the best validation MRR)."""
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
     conve_rows = {key: conve.score_t(torch.tensor([key])).squeeze(0).float() for key in prover_rows | prover_valid}
     if proof_line is not None:
         prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
         prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
-    valid = {}
-    for w in WEIGHTS:
-        mixed = TableScorer({k: conve_rows[k] + w * v for k, v in prover_valid.items()}, ds.num_entities,
-                            ds.num_relations)
-        valid[w] = round(evaluate(mixed, VALID[0], known=known_valid)["both"]["realistic"]["mrr"], 4)
-    w = max(WEIGHTS, key=lambda x: valid[x])  # the first (smallest) weight wins a tie
-    rows = {k: conve_rows[k] + w * v for k, v in prover_rows.items()}
-    result = evaluate_rows(rows, ds, float("inf"))
+
+    def mixed(rows: dict, w: float) -> TableScorer:
+        return TableScorer({k: conve_rows[k] + w * v for k, v in rows.items()}, ds.num_entities, ds.num_relations)
+
+    choice = choose_weight({w: reciprocal_ranks(mixed(prover_valid, w), VALID[0], known_valid) for w in WEIGHTS})
+    result = evaluate_rows({k: conve_rows[k] + choice.weight * v for k, v in prover_rows.items()}, ds, float("inf"))
     del result["proof_rate"]
     # For reading the choice only (it is made on validation): the test MRR every weight would have given.
-    test = {x: metrics(TableScorer({k: conve_rows[k] + x * v for k, v in prover_rows.items()}, ds.num_entities,
-                                   ds.num_relations), ds, 0)["mrr"] for x in WEIGHTS}
-    return {"weight": w, "valid_mrr": valid[w], **result, "valid_mrr_by_weight": valid, "test_mrr_by_weight": test}
+    test = {x: metrics(mixed(prover_rows, x), ds, 0)["mrr"] for x in WEIGHTS}
+    curve = choice.to_dict()
+    return {"weight": choice.weight, "valid_mrr": curve["mrr"][choice.weight], **result,
+            "best_valid_weight": choice.best, "best_valid_weight_test_mrr": test[choice.best],
+            "valid_mrr_by_weight": curve["mrr"], "valid_gap_by_weight": curve["gap"], "valid_se_by_weight": curve["se"],
+            "test_mrr_by_weight": test}
 
 
 VALID: list = [None]  # the validation triples the hybrid weight (and the policy's proof score) is chosen on
