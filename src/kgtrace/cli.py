@@ -962,6 +962,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def add_prove_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.config import HYBRID_WEIGHTS
+
     actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
     bfs = actions.add_parser("bfs", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                              help="the non-learned prover: a triple's score is its best proof's confidence",
@@ -978,8 +980,6 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                            "search finds. --resume continues the run in --out.")
     add_prover_args(train, resumable=True)
     add_policy_args(train)
-    from kgtrace.prover.config import HYBRID_WEIGHTS
-
     weigh = actions.add_parser("weigh", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                help="choose a hybrid prover run's --hybrid-weight on validation triples",
                                description="Rank validation triples by a hybrid prover run (one written with "
@@ -1047,7 +1047,8 @@ def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None
     p.add_argument("--compile", action="store_true", help="run the engine's step through torch.compile")
     p.add_argument("--embedding-run", default="", metavar="RUN",
                    help="hybrid: add this embedding run's logit to --hybrid-weight x the prover's score")
-    p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight, help="the prover's weight (hybrid); kgtrace prove weigh RUN chooses it on validation triples")
+    p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight,
+                   help="the prover's weight (hybrid); kgtrace prove weigh RUN chooses it on validation triples")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prover run in --out")
     if resumable:
         rules.add_argument("--resume", action="store_true",
