@@ -37,16 +37,15 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
 from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
-from kgtrace.prover.config import PROOF_SCORES
+from kgtrace.prover.config import HYBRID_WEIGHTS, PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
-from kgtrace.prover.hybrid import WEIGHTS, choose_weight, reciprocal_ranks
+from kgtrace.prover.hybrid import ScoreTable, choose_weight, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
@@ -58,21 +57,9 @@ from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
-class TableScorer(nn.Module):
-    """Scores read from precomputed rows: one [E] row per (anchor, relation-or-inverse) query."""
-
-    def __init__(self, rows: dict[tuple[int, int], torch.Tensor], num_entities: int, num_relations: int):
-        super().__init__()
-        self.rows, self.num_entities, self.num_relations = rows, num_entities, num_relations
-
-    def score_t(self, hr):
-        return torch.stack([self.rows[(a, r)] for a, r in hr.tolist()])
-
-    def score_h(self, rt):
-        return self.score_t(torch.stack([rt[:, 1], rt[:, 0] + self.num_relations], 1))
-
-    def score_hrt(self, hrt):
-        return self.score_t(hrt[:, :2]).gather(1, hrt[:, 2:]).squeeze(1)
+def table_scorer(rows: dict[tuple[int, int], torch.Tensor], ds) -> ScoreTable:
+    """A Scorer over rows {(anchor, relation-or-inverse): [E] scores}, as table() and policy_tables() build them."""
+    return ScoreTable(torch.tensor(list(rows)), torch.stack(list(rows.values())), ds.num_entities, ds.num_relations)
 
 
 def table(scorer, triples: torch.Tensor, num_relations: int, chunk: int = 64) -> dict[tuple[int, int], torch.Tensor]:
@@ -107,7 +94,7 @@ def policy_tables(scorer: PolicyScorer, triples: torch.Tensor, num_relations: in
 
 def valid_mrr(rows: dict, ds) -> float:
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
-    scorer = TableScorer(rows, ds.num_entities, ds.num_relations)
+    scorer = table_scorer(rows, ds)
     return evaluate(scorer, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
 
 
@@ -132,7 +119,7 @@ def proof_rates(rows: dict, ds, proved_above: float, corruptions: int = 100) -> 
 
 
 def evaluate_rows(rows: dict, ds, proved_above: float) -> dict:
-    scorer = TableScorer(rows, ds.num_entities, ds.num_relations)
+    scorer = table_scorer(rows, ds)
     return {"all_entities": metrics(scorer, ds, 0), "sampled_100": metrics(scorer, ds, 100),
             "proof_rate": proof_rates(rows, ds, proved_above)}
 
@@ -147,14 +134,14 @@ def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float | None, conv
         prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
         prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
 
-    def mixed(rows: dict, w: float) -> TableScorer:
-        return TableScorer({k: conve_rows[k] + w * v for k, v in rows.items()}, ds.num_entities, ds.num_relations)
+    def mixed(rows: dict, w: float) -> ScoreTable:
+        return table_scorer({k: conve_rows[k] + w * v for k, v in rows.items()}, ds)
 
-    choice = choose_weight({w: reciprocal_ranks(mixed(prover_valid, w), VALID[0], known_valid) for w in WEIGHTS})
+    choice = choose_weight({w: reciprocal_ranks(mixed(prover_valid, w), VALID[0], known_valid) for w in HYBRID_WEIGHTS})
     result = evaluate_rows({k: conve_rows[k] + choice.weight * v for k, v in prover_rows.items()}, ds, float("inf"))
     del result["proof_rate"]
     # For reading the choice only (it is made on validation): the test MRR every weight would have given.
-    test = {x: metrics(mixed(prover_rows, x), ds, 0)["mrr"] for x in WEIGHTS}
+    test = {x: metrics(mixed(prover_rows, x), ds, 0)["mrr"] for x in HYBRID_WEIGHTS}
     curve = choice.to_dict()
     return {"weight": choice.weight, "valid_mrr": curve["mrr"][choice.weight], **result,
             "best_valid_weight": choice.best, "best_valid_weight_test_mrr": test[choice.best],

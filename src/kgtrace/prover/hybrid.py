@@ -1,7 +1,7 @@
 """A hybrid's prover weight, chosen on validation triples.
 
 A hybrid scores a triple by ``embedding logit + w x proof part`` (:class:`HybridScorer`). This module
-picks w from a grid (``WEIGHTS``) by the one-standard-error rule (Hastie, Tibshirani and Friedman,
+picks w from a grid (``HYBRID_WEIGHTS``) by the one-standard-error rule (Hastie, Tibshirani and Friedman,
 *The Elements of Statistical Learning*, 2nd ed., section 7.10): the smallest weight whose validation
 MRR lies within one standard error of the best weight's. The standard error is that of the mean
 paired difference of reciprocal ranks (the same validation queries under both weights), so it says
@@ -35,10 +35,8 @@ from kgtrace.models.base import Scorer, inverse_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS
 from kgtrace.prover.scorer import proof_part
 
-__all__ = ["WEIGHTS", "ScoreTable", "WeightChoice", "choose_hybrid_weight", "choose_weight", "reciprocal_ranks",
+__all__ = ["ScoreTable", "WeightChoice", "choose_hybrid_weight", "choose_weight", "reciprocal_ranks",
            "weigh_prover_run"]
-
-WEIGHTS = HYBRID_WEIGHTS
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def reciprocal_ranks(scorer: Scorer, triples: Tensor, known: AnswerIndex) -> Ten
 
 
 def choose_hybrid_weight(prover: Scorer, embedding: Scorer, triples: Tensor, known: AnswerIndex,
-                         weights: tuple[float, ...] = WEIGHTS) -> WeightChoice:
+                         weights: tuple[float, ...] = HYBRID_WEIGHTS) -> WeightChoice:
     """The weight of ``embedding logit + w x proof_part(prover score)`` (HybridScorer's score) chosen on
     ``triples`` [n, 3] (validation triples; ``known`` filters them) by the one-standard-error rule.
 
@@ -135,7 +133,7 @@ def choose_hybrid_weight(prover: Scorer, embedding: Scorer, triples: Tensor, kno
 WEIGHT_FILE = "hybrid-weight.json"
 
 
-def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tuple[float, ...] = WEIGHTS,
+def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tuple[float, ...] = HYBRID_WEIGHTS,
                      device: torch.device | str = "cpu") -> WeightChoice:
     """Choose a hybrid prover run's weight on its first ``valid_triples`` validation triples (0: all;
     filtered by train + valid) and set it: ``hybrid_weight`` in prover.yaml, the curve in hybrid-weight.json.
@@ -145,10 +143,6 @@ def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tup
     """
     from kgtrace.prover.run import CONFIG_FILE, load_prover_run
 
-    run = load_prover_run(run_dir, device=device)
-    if not run.config.embedding_run:
-        raise KgtraceError(f"{run.path}: not a hybrid prover run (no embedding_run in {CONFIG_FILE}), so it has no "
-                           "weight to choose. Fix: write the run with kgtrace prove ... --embedding-run RUN")
     problems = [f"weight {w}: must be 0 or more" for w in weights if not w >= 0]
     if valid_triples < 0:
         problems.append(f"valid_triples={valid_triples}: must be 0 (all) or more")
@@ -156,6 +150,10 @@ def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tup
         problems.append("weights: give at least one")
     if problems:
         raise ConfigError(problems)
+    run = load_prover_run(run_dir, device=device)
+    if not run.config.embedding_run:
+        raise KgtraceError(f"{run.path}: not a hybrid prover run (no embedding_run in {CONFIG_FILE}), so it has no "
+                           "weight to choose. Fix: write the run with kgtrace prove ... --embedding-run RUN")
     ds = run.dataset
     triples = ds.valid[:valid_triples] if valid_triples else ds.valid
     if not len(triples):
