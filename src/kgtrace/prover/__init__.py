@@ -6,4 +6,5 @@ engine     the vectorised fixed-shape step             search     breadth-first 
 env        the functional environment, rollouts, beams policy     the learned policy and its scorer
 ppo        PPO training (kgtrace prove train)          scorer     BFS and hybrid scorers
 run        prover run folders                          explain    proofs step by step
+hybrid     a hybrid's weight chosen on validation (kgtrace prove weigh)
 """
