@@ -98,6 +98,7 @@ def test_prove_weigh_sets_the_chosen_weight(tmp_path, capsys, hybrid_parts):
     run = tmp_path / "hybrid"
     common = ["prove", "bfs", "--dataset", "nations", "--mine", "--max-rules-per-head", "4", "--depth", "2"]
     assert main(common + ["--embedding-run", str(embedding), "--hybrid-weight", "64", "--out", str(run)]) == 0
+    assert f"to choose it on validation triples: kgtrace prove weigh {run}" in capsys.readouterr().out
     loaded = load_prover_run(run)
     known = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
     expected = choose_hybrid_weight(loaded.model.prover, loaded.model.embedding, ds.valid[:30], known,
@@ -113,7 +114,7 @@ def test_prove_weigh_sets_the_chosen_weight(tmp_path, capsys, hybrid_parts):
     assert record["mrr"] == {f"{w}": round(m, 4) for w, m in expected.mrr.items()}
     plain = tmp_path / "plain"
     assert main(common + ["--out", str(plain)]) == 0
-    capsys.readouterr()
+    assert "prove weigh" not in capsys.readouterr().out  # no hint for a run without an embedding run
     assert main(["prove", "weigh", str(plain)]) == 2
     assert "not a hybrid prover run" in capsys.readouterr().err
     assert main(["prove", "weigh", str(run), "--weights", "1,x"]) == 2

@@ -26,6 +26,8 @@ from kgtrace.io import check_json_out, check_outputs_spare_inputs
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
 
+    from kgtrace.prover.config import ProverConfig
+
 TRAIN_HELP = {
     "dataset": "bundled dataset (umls, kinships, nations) or a dataset folder",
     "model": "model: conve, distmult or complex",
@@ -1096,11 +1098,20 @@ def cmd_prove(args: argparse.Namespace) -> int:
     print("config:", json.dumps(config.to_dict()))
     load_prover_run(out)  # the folder reads back
     print(f"wrote the {config.method} prover run {out} ({len(rules)} rules); rank it with: kgtrace evaluate {out}")
+    print_weigh_hint(config, out)
     return 0
+
+
+def print_weigh_hint(config: "ProverConfig", out: Path) -> None:
+    """A hybrid run's weight is the --hybrid-weight given; say how to choose it on validation triples instead."""
+    if config.embedding_run:
+        print(f"hybrid weight {config.hybrid_weight:g} as given; to choose it on validation triples: "
+              f"kgtrace prove weigh {out}")
 
 
 def prove_train(args: argparse.Namespace) -> int:
     from kgtrace.prover.ppo import resume_policy, train_policy
+    from kgtrace.prover.run import read_config
 
     if args.resume:
         result = resume_policy(args.out, epochs=args.epochs, progress=args.progress)
@@ -1114,6 +1125,7 @@ def prove_train(args: argparse.Namespace) -> int:
                               progress=args.progress)
     print(f"trained {result.epochs_completed} epochs into {result.run_dir}; best validation MRR "
           f"{result.best_valid_mrr:.4f} at epoch {result.best_epoch}; rank it with: kgtrace evaluate {result.run_dir}")
+    print_weigh_hint(read_config(Path(result.run_dir)), result.run_dir)
     return 0
 
 
