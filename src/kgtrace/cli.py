@@ -1103,10 +1103,9 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 
 def print_weigh_hint(config: "ProverConfig", out: Path) -> None:
-    """A hybrid run's weight is the --hybrid-weight given; say how to choose it on validation triples instead."""
+    """A hybrid run scores with the weight in its config; say how to choose it on validation triples."""
     if config.embedding_run:
-        print(f"hybrid weight {config.hybrid_weight:g} as given; to choose it on validation triples: "
-              f"kgtrace prove weigh {out}")
+        print(f"hybrid weight {config.hybrid_weight:g}; to choose it on validation triples: kgtrace prove weigh {out}")
 
 
 def prove_train(args: argparse.Namespace) -> int:
