@@ -45,7 +45,7 @@ from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS, PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
-from kgtrace.prover.hybrid import ScoreTable, choose_weight, reciprocal_ranks
+from kgtrace.prover.hybrid import ScoreTable, choose_weight, distinct_queries, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
@@ -62,21 +62,16 @@ def table_scorer(rows: dict[tuple[int, int], torch.Tensor], ds) -> ScoreTable:
     return ScoreTable(torch.tensor(list(rows)), torch.stack(list(rows.values())), ds.num_entities, ds.num_relations)
 
 
-def table(scorer, triples: torch.Tensor, num_relations: int, chunk: int = 64) -> dict[tuple[int, int], torch.Tensor]:
+def table(scorer, triples: torch.Tensor, chunk: int = 64) -> dict[tuple[int, int], torch.Tensor]:
     """Every distinct (anchor, relation-or-inverse) query of both sides of ``triples``, scored over all entities."""
-    queries = torch.unique(torch.cat([side_queries(triples, num_relations, s).queries for s in ("tail", "head")]), dim=0)
-    rows = {}
-    for part in queries.split(chunk):
-        with torch.no_grad():
-            scores = scorer.score_t(part).float().cpu()
-        rows.update({(a, r): s for (a, r), s in zip(part.tolist(), scores)})
-    return rows
+    scored = ScoreTable.of(scorer, triples, chunk)
+    return {(a, r): row for (a, r), row in zip(scored.queries.tolist(), scored.rows)}
 
 
 def policy_tables(scorer: PolicyScorer, triples: torch.Tensor, num_relations: int) -> dict[str, dict]:
     """table() for each proof score of the policy, from one beam search of every (query, entity) pair."""
     E = scorer.num_entities
-    queries = torch.unique(torch.cat([side_queries(triples, num_relations, s).queries for s in ("tail", "head")]), dim=0)
+    queries = distinct_queries(triples, num_relations)
     tables: dict[str, dict] = {mode: {} for mode in PROOF_SCORES}
     for part in queries.split(max(1, scorer.batch_size // E)):
         anchor, relation = part.repeat_interleave(E, 0).unbind(1)  # [q E] each
@@ -217,7 +212,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
     bfs = BfsScorer(VectorEngine(ds.train, rules, ds.num_entities, EngineShapes(max_atoms=6, max_history=args.depth + 1)),
                     args.depth, state_chunk=1024)
     bfs.derive = compiled_deriver(bfs.engine, 1024)
-    bfs_rows, bfs_valid = table(bfs, ds.test, ds.num_relations), table(bfs, VALID[0], ds.num_relations)
+    bfs_rows, bfs_valid = table(bfs, ds.test), table(bfs, VALID[0])
     result["bfs"] = {"depth": args.depth, **evaluate_rows(bfs_rows, ds, BfsScorer.proof_line),
                      "seconds": round(time.perf_counter() - started, 1), "overflow": bfs.overflow.tolist()}
     log("bfs", result["bfs"])
@@ -252,7 +247,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
 
     started = time.perf_counter()
     conve = load_run(conve_dir).model
-    conve_rows = table(conve, ds.test, ds.num_relations, chunk=1024)
+    conve_rows = table(conve, ds.test, chunk=1024)
     result["conve"] = {"epochs": args.conve_epochs, **evaluate_rows(conve_rows, ds, float("inf")),
                        "seconds": round(conve_train_seconds + time.perf_counter() - started, 1)}
     del result["conve"]["proof_rate"]

@@ -1130,6 +1130,7 @@ def prove_train(args: argparse.Namespace) -> int:
 
 def prove_weigh(args: argparse.Namespace) -> int:
     from kgtrace.prover.hybrid import WEIGHT_FILE, weigh_prover_run
+    from kgtrace.prover.run import CONFIG_FILE
     from kgtrace.training.loop import resolve_device
 
     weights = parse_list(args.weights, "--weights", float)
@@ -1139,7 +1140,7 @@ def prove_weigh(args: argparse.Namespace) -> int:
     for w in sorted(choice.mrr):
         mark = "  <- chosen" if w == choice.weight else ""
         print(f"  {w:>8g}  MRR {choice.mrr[w]:.4f}  gap {choice.gap[w]:.4f}  SE {choice.se[w]:.4f}{mark}")
-    print(f"set hybrid_weight {choice.weight:g} in {Path(args.run) / 'prover.yaml'}; the curve is in "
+    print(f"set hybrid_weight {choice.weight:g} in {Path(args.run) / CONFIG_FILE}; the curve is in "
           f"{Path(args.run) / WEIGHT_FILE}")
     return 0
 

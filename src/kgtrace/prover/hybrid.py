@@ -35,7 +35,7 @@ from kgtrace.models.base import Scorer, inverse_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS
 from kgtrace.prover.scorer import proof_part
 
-__all__ = ["ScoreTable", "WeightChoice", "choose_hybrid_weight", "choose_weight", "reciprocal_ranks",
+__all__ = ["ScoreTable", "WeightChoice", "choose_hybrid_weight", "choose_weight", "distinct_queries", "reciprocal_ranks",
            "weigh_prover_run"]
 
 
@@ -75,6 +75,12 @@ def choose_weight(reciprocal_ranks: dict[float, Tensor]) -> WeightChoice:
     return WeightChoice(weight, best, mrr, gap, se, sizes.pop())
 
 
+def distinct_queries(triples: Tensor, num_relations: int) -> Tensor:
+    """The distinct (anchor, relation-or-inverse) tail queries of both sides of ``triples`` [n, 3]: [Q, 2], sorted."""
+    sides = [side_queries(triples, num_relations, side).queries for side in ("tail", "head")]
+    return torch.unique(torch.cat(sides), dim=0)
+
+
 class ScoreTable(nn.Module):
     """A Scorer reading precomputed rows: ``rows[i]`` [E] scores every entity for ``queries[i]``, an
     (anchor, relation-or-inverse) tail query, as ``score_t`` would."""
@@ -90,10 +96,9 @@ class ScoreTable(nn.Module):
     @torch.no_grad()
     def of(scorer: Scorer, triples: Tensor, chunk: int = 64) -> "ScoreTable":
         """Every distinct query of both sides of ``triples`` [n, 3], scored over all entities by ``scorer``."""
-        R = scorer.num_relations
-        queries = torch.unique(torch.cat([side_queries(triples, R, side).queries for side in ("tail", "head")]), dim=0)
+        queries = distinct_queries(triples, scorer.num_relations)
         rows = torch.cat([scorer.score_t(part).float().cpu() for part in queries.split(chunk)])  # [Q, E]
-        return ScoreTable(queries, rows, scorer.num_entities, R)
+        return ScoreTable(queries, rows, scorer.num_entities, scorer.num_relations)
 
     def with_rows(self, rows: Tensor) -> "ScoreTable":
         """The same queries with other rows [Q, E]."""
