@@ -1,12 +1,13 @@
 """The command line: help texts, one-line errors with non-zero exits, the train -> evaluate path."""
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from kgtrace.cli import main
+from kgtrace.cli import build_parser, main
 
 
 def run_cli(*args):
@@ -28,6 +29,27 @@ def test_train_help_shows_config_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Adam learning rate (default: 0.001)" in text
     assert "label smoothing of the 1-N BCE loss (default: 0.1)" in text
+
+
+def _parsers(parser):
+    """The parser and every subcommand's, nested ones included (prove bfs, rules mine, ...)."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_help_never_shows_a_misleading_default():
+    """No "(default: None)" where a config file supplies the value, no "(default: True)" on --no-progress."""
+    texts = {parser.prog: " ".join(parser.format_help().split()) for parser in _parsers(build_parser())}
+    assert len(texts) > 20
+    for prog, text in texts.items():
+        assert "(default: None)" not in text, prog
+        assert "(default: True)" not in text, prog  # only a store_false flag such as --no-progress defaults to True
+        assert "(default: 100) (default" not in text, prog
+    assert "--epochs EPOCHS number of epochs (default: 100)" in texts["kgtrace train"]
+    assert "--overwrite replace an existing run in --out --no-progress hide the progress bars" in texts["kgtrace train"]
 
 
 def test_bad_input_is_one_message_without_traceback(tmp_path):

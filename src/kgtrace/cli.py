@@ -84,6 +84,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after each option's help, except where it would mislead or repeat.
+
+    Left out when the help already states its default, when the default is None (the value
+    then comes from a config file or the option's own help), and for on/off flags, whose
+    stored default is the opposite of what the flag does (--no-progress would read "default: True").
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if action.default in (None, argparse.SUPPRESS) or flag or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class RawHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter with the epilog printed as written (lists and paths keep their lines)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtrace", description="Link prediction on knowledge graphs that shows why.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -116,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
          "a rule prover run (exhaustive search, or a learned policy), ranked by kgtrace evaluate like any run"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                  formatter_class=HelpFormatter)
         add(sub)
         sub.set_defaults(command=function, subcommand=name)
     return parser
@@ -850,7 +870,7 @@ What came from where is recorded in RUN_DIR/pykeen_import.json.
 
 def add_import_pykeen_args(p: argparse.ArgumentParser) -> None:
     p.epilog = IMPORT_PYKEEN_EPILOG
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.formatter_class = RawHelpFormatter
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="PyKEEN pipeline folder, checkpoint folder or checkpoint file (see below)")
     p.add_argument("--out", required=True, help="run folder to write (must not exist or be empty)")
@@ -902,7 +922,7 @@ def cmd_export_pykeen(args: argparse.Namespace) -> int:
 
 def add_rules_args(p: argparse.ArgumentParser) -> None:
     actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
-    mine = actions.add_parser("mine", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    mine = actions.add_parser("mine", formatter_class=HelpFormatter,
                               help="mine implication, inverse and length-2 chain rules (AMIE's measures)",
                               description="Mine r(X,Y) :- s(X,Y), r(X,Y) :- s(Y,X) and r(X,Y) :- s(.,.), t(.,.) "
                                           "(every direction) from the training triples, with support, head coverage, "
@@ -967,13 +987,13 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
     from kgtrace.prover.config import HYBRID_WEIGHTS
 
     actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
-    bfs = actions.add_parser("bfs", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    bfs = actions.add_parser("bfs", formatter_class=HelpFormatter,
                              help="the non-learned prover: a triple's score is its best proof's confidence",
                              description="Write a prover run that scores a triple by exhaustive proof search to "
                                          "--depth steps: the product of the confidences of the rules of its best "
                                          "proof, 0 without one. Rank it with kgtrace evaluate RUN.")
     add_prover_args(bfs)
-    train = actions.add_parser("train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    train = actions.add_parser("train", formatter_class=HelpFormatter,
                                help="learn a proof policy with PPO over training triples and sampled false ones",
                                description="Write a prover run and train its policy (PPO: clipped objective, GAE, "
                                            "entropy bonus) to prove training triples (each without itself as a "
@@ -982,7 +1002,7 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                            "search finds. --resume continues the run in --out.")
     add_prover_args(train, resumable=True)
     add_policy_args(train)
-    weigh = actions.add_parser("weigh", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    weigh = actions.add_parser("weigh", formatter_class=HelpFormatter,
                                help="choose a hybrid prover run's --hybrid-weight on validation triples",
                                description="Rank validation triples by a hybrid prover run (one written with "
                                            "--embedding-run) at each weight of a grid, and set the run's weight to "
