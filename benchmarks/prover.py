@@ -2,18 +2,20 @@
 
 Per dataset, with rules mined from the training triples (kgtrace's defaults):
 
-* ranking (filtered, realistic ties; test split, head and tail) against all entities and against
-  100 sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps),
-  the learned policy (PPO for --epochs epochs, with --init-from-conve from ConvE's entity and relation
-  embeddings, then its beam search of every candidate triple; its proof score, confidence / noisy_or /
-  probability, chosen on the validation triples), ConvE
-  (--conve-epochs), and the hybrids ConvE logit + w x the prover's proof confidence (0 for a triple
-  it does not prove: kgtrace's HybridScorer), w chosen on validation triples from a grid by
-  kgtrace.prover.hybrid's rule (the smallest weight within one standard error of the best); for the
-  policy also ``hybrid_policy_conve_raw_score``, w x its score as it is (1 + confidence, or the
-  value estimate of an unproved triple). The policy searches each (query, entity) pair, E searches
-  per query: with --policy-test-triples N only the first N test triples are ranked for it, and BFS,
-  ConvE and the BFS hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
+* ranking (filtered, realistic ties; test split, head and tail) against all entities and against 100
+  sampled corruptions, for: the BFS baseline (best proof's confidence within --depth steps), the learned
+  policy (PPO for --epochs epochs, with --init-from-conve from ConvE's entity and relation embeddings,
+  then its beam search of every candidate triple; its proof score, confidence / noisy_or / probability,
+  chosen on the validation triples), ConvE (--conve-epochs), and the hybrids ConvE logit + w x the
+  prover's proof confidence (0 for a triple it does not prove: kgtrace's HybridScorer), w chosen on
+  validation triples from a grid by kgtrace.prover.hybrid's rule (the smallest weight within one
+  standard error of the best); for the policy also ``hybrid_policy_conve_raw_score``, w x its score as
+  it is (1 + confidence, or the value estimate of an unproved triple); with --link-weight, the policy
+  trained with its own link head (NTP-lambda's ComplEx on the policy's embeddings), ranked alone
+  (``link_head``) and as the run scores, the head's logit + w x the proof part (``policy_link``, w
+  chosen as above). The policy searches each (query, entity) pair, E searches per query: with
+  --policy-test-triples N only the first N test triples are ranked for it, and BFS, ConvE and the BFS
+  hybrid are reported on the same N triples too (``*_policy_subset``), side by side;
 * proof rates: the share of test triples, and of their sampled corruptions, that each prover proves;
 * engine speed: exhaustive provability search to --depth of --qps-queries test triples and as many
   corruptions, in queries per second, for the reference engine, the vectorised engine eager and
@@ -24,6 +26,7 @@ rankings read them, so all-entity and sampled metrics rank the very same scores.
 
     python benchmarks/prover.py [--datasets nations,kinships,umls] [--threads 2] [--epochs 3] [--out FILE.json]
         [--policy-test-triples N] [--valid-triples N] [--beam W] [--init-from-conve] [--engine-speed-only]
+        [--link-weight W] [--link-epochs N]
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from kgtrace.prover.policy import PolicyScorer, beam_scores
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
-from kgtrace.prover.scorer import BfsScorer, proof_part
+from kgtrace.prover.link import LinkHead
+from kgtrace.prover.scorer import BfsScorer, HybridScorer, proof_part
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
@@ -222,11 +226,13 @@ def run_dataset(name: str, args, work: Path) -> dict:
     config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
                           beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy,
                           init_from=str(conve_dir) if args.init_from_conve else "",
-                          entity_embeddings=args.init_from_conve)
+                          entity_embeddings=args.init_from_conve or args.link_weight > 0, link_weight=args.link_weight,
+                          link_epochs=args.link_epochs)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
     train_seconds = time.perf_counter() - started
     run = load_prover_run(trained.run_dir)
-    scorer = PolicyScorer(run.model.policy, run.model.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
+    prover = run.model.prover if isinstance(run.model, HybridScorer) else run.model  # a link head's run: a hybrid
+    scorer = PolicyScorer(prover.policy, prover.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
                           compile=args.compile_policy)
     limits = [int(n) for n in args.policy_test_triples.split(",")]
     limit = limits[args.datasets.split(",").index(name)] if len(limits) > 1 else limits[0]
@@ -260,6 +266,14 @@ def run_dataset(name: str, args, work: Path) -> dict:
     result["hybrid_policy_conve"] = hybrid(policy_rows, policy_valid, PolicyScorer.proof_line, conve, ds)
     # The earlier form, for comparison: the policy's score as it is (1 + confidence, or the value when unproved).
     result["hybrid_policy_conve_raw_score"] = hybrid(policy_rows, policy_valid, None, conve, ds)
+    if args.link_weight:  # the learned prover with its own link head, weighed as kgtrace prove weigh does
+        with torch.no_grad():
+            head = LinkHead(prover.policy)
+            result["link_head"] = {"link_weight": args.link_weight, "link_epochs": args.link_epochs,
+                                   **evaluate_rows(table(head, subset, chunk=1024), ds, float("inf"))}
+            del result["link_head"]["proof_rate"]
+            result["policy_link"] = hybrid(policy_rows, policy_valid, PolicyScorer.proof_line, head, ds)
+        log("link head", result["link_head"], "policy + link head", result["policy_link"])
     TEST[0] = ds.test
     log("conve", result["conve"], "hybrids", result["hybrid_bfs_conve"], result["hybrid_policy_conve"])
     return result
@@ -282,6 +296,10 @@ def main() -> None:
     parser.add_argument("--init-from-conve", action="store_true",
                         help="start the policy's entity and relation embeddings from the ConvE run (one embedding per "
                              "entity; else all entities share one and the policy sees relations and rule confidences only)")
+    parser.add_argument("--link-weight", type=float, default=0.0,
+                        help="train the policy with NTP-lambda's link head (kgtrace.prover.link) at this loss weight, "
+                             "and report it alone and with the policy's proofs (policy_link); 0: no head")
+    parser.add_argument("--link-epochs", type=int, default=30, help="passes of the link head alone before PPO")
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
     parser.add_argument("--engine-speed-only", action="store_true", help="time the engines only (no ranking)")
     parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")

@@ -1005,12 +1005,12 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
     weigh = actions.add_parser("weigh", formatter_class=HelpFormatter,
                                help="choose a hybrid prover run's --hybrid-weight on validation triples",
                                description="Rank validation triples by a hybrid prover run (one written with "
-                                           "--embedding-run) at each weight of a grid, and set the run's weight to "
-                                           "the smallest one whose validation MRR lies within one standard error of "
-                                           "the best (paired over queries): among weights validation cannot tell "
-                                           "apart, the one that leaves the most to the embedding model. Prints the "
-                                           "curve and writes it to RUN/hybrid-weight.json.")
-    weigh.add_argument("run", help="a prover run written with --embedding-run")
+                                           "--embedding-run or --link-weight) at each weight of a grid, and set "
+                                           "the run's weight to the smallest one whose validation MRR lies within "
+                                           "one standard error of the best (paired over queries): among weights "
+                                           "validation cannot tell apart, the one that leaves the most to the "
+                                           "embedding model. Prints the curve and writes it to RUN/hybrid-weight.json.")
+    weigh.add_argument("run", help="a prover run written with --embedding-run or --link-weight")
     weigh.add_argument("--valid-triples", type=int, default=200, help="rank the first N validation triples (0: all)")
     weigh.add_argument("--weights", default=",".join(f"{w:g}" for w in HYBRID_WEIGHTS),
                        help="the grid of weights, comma-separated")
@@ -1036,6 +1036,11 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
         ("eval_corruptions", "sampled corruptions each validation triple is ranked against"),
         ("seed", "random seed"),
         ("threads", "CPU threads for torch (0: torch's default)"),
+        ("link_weight", "NTP-lambda's link head: the weight of a ComplEx loss on the policy's own embeddings, added "
+                        "to PPO's; > 0 also scores a triple by its logit + --hybrid-weight x the proof (0: no head)"),
+        ("link_epochs", "passes of the link head's loss alone before PPO"),
+        ("link_lr", "Adam learning rate of those passes"),
+        ("link_n3", "weight of the N3 regulariser in the link head's loss"),
     ):
         default = getattr(defaults, key)
         p.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
@@ -1043,12 +1048,14 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from", default="", metavar="RUN",
                    help="start the policy's entity and relation embeddings from this embedding run")
     p.add_argument("--entity-embeddings", action="store_true",
-                   help="learn one embedding per entity (default: entities share one; set by --init-from)")
+                   help="learn one embedding per entity (default: entities share one; set by --init-from and "
+                        "--link-weight)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
 
 
 POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "proof_score",
-               "entropy", "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads")
+               "entropy", "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads",
+               "link_weight", "link_epochs", "link_lr", "link_n3")
 
 
 def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
@@ -1124,7 +1131,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 def print_weigh_hint(config: "ProverConfig", out: Path) -> None:
     """A hybrid run scores with the weight in its config; say how to choose it on validation triples."""
-    if config.embedding_run:
+    if config.hybrid():
         print(f"hybrid weight {config.hybrid_weight:g}; to choose it on validation triples: kgtrace prove weigh {out}")
 
 
@@ -1138,7 +1145,8 @@ def prove_train(args: argparse.Namespace) -> int:
         more = {key: getattr(args, key) for key in POLICY_KEYS if getattr(args, key) is not None}
         init_from = str(Path(args.init_from).resolve()) if args.init_from else ""
         config, rules, notes, ds = prover_config(args, "policy", init_from=init_from,
-                                                 entity_embeddings=args.entity_embeddings or bool(init_from), **more)
+                                                 entity_embeddings=args.entity_embeddings or bool(init_from)
+                                                 or bool(args.link_weight), **more)
         print("config:", json.dumps(config.to_dict()))
         result = train_policy(config, ds, rules, args.out, notes=notes, overwrite=args.overwrite,
                               progress=args.progress)

@@ -89,6 +89,11 @@ class ProverConfig:
     eval_every: int = 1  # epochs between validations (0: never)
     eval_triples: int = 200  # validation triples ranked (the first N)
     eval_corruptions: int = 20  # against K sampled corruptions each
+    # NTP-lambda's link head (kgtrace.prover.link): ComplEx on the policy's own entity and relation embeddings.
+    link_weight: float = 0.0  # > 0: its loss, times this, joins PPO's; a triple scores its logit + hybrid_weight x proof
+    link_epochs: int = 0  # passes of the head's loss alone before PPO starts
+    link_lr: float = 0.01  # Adam learning rate of those passes
+    link_n3: float = 0.01  # weight of the N3 regulariser in the head's loss
 
     def validate(self) -> "ProverConfig":
         problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)
@@ -99,17 +104,42 @@ class ProverConfig:
                          ("eval_triples", 1), ("eval_corruptions", 1)):
             if getattr(self, key) < low:
                 problems.append(f"{key}={getattr(self, key)}: must be at least {low}")
-        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef"):
+        problems += self._link_problems()
+        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef", "link_weight", "link_epochs", "link_n3"):
             if getattr(self, key) < 0:
                 problems.append(f"{key}={getattr(self, key)}: must be 0 or more")
-        if not self.lr > 0:
-            problems.append(f"lr={self.lr}: must be positive")
+        for key in ("lr", "link_lr"):
+            if not getattr(self, key) > 0:
+                problems.append(f"{key}={getattr(self, key)}: must be positive")
         if not 0 < self.clip < 1 or not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             problems.append(f"clip={self.clip}, gamma={self.gamma}, gae_lambda={self.gae_lambda}: clip must be in "
                             "(0, 1), gamma and gae_lambda in [0, 1]")
         if problems:
             raise ConfigError(problems)
         return self
+
+    def _link_problems(self) -> list[str]:
+        if not self.link_weight > 0:
+            return [f"link_epochs={self.link_epochs}: trains the link head, which needs link_weight > 0"] \
+                if self.link_epochs else []
+        problems = []
+        if self.method != "policy":
+            problems.append(f"link_weight={self.link_weight}: the link head is trained with the policy; use method "
+                            "policy (kgtrace prove train), or link_weight 0")
+        if not self.entity_embeddings:
+            problems.append(f"link_weight={self.link_weight}: the link head needs one embedding per entity; set "
+                            "entity_embeddings true (kgtrace prove train sets it with --link-weight)")
+        if self.embedding_dim % 2:
+            problems.append(f"embedding_dim={self.embedding_dim}: the link head reads it as complex numbers; use an "
+                            "even width")
+        if self.embedding_run:
+            problems.append(f"embedding_run={self.embedding_run}: a run with a link head has its own embedding score; "
+                            "drop embedding_run or set link_weight 0")
+        return problems
+
+    def hybrid(self) -> bool:
+        """Whether a triple's score adds an embedding logit (an embedding run's, or the link head's) to its proofs'."""
+        return bool(self.embedding_run) or self.link_weight > 0
 
     def shapes(self):
         """The engine's EngineShapes (kgtrace.prover.logic): A, S, F, and a history of depth + 1 states."""

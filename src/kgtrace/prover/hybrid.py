@@ -156,9 +156,10 @@ def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tup
     if problems:
         raise ConfigError(problems)
     run = load_prover_run(run_dir, device=device)
-    if not run.config.embedding_run:
-        raise KgtraceError(f"{run.path}: not a hybrid prover run (no embedding_run in {CONFIG_FILE}), so it has no "
-                           "weight to choose. Fix: write the run with kgtrace prove ... --embedding-run RUN")
+    if not run.config.hybrid():
+        raise KgtraceError(f"{run.path}: not a hybrid prover run (no embedding_run or link_weight in {CONFIG_FILE}), "
+                           "so it has no weight to choose. Fix: write the run with kgtrace prove ... --embedding-run RUN, "
+                           "or kgtrace prove train ... --link-weight W")
     ds = run.dataset
     triples = ds.valid[:valid_triples] if valid_triples else ds.valid
     if not len(triples):

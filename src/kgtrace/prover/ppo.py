@@ -35,12 +35,15 @@ from kgtrace.data.vocab import read_vocab
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
 from kgtrace.io import atomic_write_text
+from kgtrace.models.base import Scorer
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
 from kgtrace.prover.env import Trajectory, rollout
+from kgtrace.prover.link import LinkHead, link_loss, warm_up
 from kgtrace.prover.logic import query_state
 from kgtrace.prover.policy import PolicyScorer, ProofPolicy, compiled_rollout, init_from_run
 from kgtrace.prover.rules import RuleSet, read_rules
 from kgtrace.prover.run import CONFIG_FILE, RULES_FILE, ProverConfig, read_config, write_prover_run
+from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
@@ -77,8 +80,7 @@ def train_policy(config: ProverConfig, dataset: Dataset, rules: RuleSet, out: st
     rules = read_rules(out / RULES_FILE, dataset.relations)  # as written (confidences to 6 digits), as a resume reads them
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
     state = new_state(config, dataset, engine)
-    if config.init_from:
-        log(init_from_run(state.policy, config.init_from, dataset))
+    start(state, config, dataset, log)
     with logged_compilation(out / "compile_stats.json", config.compile, log):
         return fit(state, config, dataset, engine, out, progress, log)
 
@@ -100,6 +102,8 @@ def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool 
         check_digests(saved, dataset.entities.digest(), dataset.relations.digest(), path)
         restore_state(state, saved)
         log(f"resuming {out} from {path.name} (epoch {state.epoch})")
+    else:  # killed before its first checkpoint: start afresh, as train_policy does
+        start(state, config, dataset, log)
     write_yaml(config.to_dict(), out / CONFIG_FILE)
     with logged_compilation(out / "compile_stats.json", config.compile, log):
         return fit(state, config, dataset, engine, out, progress, log)
@@ -113,6 +117,16 @@ def new_state(config: ProverConfig, dataset: Dataset, engine: VectorEngine) -> P
                          engine.keys_head, config.entity_embeddings)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     return PolicyState(policy, optimizer, torch.Generator().manual_seed(config.seed + 1))
+
+
+def start(state: PolicyState, config: ProverConfig, dataset: Dataset, log) -> None:
+    """A new run's first steps: embeddings from ``init_from``, then ``link_epochs`` passes of the link head alone."""
+    if config.init_from:
+        log(init_from_run(state.policy, config.init_from, dataset))
+    if config.link_epochs:
+        losses = warm_up(LinkHead(state.policy), dataset.train, epochs=config.link_epochs, lr=config.link_lr,
+                         n3=config.link_n3, generator=state.sampler)
+        log(f"link head: {config.link_epochs} passes alone, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 def state_dict(state: PolicyState, config: ProverConfig, dataset: Dataset) -> dict:
@@ -143,8 +157,10 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
     collect = _collector(state.policy, engine, config)
     # Built once: with config.compile its beam search compiles on the first validation only (it reads the
     # policy's current weights at every call).
-    scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width, proof_score=config.proof_score,
-                          compile=config.compile)
+    scorer: Scorer = PolicyScorer(state.policy, engine, config.depth, width=config.beam_width,
+                                  proof_score=config.proof_score, compile=config.compile)
+    if config.link_weight:  # validated as the run will be ranked: link logit + hybrid_weight x proof part
+        scorer = HybridScorer(scorer, LinkHead(state.policy), config.hybrid_weight)
     _truncate_metrics(out, state.epoch)
     while state.epoch < config.epochs:
         started = time.perf_counter()
@@ -196,10 +212,11 @@ def iteration(state: PolicyState, config: ProverConfig, dataset: Dataset, engine
     with torch.no_grad():
         trajectory = collect(states, excluded, noise)
     reward = torch.where(trajectory.success, torch.where(is_true, 1.0, -config.negative_reward), 0.0)
-    losses = ppo_update(state, config, trajectory, reward, excluded)
-    return {"loss": losses, "reward": float(reward.mean()), "overflow": float(trajectory.overflow.sum()),
-            "proved_true": float(trajectory.success[is_true].float().mean()),
-            "proved_false": float(trajectory.success[~is_true].float().mean()) if config.corruptions else 0.0}
+    loss, link = ppo_update(state, config, trajectory, reward, excluded, true)
+    stats = {"loss": loss, "reward": float(reward.mean()), "overflow": float(trajectory.overflow.sum()),
+             "proved_true": float(trajectory.success[is_true].float().mean()),
+             "proved_false": float(trajectory.success[~is_true].float().mean()) if config.corruptions else 0.0}
+    return {**stats, "link_loss": link} if config.link_weight else stats
 
 
 def corrupt(true: Tensor, k: int, num_entities: int, num_relations: int, keys: Tensor,
@@ -256,18 +273,20 @@ def advantages(trajectory: Trajectory, reward: Tensor, gamma: float, lam: float)
 
 
 def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory, reward: Tensor,
-               excluded: Tensor) -> float:
-    """PPO's clipped objective over the acted steps; returns the mean loss. excluded [N, 3]: each episode's."""
+               excluded: Tensor, true: Tensor) -> tuple[float, float]:
+    """PPO's clipped objective over the acted steps, plus link_weight x the link head's loss on the true
+    triples [Q, 3] at every step; returns the mean total loss and the link head's. excluded [N, 3]: each episode's."""
     advantage, returns = advantages(trajectory, reward, config.gamma, config.gae_lambda)
     row, t = torch.nonzero(trajectory.acted, as_tuple=True)
     if len(row) == 0:
-        return 0.0
+        return 0.0, 0.0
     adv = advantage[row, t]
     adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
     samples = (trajectory.states[row, t], trajectory.derived[row, t], trajectory.valid[row, t],
                trajectory.rule_log_confidence[row, t], trajectory.action[row, t], trajectory.log_prob[row, t], adv,
                returns[row, t], excluded[row])
-    total, count = 0.0, 0
+    head = LinkHead(state.policy) if config.link_weight else None
+    total, link_total, count = 0.0, 0.0, 0
     state.policy.train()
     for _ in range(config.ppo_epochs):
         for index in torch.randperm(len(row), generator=state.sampler).split(config.minibatch):
@@ -278,16 +297,20 @@ def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory,
             surrogate = torch.min(ratio * adv, ratio.clamp(1 - config.clip, 1 + config.clip) * adv)
             entropy = -(log_probs.exp() * log_probs).sum(1)
             loss = -surrogate.mean() + config.value_coef * (value - ret).pow(2).mean() - config.entropy * entropy.mean()
+            if head is not None:
+                link = link_loss(head, true, config.link_n3)
+                loss = loss + config.link_weight * link
+                link_total += float(link.detach())
             state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(state.policy.parameters(), 1.0)
             state.optimizer.step()
             total, count = total + float(loss.detach()), count + 1
     state.policy.eval()
-    return total / max(count, 1)
+    return total / max(count, 1), link_total / max(count, 1)
 
 
-def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, scorer: PolicyScorer,
+def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, scorer: Scorer,
               known: AnswerIndex) -> dict:
     metrics = evaluate(scorer, dataset.valid[: config.eval_triples], known=known,
                        candidates=Candidates(config.eval_corruptions, seed=config.seed))["both"]["realistic"]
@@ -309,6 +332,8 @@ def _format(record: dict) -> str:
     text = (f"epoch {record['epoch']:>3}  loss {record.get('loss', 0):.4f}  reward {record.get('reward', 0):+.3f}  "
             f"proved true {record.get('proved_true', 0):.3f} false {record.get('proved_false', 0):.3f}  "
             f"overflow {record.get('overflow', 0):.0f}  {record['seconds']:.1f}s")
+    if "link_loss" in record:
+        text += f"  link loss {record['link_loss']:.4f}"
     if "valid_mrr" in record:
         text += f"  valid MRR {record['valid_mrr']:.4f}" + ("  (best)" if record["valid_improved"] else "")
     return text

@@ -43,7 +43,7 @@ class ProverRun:
     dataset: Dataset
     rules: RuleSet
     engine: VectorEngine
-    model: nn.Module  # a Scorer: BfsScorer, a policy scorer, or a HybridScorer around one
+    model: nn.Module  # a Scorer: BfsScorer, a policy scorer, or a HybridScorer around one (and an embedding model)
 
 
 def is_prover_run(path: str | Path) -> bool:
@@ -114,6 +114,10 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
         model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, config.compile)
     if config.embedding_run:
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
+    elif config.link_weight:
+        from kgtrace.prover.link import LinkHead
+
+        model = HybridScorer(model, LinkHead(model.policy), config.hybrid_weight)
     return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
 
 
