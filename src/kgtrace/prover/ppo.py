@@ -8,7 +8,9 @@ training triple is proved without itself as a fact). The only reward is at the e
 proving a true triple, -negative_reward for proving a false one, 0 otherwise. Advantages are
 GAE(gamma, lambda) on the value head; the loss is PPO's clipped surrogate, plus value_coef x
 the value error, minus entropy x the policy's entropy, over ``ppo_epochs`` passes of
-``minibatch`` steps.
+``minibatch`` steps. With ``link_weight > 0`` every step also adds link_weight x the link head's
+loss over the iteration's training triples (:mod:`kgtrace.prover.link`, NTP-lambda's ComplEx on
+the policy's own embeddings), after ``link_epochs`` passes of that loss alone when the run starts.
 
 Every ``eval_every`` epochs the policy ranks the first ``eval_triples`` validation triples
 against ``eval_corruptions`` sampled corruptions (filtered by train + valid); the best is kept
