@@ -94,7 +94,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        flag = action.nargs == 0 and isinstance(action.const, bool)  # store_true / store_false (not --x/--no-x)
         if action.default in (None, argparse.SUPPRESS) or flag or "default" in text:
             return text
         return super()._get_help_string(action)

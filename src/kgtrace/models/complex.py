@@ -22,7 +22,20 @@ from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
 from kgtrace.models.base import inverse_queries
 
-__all__ = ["ComplEx"]
+__all__ = ["ComplEx", "complex_query"]
+
+
+def complex_query(entities: Tensor, relations: Tensor, hr: Tensor, num_relations: int) -> Tensor:
+    """q = h * r as [Re | Im], [B, 2D], for (head, relation-or-inverse) ids hr [B, 2] over tables
+    entities [E, 2D] and relations [R, 2D] in the real | imag layout; the inverse id r + R uses conj(r)."""
+    h_real, h_imag = F.embedding(hr[:, 0], entities).chunk(2, dim=-1)  # [B, D] each, views
+    r_packed = F.embedding(torch.remainder(hr[:, 1], num_relations), relations)  # [B, 2D]
+    r_real, r_imag = r_packed.chunk(2, dim=-1)
+    # conj flips the imaginary part's sign for the inverse ids.
+    r_imag = r_imag * (1.0 - 2.0 * (hr[:, 1] >= num_relations).to(r_imag.dtype)).unsqueeze(1)  # [B, D]
+    real = h_real * r_real - h_imag * r_imag
+    imag = h_real * r_imag + h_imag * r_real
+    return torch.cat([real, imag], dim=-1)  # [B, 2D]
 
 
 class ComplEx(nn.Module):
@@ -50,21 +63,9 @@ class ComplEx(nn.Module):
         nn.init.xavier_normal_(self.entity_embeddings)
         nn.init.xavier_normal_(self.relation_embeddings)
 
-    def _relations(self, relations: Tensor) -> tuple[Tensor, Tensor]:
-        """Relation-or-inverse ids [B] -> (real, imag) parts [B, D]; r + R is conj(r)."""
-        packed = F.embedding(torch.remainder(relations, self.num_relations), self.relation_embeddings)
-        real, imag = packed.chunk(2, dim=-1)  # [B, D] each, views
-        # conj flips the imaginary part's sign for the inverse ids.
-        sign = 1.0 - 2.0 * (relations >= self.num_relations).to(imag.dtype)  # [B]
-        return real, imag * sign.unsqueeze(1)
-
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = h * r as [Re | Im], [B, 2D]."""
-        h_real, h_imag = F.embedding(hr[:, 0], self.entity_embeddings).chunk(2, dim=-1)  # [B, D] each
-        r_real, r_imag = self._relations(hr[:, 1])
-        real = h_real * r_real - h_imag * r_imag
-        imag = h_real * r_imag + h_imag * r_real
-        return torch.cat([real, imag], dim=-1)  # [B, 2D]
+        return complex_query(self.entity_embeddings, self.relation_embeddings, hr, self.num_relations)
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, 2D] -> scores Re(<q, conj(t)>) of entities start..stop-1, [B, stop - start]."""

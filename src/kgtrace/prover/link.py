@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from kgtrace.data.answers import reciprocal_queries
 from kgtrace.models.base import inverse_queries
+from kgtrace.models.complex import complex_query
 
 __all__ = ["LinkHead", "link_loss", "warm_up"]
 
@@ -44,18 +45,9 @@ class LinkHead(nn.Module):
     def entities(self) -> Tensor:
         return self.policy.terms.weight[: self.num_entities]  # [E, 2d]: real | imag
 
-    def _relations(self, relations: Tensor) -> tuple[Tensor, Tensor]:
-        """Relation-or-inverse ids [B] -> (real, imag) [B, d] each; the inverse r + R is conj(r)."""
-        packed = F.embedding(torch.remainder(relations, self.num_relations), self.policy.relations.weight)  # [B, 2d]
-        real, imag = packed.chunk(2, dim=-1)
-        sign = 1.0 - 2.0 * (relations >= self.num_relations).to(imag.dtype)  # [B]
-        return real, imag * sign.unsqueeze(1)
-
     def encode_query(self, hr: Tensor) -> Tensor:
-        """[B, 2] (head, relation-or-inverse) ids -> q = h * r as [Re | Im], [B, 2d]."""
-        h_real, h_imag = F.embedding(hr[:, 0], self.entities()).chunk(2, dim=-1)  # [B, d] each
-        r_real, r_imag = self._relations(hr[:, 1])
-        return torch.cat([h_real * r_real - h_imag * r_imag, h_real * r_imag + h_imag * r_real], dim=-1)
+        """[B, 2] (head, relation-or-inverse) ids -> q = h * r as [Re | Im], [B, 2d] (kgtrace's ComplEx query)."""
+        return complex_query(self.entities(), self.policy.relations.weight[: self.num_relations], hr, self.num_relations)
 
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] -> [B, E]: Re(<h, r, conj(t)>) = q . [Re(t) | Im(t)] for every tail."""
