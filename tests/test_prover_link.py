@@ -76,6 +76,15 @@ def test_warm_up_fits_the_training_triples():
         assert torch.equal(head.score_t(train[:, :2]).argmax(1), train[:, 2])
 
 
+def test_reset_draws_the_heads_rows_only():
+    p = policy()
+    variables, extra_relations = p.terms.weight[E:].clone(), p.relations.weight[R:].clone()
+    LinkHead(p).reset(1e-3, torch.Generator().manual_seed(0))
+    entities, relations = p.terms.weight.detach()[:E], p.relations.weight.detach()[:R]
+    assert 0 < float(entities.abs().max()) < 5e-3 and 0 < float(relations.abs().max()) < 5e-3
+    assert torch.equal(p.terms.weight[E:], variables) and torch.equal(p.relations.weight[R:], extra_relations)
+
+
 def test_settings_that_cannot_hold_a_head_are_reported_together():
     with pytest.raises(ConfigError) as error:
         ProverConfig(method="bfs", link_weight=1.0, embedding_dim=7, embedding_run="/x").validate()

@@ -1039,7 +1039,9 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
         ("link_weight", "NTP-lambda's link head: the weight of a ComplEx loss on the policy's own embeddings, added "
                         "to PPO's; > 0 also scores a triple by its logit + --hybrid-weight x the proof (0: no head)"),
         ("link_epochs", "passes of the link head's loss alone before PPO"),
-        ("link_lr", "Adam learning rate of those passes"),
+        ("link_lr", "Adagrad learning rate of those passes"),
+        ("link_init", "std the link head's entity and relation embeddings start from, as in Lacroix et al.'s "
+                      "ComplEx-N3 (0, or with --init-from: as they are)"),
         ("link_n3", "weight of the N3 regulariser in the link head's loss"),
     ):
         default = getattr(defaults, key)
@@ -1055,7 +1057,7 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
 
 POLICY_KEYS = ("epochs", "chunk_queries", "corruptions", "lr", "embedding_dim", "beam_width", "proof_score",
                "entropy", "negative_reward", "ppo_epochs", "eval_triples", "eval_corruptions", "seed", "threads",
-               "link_weight", "link_epochs", "link_lr", "link_n3")
+               "link_weight", "link_epochs", "link_lr", "link_n3", "link_init")
 
 
 def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:

@@ -92,7 +92,8 @@ class ProverConfig:
     # NTP-lambda's link head (kgtrace.prover.link): ComplEx on the policy's own entity and relation embeddings.
     link_weight: float = 0.0  # > 0: its loss, times this, joins PPO's; a triple scores its logit + hybrid_weight x proof
     link_epochs: int = 0  # passes of the head's loss alone before PPO starts
-    link_lr: float = 0.01  # Adam learning rate of those passes
+    link_lr: float = 0.1  # Adagrad learning rate of those passes (Lacroix et al. 2018's ComplEx-N3 recipe)
+    link_init: float = 1e-3  # std the head's entity and relation rows start from (0, or init_from: as they were)
     link_n3: float = 0.01  # weight of the N3 regulariser in the head's loss
 
     def validate(self) -> "ProverConfig":
@@ -105,7 +106,8 @@ class ProverConfig:
             if getattr(self, key) < low:
                 problems.append(f"{key}={getattr(self, key)}: must be at least {low}")
         problems += self._link_problems()
-        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef", "link_weight", "link_epochs", "link_n3"):
+        for key in ("hybrid_weight", "negative_reward", "entropy", "value_coef", "link_weight", "link_epochs", "link_n3",
+                    "link_init"):
             if getattr(self, key) < 0:
                 problems.append(f"{key}={getattr(self, key)}: must be 0 or more")
         for key in ("lr", "link_lr"):

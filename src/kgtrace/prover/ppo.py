@@ -122,9 +122,12 @@ def new_state(config: ProverConfig, dataset: Dataset, engine: VectorEngine) -> P
 
 
 def start(state: PolicyState, config: ProverConfig, dataset: Dataset, log) -> None:
-    """A new run's first steps: embeddings from ``init_from``, then ``link_epochs`` passes of the link head alone."""
+    """A new run's first steps: embeddings from ``init_from`` (or the link head's rows drawn at std ``link_init``),
+    then ``link_epochs`` passes of the link head alone."""
     if config.init_from:
         log(init_from_run(state.policy, config.init_from, dataset))
+    elif config.link_weight and config.link_init:
+        LinkHead(state.policy).reset(config.link_init, state.sampler)
     if config.link_epochs:
         losses = warm_up(LinkHead(state.policy), dataset.train, epochs=config.link_epochs, lr=config.link_lr,
                          n3=config.link_n3, generator=state.sampler)
