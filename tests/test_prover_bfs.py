@@ -12,16 +12,15 @@ import torch
 
 from kgtrace.cli import main
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import Candidates, evaluate
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.logic import EngineShapes, query_state
-from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import load_prover_run
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
+from mined import mined
 
 ANN, BOB, CAT, DAN = range(4)
 PARENT, GRANDPARENT = 0, 1
@@ -98,10 +97,7 @@ def test_hybrid_ignores_what_the_prover_does_not_prove():
 
 @pytest.fixture(scope="module")
 def nations():
-    ds = load_dataset("nations")
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=6)),
-                     ds.num_relations)
-    return ds, rules
+    return mined("nations", 6)
 
 
 def test_open_queries_equal_ground_queries_and_the_reference(nations):

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.data.dataset import load_dataset
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.models import build_model
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.hybrid import ScoreTable, choose_hybrid_weight, choose_weight, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes
-from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
+from mined import mined
 
 
 def test_the_smallest_weight_within_one_standard_error_of_the_best():
@@ -45,9 +44,7 @@ def test_a_weight_validation_tells_apart_is_not_chosen():
 
 @pytest.fixture(scope="module")
 def hybrid_parts():
-    ds = load_dataset("nations")
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=4)),
-                     ds.num_relations)
+    ds, rules = mined("nations", 4)
     prover = BfsScorer(VectorEngine(ds.train, rules, ds.num_entities, EngineShapes(max_atoms=4, max_history=3)), 2)
     torch.manual_seed(0)
     embedding = build_model("distmult", ds.num_entities, ds.num_relations, embedding_dim=8).eval()

@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from kgtrace.cli import main
-from kgtrace.data.dataset import load_dataset
 from kgtrace.errors import ConfigError
 from kgtrace.models.complex import ComplEx
 from kgtrace.prover.link import LinkHead, link_loss, warm_up
-from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import ProofPolicy
 from kgtrace.prover.ppo import resume_policy, train_policy
 from kgtrace.prover.run import ProverConfig, load_prover_run
 from kgtrace.prover.scorer import HybridScorer, proof_part
+from mined import mined
 
 E, R, V, DIM = 6, 3, 4, 8
 
@@ -105,10 +104,7 @@ def link_config(**more) -> ProverConfig:
 
 @pytest.fixture(scope="module")
 def nations():
-    ds = load_dataset("nations")
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=3)),
-                     ds.num_relations)
-    return ds, rules
+    return mined("nations", 3)
 
 
 def test_a_run_with_a_head_scores_its_logit_plus_the_weighted_proof_part(tmp_path, nations):

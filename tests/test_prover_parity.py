@@ -16,14 +16,13 @@ import pytest
 import torch
 
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.data.dataset import load_dataset
 from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import side_queries
 from kgtrace.prover.engine import VectorEngine, pad_states, unpad_states
 from kgtrace.prover.logic import EngineShapes, query_state
-from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
+from mined import mined
 
 DEPTH = 4
 SHAPES = EngineShapes(max_atoms=6, max_history=DEPTH + 1)
@@ -34,9 +33,7 @@ RULES_PER_HEAD = 6
 
 @functools.cache
 def setup(name: str):
-    ds = load_dataset(name)
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=RULES_PER_HEAD)),
-                     ds.num_relations)
+    ds, rules = mined(name, RULES_PER_HEAD)
     reference = ReferenceEngine(ds.train, rules, ds.num_entities, SHAPES)
     vector = VectorEngine(ds.train, rules, ds.num_entities, SHAPES)
     return ds, reference, vector, queries(ds)

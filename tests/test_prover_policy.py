@@ -15,12 +15,12 @@ from kgtrace.data.vocab import Vocab
 from kgtrace.prover.engine import VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Trajectory, beam_search, env_reset, env_step, rollout
 from kgtrace.prover.logic import EngineShapes, query_state
-from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, ProofPolicy, beam_scores, compiled_rollout
 from kgtrace.prover.ppo import _is_known, _triple_keys, advantages, corrupt, resume_policy, train_policy
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import ProverConfig
 from kgtrace.prover.search import eager_deriver
+from mined import mined
 
 ANN, BOB, CAT, DAN = range(4)
 PARENT, GRANDPARENT = 0, 1
@@ -154,9 +154,7 @@ def tiny_config(**more) -> ProverConfig:
 
 
 def test_a_resumed_run_ends_like_an_uninterrupted_one(tmp_path):
-    ds = load_dataset("nations")
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=3)),
-                     ds.num_relations)
+    ds, rules = mined("nations", 3)
     quiet = dict(progress=False, log=lambda *_: None)
     train_policy(tiny_config(epochs=2), ds, rules, tmp_path / "whole", **quiet)
     train_policy(tiny_config(epochs=1), ds, rules, tmp_path / "split", **quiet)
@@ -249,9 +247,7 @@ def test_a_training_query_without_its_own_fact_looks_like_a_test_query():
 def test_a_beam_as_wide_as_every_partial_proof_proves_what_bfs_proves():
     from kgtrace.prover.search import vector_search
 
-    ds = load_dataset("nations")
-    rules = rule_set(mine_rules(ds.train, ds.num_entities, ds.num_relations, MiningConfig(max_rules_per_head=3)),
-                     ds.num_relations)
+    ds, rules = mined("nations", 3)
     engine = VectorEngine(ds.train, rules, ds.num_entities, EngineShapes(max_atoms=6, max_history=STEPS + 1))
     torch.manual_seed(0)
     policy = ProofPolicy(ds.num_entities, ds.num_relations, engine.num_variables, 8, engine.keys_head).eval()
