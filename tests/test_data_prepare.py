@@ -46,15 +46,21 @@ def test_prepare_refuses_non_empty_folder(tmp_path):
     assert (out / "keep.txt").read_text() == "user data"
 
 
-def test_prepare_overwrite_replaces_folder(tmp_path):
+def test_prepare_overwrite_replaces_only_its_own_folder(tmp_path):
     src = tmp_path / "kg.tsv"
     src.write_text("".join(f"e{i}\tr\te{(i + 1) % 30}\ne{i}\ts\te{(i + 7) % 30}\n" for i in range(30)))
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("x")
+    prepare(out, triples=str(src), fractions=(0.5, 0.25, 0.25))
+    (out / "old.txt").write_text("x")  # a file put into kgtrace's folder goes with it
     prepare(out, triples=str(src), overwrite=True)
-    assert not (out / "old.txt").exists() and (out / "node_dict").is_file()
+    assert not (out / "old.txt").exists() and (out / "node_dict").is_file() and (out / ".kgtrace").is_file()
     assert len(load_dataset(out).all_triples()) == 60
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "old.txt").write_text("x")
+    with pytest.raises(ConfigError, match="not written by kgtrace"):
+        prepare(mine, triples=str(src), overwrite=True)
+    assert (mine / "old.txt").read_text() == "x"
 
 
 def test_prepare_collects_all_problems(tmp_path):

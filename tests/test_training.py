@@ -69,15 +69,18 @@ def test_refuses_non_empty_folder_and_foreign_overwrite(tmp_path):
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     with pytest.raises(KgtraceError, match="not empty"):
         train(small_config(), tmp_path / "mine", progress=False, log=lambda *_: None)
-    with pytest.raises(KgtraceError, match="no config.yaml"):
+    with pytest.raises(KgtraceError, match="not written by kgtrace"):
         train(small_config(), tmp_path / "mine", overwrite=True, progress=False, log=lambda *_: None)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
 
 
 def test_resume_refuses_changed_settings(tmp_path):
     train(small_config(epochs=1), tmp_path / "run", progress=False, log=lambda *_: None)
-    with pytest.raises(ConfigError, match="lr: a resumed run keeps its settings"):
+    with pytest.raises(ConfigError, match="lr=0.1: the run was trained with 0.001; a resumed run keeps its settings"):
         resume(tmp_path / "run", lr=0.1, progress=False, log=lambda *_: None)
+    # The training command repeated with --resume: equal values are accepted, the dataset as given or as recorded.
+    resume(tmp_path / "run", lr=0.001, dataset="nations", model="conve", epochs=2, progress=False, log=lambda *_: None)
+    assert [json.loads(ln)["epoch"] for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_checkpoint_with_other_id_maps_is_refused(tmp_path):
@@ -86,7 +89,7 @@ def test_checkpoint_with_other_id_maps_is_refused(tmp_path):
     a, b = lines[0].split("\t"), lines[1].split("\t")
     lines[0], lines[1] = f"{b[0]}\t{a[1]}", f"{a[0]}\t{b[1]}"  # swap two labels' ids
     (tmp_path / "run" / "node_dict").write_text("\n".join(lines) + "\n")
-    with pytest.raises(KgtraceError, match="entity id map differs"):
+    with pytest.raises(KgtraceError, match="entities id map differs"):
         load_run(tmp_path / "run")
 
 

@@ -9,6 +9,7 @@ Launched by torchrun, evaluate, explain and train split their work over the proc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -261,24 +262,31 @@ def model_args(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from kgtrace.config import from_sources
+    from kgtrace.config import from_sources, read_yaml
+    from kgtrace.owned import folder_lock
     from kgtrace.training.loop import resume, train
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
+    if args.model_arg:
+        overrides["model_args"] = model_args(args.model_arg)
     if args.resume:
-        result = resume(args.out, progress=args.progress, world=args.world, **overrides)
+        if args.overwrite:
+            raise ConfigError(["--resume with --overwrite: choose one; --resume continues the run in --out, "
+                               "--overwrite replaces it with a new one"])
+        given = {**(read_yaml(args.config) if args.config else {}), **{k: v for k, v in overrides.items() if v is not None}}
+        result = resume(args.out, progress=args.progress, world=args.world, **given)
     else:
-        if args.model_arg:
-            overrides["model_args"] = model_args(args.model_arg)
         config = from_sources(TrainConfig, args.config, overrides)
         print("config:", json.dumps(config.to_dict()))
-        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress, world=args.world)
+        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress, world=args.world,
+                       inputs=(args.config,) if args.config else ())
     print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
           + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
              if result.best_epoch else ""))
     metrics = evaluate_run(result.run_dir, "test", world=args.world)
     if args.world.is_main:
-        write_json(metrics, Path(result.run_dir) / "test_metrics.json")
+        with folder_lock(result.run_dir, "run folder"):
+            write_json(metrics, Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0
 
@@ -324,9 +332,7 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from kgtrace.compile import logged_compilation
-    from kgtrace.evaluation.evaluate import Candidates, metrics_of
-    from kgtrace.evaluation.sharded import rank_queries_sharded
+    from kgtrace.evaluation.evaluate import Candidates
     from kgtrace.prover.run import is_prover_run, load_prover_run
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
@@ -355,6 +361,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
     compile_ = not prover and (device.type == "cuda" if args.compile is None else args.compile)
     candidates = Candidates(args.corruptions, args.seed, restriction_of(ds, args.restrict), compile_)
+    with output_lock(args.out, args.world):
+        return evaluate_loaded(args, run, prover, candidates, sides, ks, budget)
+
+
+def output_lock(path: str | Path | None, world: World):
+    """The lock of a result file rank 0 writes (nothing to hold without one, or in the other processes)."""
+    from kgtrace.owned import file_lock
+
+    return file_lock(path) if path and world.is_main else contextlib.nullcontext()
+
+
+def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sides: tuple, ks: tuple,
+                    budget: int) -> int:
+    """Rank the loaded run as evaluate's options say, write and print the metrics."""
+    from kgtrace.compile import logged_compilation
+    from kgtrace.evaluation.evaluate import metrics_of
+    from kgtrace.evaluation.sharded import rank_queries_sharded
+
+    ds = run.dataset
+    compile_ = candidates.compile
     known = ds.known_triples(args.split)
     with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
                             (compile_ or (prover and run.config.compile)) and args.world.is_main):
@@ -390,8 +416,11 @@ def restriction_of(dataset, rules: list[str]):
 
 
 def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
+    """The per-query table and the histogram, then the metrics JSON (last: present only beside its companions)."""
+    from kgtrace.owned import retire
+
     if args.out:
-        write_json(metrics, args.out)
+        retire(args.out)  # first: the old JSON is never read beside new companions
     if args.per_query:
         from kgtrace.evaluation.output import query_table, write_query_table
 
@@ -401,6 +430,8 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
 
         rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
                        title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+    if args.out:
+        write_json(metrics, args.out)
 
 
 # ----------------------------------------------------------------------------- report
@@ -589,9 +620,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, args.checkpoint, device=device)
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
                                   else compile_stats_path(out, out), args.compile and args.world.is_main)
-    if args.self_influence:
-        return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)
-    return explain_test_triples(args, run, device, options, compiled, out)
+    with output_lock(args.out_dir or out, args.world):  # also keeps a second process off the saved state
+        if args.self_influence:
+            return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)
+        return explain_test_triples(args, run, device, options, compiled, out)
 
 
 def check_explain_options(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ reproduced and reloaded.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,8 +51,10 @@ class TrainConfig:
     compile: bool = False  # training step and validation ranking through torch.compile (same results as eager)
 
     def validate(self) -> "TrainConfig":
-        """Return self, or raise ConfigError listing every invalid setting."""
-        problems = []
+        """Return self, or raise ConfigError listing every invalid setting (wrong types first, all at once)."""
+        problems = type_problems(self)
+        if problems:  # the value checks below compare numbers: they need the right types
+            raise ConfigError(problems)
         positive = ("epochs", "batch_size", "checkpoint_every")
         for name in positive:
             if getattr(self, name) < 1:
@@ -93,6 +96,25 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+# What a YAML value of each annotated type may be; an int is a float too (lr: 1), a bool is neither.
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict[str, Any]": (dict,)}
+_EXAMPLES = {"int": "a whole number, e.g. 10", "float": "a number, e.g. 0.001", "str": "text",
+             "bool": "true or false", "dict[str, Any]": "a mapping, e.g. {embedding_dim: 200}"}
+
+
+def type_problems(config: Any) -> list[str]:
+    """One line per field of a config dataclass whose value has the wrong type (``epochs: 1.5``, ``lr: "abc"``)."""
+    problems = []
+    for f in fields(config):
+        value, allowed = getattr(config, f.name), _TYPES.get(str(f.type))
+        if allowed is None:
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in allowed
+        if wrong_bool or not isinstance(value, allowed):
+            problems.append(f"{f.name}={value!r}: must be {_EXAMPLES[str(f.type)]}")
+    return problems
+
+
 def choice_problems(config: Any, key: str, choices: tuple[str, ...]) -> list[str]:
     value = getattr(config, key)
     return [] if value in choices else [f"{key}={value!r}: must be one of {', '.join(choices)}"]
@@ -115,11 +137,27 @@ def from_sources(cls: type, file: str | Path | None, overrides: dict[str, Any]):
     if file is not None:
         values.update(read_yaml(file))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError([f"{k}: unknown setting; valid settings are {', '.join(sorted(known))}" for k in unknown])
-    return cls(**values).validate()
+    problems = unknown_keys(cls, values, f"{file}: " if file is not None else "")
+    names = {f.name for f in fields(cls)}
+    try:
+        config = cls(**{k: v for k, v in values.items() if k in names}).validate()
+    except ConfigError as e:  # name the file where a bad value came from it (problems start with "key=")
+        from_file = {k for k in values if overrides.get(k) is None} if file is not None else set()
+        problems += [f"{file}: {p}" if re.split("[=:]", p, maxsplit=1)[0] in from_file else p for p in e.problems]
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def unknown_keys(cls: type, values: dict[str, Any], where: str = "") -> list[str]:
+    """One line per key of ``values`` that ``cls`` has no field for, with the closest field names."""
+    known = sorted(f.name for f in fields(cls))
+    problems = []
+    for key in sorted(set(values) - set(known), key=str):
+        close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else f"valid settings are {', '.join(known)}"
+        problems.append(f"{where}{key}: unknown setting; {hint}")
+    return problems
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -29,6 +29,10 @@ class DataError(KgtraceError):
         super().__init__(f"{where}: {problem}. Fix: {fix}")
 
 
+class UnknownLabel(DataError):
+    """A triple whose label the id map in use does not hold."""
+
+
 class ConfigError(KgtraceError):
     """One or more invalid settings, all reported at once.
 

@@ -14,6 +14,7 @@ starts the run afresh. Outputs, beside what training writes:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ import torch
 
 from kgtrace.config import TrainConfig, read_yaml
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.io import atomic_write_text
+from kgtrace.owned import contents, folder_lock, read_mark, retire
 
 __all__ = ["JobSettings", "run_job"]
 
@@ -59,10 +62,11 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
-    run = load_run(out, device=resolve_device("auto"))
-    redo = _evaluate_step(run, redo, log)
-    redo = _explain_step(run, settings, redo, progress, log)
-    return _report_step(out, redo, log)
+    with folder_lock(out, "run folder"):
+        run = load_run(out, device=resolve_device("auto"))
+        redo = _evaluate_step(run, redo, log)
+        redo = _explain_step(run, settings, redo, progress, log)
+        return _report_step(out, redo, log)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -74,36 +78,45 @@ def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: boo
     from kgtrace.training.loop import resume, train
 
     config = settings.config()
-    if overwrite or not (out / "config.yaml").is_file():
+    if overwrite or not contents(out):
         train(config, out, overwrite=overwrite, progress=progress, log=log)
         return True
-    _check_same_run(out, config)
+    saved = _check_same_run(out, config)
     latest = latest_checkpoint(out / "checkpoints")
     done = 0 if latest is None else int(latest.stem.split("-")[1])
     if done >= config.epochs:
         log(f"train: reusing {out} ({done} epochs)")
         return False
-    log(f"train: resuming {out} at epoch {done} of {config.epochs}")
+    log(f"train: resuming {out} at epoch {done} of {config.epochs} (it was set to {saved['epochs']})")
     resume(out, progress=progress, log=log, epochs=config.epochs)
     return True
 
 
-def _check_same_run(out: Path, config: TrainConfig) -> None:
-    """Refuse to reuse a run trained on other data or with another model."""
+def _check_same_run(out: Path, config: TrainConfig) -> dict:
+    """The saved config of the run in ``out``; refused when kgtrace did not write it, when it was trained on
+    other data, with another model or seed, or for more epochs than asked. Reusing the run for fewer epochs
+    would report a model other than the one asked for."""
     from kgtrace.training.loop import dataset_source
 
+    mark = read_mark(out)
+    if mark is None or mark.kind != "run" or not (out / "config.yaml").is_file():
+        raise KgtraceError(f"--out {out}: holds no run that kgtrace run wrote ({', '.join(contents(out)[:5])}), so it "
+                           "is neither reused nor replaced. Fix: choose another --out")
     saved = read_yaml(out / "config.yaml")
     wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
               if saved.get(key) != wanted[key]]
+    if isinstance(saved.get("epochs"), int) and saved["epochs"] > config.epochs:
+        differ.append(f"epochs: trained for {saved['epochs']} there, --epochs {config.epochs} asked "
+                      f"(--epochs {saved['epochs']} reuses it)")
     if differ:
         raise KgtraceError(f"{out}: holds another run ({'; '.join(differ)}). "
                            "Fix: pass --overwrite to replace it, or choose another --out")
+    return saved
 
 
 def _evaluate_step(run, redo: bool, log) -> bool:
     """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
-    from kgtrace.cli import write_json
     from kgtrace.evaluation.evaluate import metrics_of, rank_queries
     from kgtrace.evaluation.output import query_table, write_query_table
 
@@ -114,8 +127,9 @@ def _evaluate_step(run, redo: bool, log) -> bool:
     ds = run.dataset
     ranks = rank_queries(run.model, ds.test, known=ds.known_triples("test"))
     metrics = metrics_of(ranks)
+    retire(metrics_path)  # first: an old JSON is never read beside new ranks
     write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), ranks_path)
-    write_json(metrics, metrics_path)  # last: its presence says the step finished
+    atomic_write_text(metrics_path, json.dumps(metrics, indent=2) + "\n")  # last: its presence says the step finished
     m = metrics["both"]["realistic"]
     log(f"evaluate: test MRR {m['mrr']:.4f}, Hits@1 {m['hits_at_1']:.4f}, Hits@10 {m['hits_at_10']:.4f} (realistic)")
     return True

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from kgtrace.config import TrainConfig, read_yaml
-from kgtrace.data.dataset import Dataset, load_dataset
-from kgtrace.data.vocab import read_vocab
+from kgtrace.config import TrainConfig, from_sources
+from kgtrace.data.dataset import Dataset
+from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.models import build_model
 from kgtrace.training.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
@@ -67,6 +67,12 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
     return path if path.is_absolute() or path.exists() else folder / path
 
 
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The run's config.yaml as a validated TrainConfig; every problem (e.g. a hand-edited key) named at once."""
+    path = run_dir / "config.yaml"
+    return from_sources(TrainConfig, path, {})
+
+
 def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: torch.device | str = "cpu") -> Run:
     """Reload a run: the dataset with the run's own id maps, and the model of ``checkpoint``.
 
@@ -75,9 +81,8 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise KgtraceError(f"{run_dir}: not a kgtrace run (no config.yaml). Fix: pass the --out folder of kgtrace train")
-    config = TrainConfig(**read_yaml(run_dir / "config.yaml")).validate()
-    dataset = load_dataset(config.dataset, entities=read_vocab(run_dir / "node_dict"),
-                           relations=read_vocab(run_dir / "rel_dict"))
+    config = read_run_config(run_dir)
+    dataset = load_pinned_dataset(run_dir, config.dataset)
     path = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(path)
     check_digests(state, dataset.entities.digest(), dataset.relations.digest(), path)

@@ -9,7 +9,6 @@ ranks training triples by self-influence (high: hard to fit, e.g. a mislabelled 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import rank_queries
 from kgtrace.evaluation.predict import predict
 from kgtrace.io import atomic_write_text
+from kgtrace.owned import retire, write_index
 from kgtrace.run import Run
 
 __all__ = ["explain_triples", "predicted_triples", "self_influence_ranking", "write_explanations",
@@ -138,8 +138,11 @@ def _tsv_path(path_json: str | Path) -> Path:
 
 
 def write_explanations(items: list[dict], path_json: str | Path) -> Path:
-    """Write ``items`` as JSON and a TSV beside it (same stem, .tsv, one row per influencer); returns the TSV path."""
-    atomic_write_text(path_json, json.dumps({"explanations": items}, indent=2) + "\n")
+    """Write ``items`` as JSON and a TSV beside it (same stem, .tsv, one row per influencer); returns the TSV path.
+
+    The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+    """
+    retire(path_json)
     rows = ["\t".join(EXPLAIN_COLUMNS) + "\n"]
     for i, item in enumerate(items):
         test = item["test"]
@@ -150,16 +153,21 @@ def write_explanations(items: list[dict], path_json: str | Path) -> Path:
                 rows.append("\t".join(_tsv(v) for v in values) + "\n")
     tsv = _tsv_path(path_json)
     atomic_write_text(tsv, rows)
+    write_index(path_json, {"explanations": items}, [tsv])
     return tsv
 
 
 def write_self_influence(ranking: dict, path_json: str | Path) -> Path:
-    """Write the top of ``ranking`` as JSON and every triple, ranked, as a TSV beside it; returns the TSV path."""
-    atomic_write_text(path_json, json.dumps({"self_influence": {k: ranking[k] for k in ("checkpoints", "top")},
-                                             "num_train": len(ranking["all"])}, indent=2) + "\n")
+    """Write the top of ``ranking`` as JSON and every triple, ranked, as a TSV beside it; returns the TSV path.
+
+    The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+    """
+    retire(path_json)
     rows = ["\t".join(SELF_COLUMNS) + "\n"]
     for rank, entry in enumerate(ranking["all"], 1):
         rows.append("\t".join(_tsv(v) for v in [rank] + [entry[c] for c in SELF_COLUMNS[1:]]) + "\n")
     tsv = _tsv_path(path_json)
     atomic_write_text(tsv, rows)
+    write_index(path_json, {"self_influence": {k: ranking[k] for k in ("checkpoints", "top")},
+                            "num_train": len(ranking["all"])}, [tsv])
     return tsv

@@ -194,6 +194,19 @@ def _split_file(folder: Path, split: str) -> Path:
     return found[0]
 
 
+def dataset_inputs(source: str) -> list[str]:
+    """The folder a dataset is read from ([] for a bundled one): --overwrite never replaces a folder holding it."""
+    return [] if str(source) in BUNDLED else [str(source)]
+
+
+def split_path(ds: Dataset, split: str) -> str:
+    """Where a split of ``ds`` was read from: its file in a dataset folder, or 'BUNDLED:split'."""
+    folder = Path(ds.source)
+    if ds.source in BUNDLED or not folder.is_dir():
+        return f"{ds.source}:{split}"
+    return str(_split_file(folder, split))
+
+
 def _map_files(folder: Path) -> tuple[Path, Path] | None:
     """The first pair of id-map files present, or None; DataError if a pair is half present."""
     for entity_file, relation_file in MAP_FILES:

@@ -1,7 +1,8 @@
 """Turn a labelled triple file or a KGX graph into a dataset folder that load_dataset reads.
 
 The folder is built in a temporary sibling and renamed into place, so a crash never leaves
-a folder that looks complete. A non-empty output folder is refused unless ``overwrite``.
+a folder that looks complete. A non-empty output folder is refused unless ``overwrite``, and
+even then replaced only if kgtrace prepared it and it holds none of the inputs (kgtrace.owned).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from kgtrace.data.names import describe_predicate, read_names
 from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations, random_split
 from kgtrace.data.triples import encode_triples, read_labeled_triples
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_folder
+from kgtrace.owned import check_out_folder, write_mark
 
 SPLIT_METHODS = ("random", "predicate")
 
@@ -121,6 +123,7 @@ def prepare(
     ds = _dataset(out, train, valid, test, cut, names)
     with atomic_folder(out) as tmp:  # a temporary sibling, swapped into place whole
         save_dataset(ds, tmp)
+        write_mark(tmp, "dataset")
     return _report(out, "triples" if triples is not None else "kgx", cut, split, report, ds)
 
 
@@ -138,7 +141,7 @@ def _option_problems(
     problems += _split_problems(split, fractions, holdout)
     if not isinstance(seed, int) or isinstance(seed, bool):
         problems.append(f"seed: {seed!r} must be an integer")
-    problems += _out_problems(out, overwrite)
+    problems += _out_problems(out, overwrite, [triples, nodes, edges, names])
     return problems
 
 
@@ -165,11 +168,12 @@ def _split_problems(split: str, fractions: Sequence[float], holdout: str | None)
     return problems
 
 
-def _out_problems(out: Path, overwrite: bool) -> list[str]:
-    if out.exists() and not out.is_dir():
-        return [f"out: {str(out)!r} is a file; give a folder path"]
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        return [f"out: folder {str(out)!r} is not empty; choose a new folder or pass overwrite=True"]
+def _out_problems(out: Path, overwrite: bool, inputs: Sequence[str | None]) -> list[str]:
+    """Whether ``out`` may receive the dataset: new, empty, or a prepared dataset --overwrite may replace."""
+    try:
+        check_out_folder(out, kind="dataset", overwrite=overwrite, inputs=inputs)
+    except KgtraceError as e:
+        return [str(e)]
     return []
 
 

@@ -26,7 +26,7 @@ from kgtrace.data._io import (
     text_lines,
 )
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError
+from kgtrace.errors import DataError, UnknownLabel
 from kgtrace.io import atomic_path
 
 FIELDS = ("head", "relation", "tail")
@@ -124,7 +124,7 @@ def _raise_unknown(
     kind = "relation" if column == 1 else "entity"
     line = int(lines[row]) if lines is not None else _line_of_row(path, labeled, row)
     where = "" if line is not None else f"triple #{row + 1} "
-    raise DataError(
+    raise UnknownLabel(
         path,
         line,
         f"{where}{FIELDS[column]} {labeled[row, column]!r} is not in the {kind} id map "

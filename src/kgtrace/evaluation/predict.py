@@ -12,7 +12,6 @@ unknown labels are reported and skipped, the rest still scored. Both return tabl
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from kgtrace.errors import ConfigError, DataError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
 from kgtrace.io import atomic_write_text, check_json_out
+from kgtrace.owned import retire, write_index
 from kgtrace.run import Run
 
 __all__ = ["Predictions", "ScoredTriples", "predict", "score_triples", "write_table"]
@@ -113,12 +113,16 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
 
 
 def write_table(table: pl.DataFrame, path_json: str | Path, extra: dict) -> Path:
-    """Write ``{**extra, "rows": [...]}`` as JSON and the table as a TSV beside it (same stem); returns the TSV path."""
+    """Write ``{**extra, "rows": [...]}`` as JSON and the table as a TSV beside it (same stem); returns the TSV path.
+
+    The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+    """
     path_json = Path(path_json)
     check_json_out(path_json)
-    atomic_write_text(path_json, json.dumps({**extra, "rows": table.to_dicts()}, indent=2) + "\n")
+    retire(path_json)
     tsv = path_json.with_suffix(".tsv")
     atomic_write_text(tsv, table.write_csv(separator="\t", quote_style="never"))
+    write_index(path_json, {**extra, "rows": table.to_dicts()}, [tsv])
     return tsv
 
 

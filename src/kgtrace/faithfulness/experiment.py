@@ -28,7 +28,6 @@ fine-tuning is compared with retraining on the cells both have.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
 from kgtrace.faithfulness.retrain import MODES, Job, job_key, read_result, run_jobs, variant
 from kgtrace.io import atomic_write_text
+from kgtrace.owned import contents, file_digest, folder_lock
 from kgtrace.run import Run, load_run
 
 __all__ = ["FaithfulnessSettings", "check_faithfulness"]
@@ -121,6 +121,14 @@ def check_faithfulness(run_dir: str | Path, out: str | Path | None = None,
     epochs = run.checkpoints[-1].epoch if run.checkpoints else 0
     start = start_epoch(run, settings, epochs)
     claim_folder(out, run)
+    with folder_lock(out, "faithfulness folder"):
+        return check_in_folder(run, out, settings, start, epochs, triples, triples_source, progress, log)
+
+
+def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: int, epochs: int,
+                    triples: Tensor | None, triples_source: str | None, progress: bool,
+                    log: Callable[[str], None]) -> dict:
+    """The check's work in its claimed, locked folder ``out``."""
     known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
     predictions, how = choose_predictions(run, known, settings, triples, triples_source)
     here = variant(settings.mode, start)
@@ -169,18 +177,10 @@ def claim_folder(out: Path, run: Run) -> None:
             raise KgtraceError(f"{out}: holds the faithfulness check of {saved.get('run')} ({saved.get('checkpoint')}), "
                                "not of this run's current last checkpoint. Fix: choose another --out")
         return
-    if out.is_dir() and any(out.iterdir()):
+    if contents(out):
         raise KgtraceError(f"{out}: folder is not empty and is not a faithfulness folder (no run.json). "
                            "Fix: choose another --out")
     atomic_write_text(marker, json.dumps(identity, indent=2) + "\n")
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def choose_predictions(run: Run, known: AnswerIndex, settings: FaithfulnessSettings, triples: Tensor | None,

@@ -37,9 +37,9 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import EXPORT_FORMAT as FORMAT
-from kgtrace.interop.staging import check_out
 from kgtrace.io import atomic_folder, atomic_open, atomic_write_text
 from kgtrace.models import MODELS
+from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.run import Run, load_run, model_from_checkpoint
 from kgtrace.training.checkpoint import load_checkpoint
 
@@ -66,7 +66,7 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
     """Write the run in ``run_dir`` (model of ``checkpoint``: best, last or a file) as PyKEEN files in ``out``."""
     pykeen = require_pykeen()
     out = Path(out)
-    check_out(out, overwrite, lambda p: is_export(p), "an earlier export-pykeen folder")
+    check_out_folder(out, kind="pykeen-export", overwrite=overwrite, inputs=[run_dir])
     run = load_run(run_dir, checkpoint)
     name, args = run.config.model, full_args(run.config.model, run.config.model_args)
     factories = triples_factories(pykeen, run.dataset, inverse=name == "conve")
@@ -82,6 +82,7 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
                            f"{difference:.2e}; this is a bug in kgtrace, please report it")
     with atomic_folder(out) as tmp:
         write_export(tmp, run, factories, state, theirs.state_dict(), kwargs)
+        write_mark(tmp, "pykeen-export")
     return ExportReport(out, layout.PYKEEN_NAMES[name], kwargs, [c.epoch for c in run.checkpoints], difference)
 
 
@@ -95,13 +96,6 @@ def require_pykeen():
     import pykeen
 
     return pykeen
-
-
-def is_export(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def full_args(name: str, model_args: dict[str, Any]) -> dict[str, Any]:

@@ -38,9 +38,9 @@ from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
                                            pykeen_vocabs, read_source, split_triples)
-from kgtrace.interop.staging import check_out
 from kgtrace.io import atomic_folder, atomic_write_text
 from kgtrace.models import build_model
+from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.training.checkpoint import epoch_path, save_checkpoint
 
 PROVENANCE = "pykeen_import.json"
@@ -87,12 +87,13 @@ def import_pykeen(sources: list[str | Path], out: str | Path, *, dataset: str | 
                   overwrite: bool = False) -> ImportReport:
     """Write the PyKEEN model in ``sources`` as a kgtrace run in ``out``; see the module docstring."""
     out = Path(out)
-    check_out(out, overwrite, lambda p: (p / "config.yaml").is_file(), "a kgtrace run folder")
+    check_out_folder(out, kind="run", overwrite=overwrite, inputs=[*sources, dataset if dataset not in BUNDLED else None])
     if lr is not None and not lr > 0:
         raise ConfigError([f"lr={lr}: must be positive, e.g. 0.001"])
     plan = make_plan(read_source(sources), out, dataset, model, dict(model_args or {}), lr, trust_pickle)
     with atomic_folder(out) as tmp:
         write_run(plan, tmp, sources)
+        write_mark(tmp, "run")
     return ImportReport(out, plan.name, plan.args, [(s.epoch, s.lr) for s in plan.series], plan.dataset, plan.notes)
 
 

@@ -32,12 +32,13 @@ from tqdm import tqdm
 from kgtrace.compile import logged_compilation
 from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.data.dataset import Dataset, load_dataset
-from kgtrace.data.vocab import read_vocab
+from kgtrace.data.dataset import Dataset
+from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
 from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer
+from kgtrace.owned import folder_lock
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
 from kgtrace.prover.env import Trajectory, rollout
 from kgtrace.prover.link import LinkHead, link_loss, warm_up
@@ -78,13 +79,14 @@ def train_policy(config: ProverConfig, dataset: Dataset, rules: RuleSet, out: st
     """Write a policy prover run into ``out`` and train it (see the module docstring)."""
     config = replace(config, method="policy").validate()
     out = write_prover_run(out, config, dataset, rules, notes=notes, overwrite=overwrite)
-    (out / "checkpoints").mkdir(exist_ok=True)
-    rules = read_rules(out / RULES_FILE, dataset.relations)  # as written (confidences to 6 digits), as a resume reads them
-    engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
-    state = new_state(config, dataset, engine)
-    start(state, config, dataset, log)
-    with logged_compilation(out / "compile_stats.json", config.compile, log):
-        return fit(state, config, dataset, engine, out, progress, log)
+    with folder_lock(out, "prover run folder"):
+        (out / "checkpoints").mkdir(exist_ok=True)
+        rules = read_rules(out / RULES_FILE, dataset.relations)  # as written (confidences to 6 digits), as resumes read them
+        engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
+        state = new_state(config, dataset, engine)
+        start(state, config, dataset, log)
+        with logged_compilation(out / "compile_stats.json", config.compile, log):
+            return fit(state, config, dataset, engine, out, progress, log)
 
 
 def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool = True, log=print) -> PolicyResult:
@@ -94,7 +96,12 @@ def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool 
     if config.method != "policy":
         raise KgtraceError(f"{out}: a {config.method} run has nothing to train. Fix: pass a kgtrace prove train run")
     config = replace(config, epochs=epochs or config.epochs).validate()
-    dataset = load_dataset(config.dataset, entities=read_vocab(out / "node_dict"), relations=read_vocab(out / "rel_dict"))
+    with folder_lock(out, "prover run folder"):
+        return resume_locked(out, config, progress, log)
+
+
+def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> PolicyResult:
+    dataset = load_pinned_dataset(out, config.dataset)
     rules = read_rules(out / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
     state = new_state(config, dataset, engine)

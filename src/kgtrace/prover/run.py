@@ -5,6 +5,7 @@ Layout::
     prover.yaml          the resolved ProverConfig (method bfs or policy, depth, shapes, hybrid, ...)
     rules.txt            the rules the run proves with (copied from --rules, or mined)
     node_dict, rel_dict  the id maps of the dataset
+    data.json            the digest of each split (kgtrace.data.pinned)
     checkpoints/         (policy) epoch-NNNN.pt and best.pt, as for embedding runs
     metrics.jsonl        (policy) one record per epoch
 
@@ -15,7 +16,6 @@ protocol, so the evaluation ranks it as it ranks an embedding run's model.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +23,11 @@ import torch
 from torch import nn
 
 from kgtrace.config import read_yaml, write_yaml
-from kgtrace.data.dataset import Dataset, load_dataset
-from kgtrace.data.vocab import read_vocab, write_vocab
+from kgtrace.data.dataset import Dataset, dataset_inputs
+from kgtrace.data.pinned import load_pinned_dataset, pin_splits
+from kgtrace.data.vocab import write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.rules import RuleSet, read_rules, write_rules
@@ -58,23 +60,23 @@ def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, ru
     """
     out = Path(out)
     config.validate()
-    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if existing and not overwrite:
-        raise KgtraceError(f"{out}: folder is not empty ({', '.join(existing[:5])}). "
-                           "Fix: pass --overwrite to replace it, or choose another --out")
-    if existing:
-        if not is_prover_run(out):
-            raise KgtraceError(f"{out}: --overwrite only replaces a prover run folder, and this one has no "
-                               f"{CONFIG_FILE}. Fix: choose another --out")
-        shutil.rmtree(out)
+    inputs = [config.rules, config.embedding_run, config.init_from, *dataset_inputs(config.dataset)]
+    check_out_folder(out, kind="prover-run", overwrite=overwrite, inputs=[p for p in inputs if p and p != "mined"])
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "prover run folder"):
+        claim_out_folder(out, kind="prover-run", overwrite=overwrite, inputs=[p for p in inputs if p and p != "mined"])
+        write_run_files(out, config, dataset, rules, notes)
+    return out
+
+
+def write_run_files(out: Path, config: ProverConfig, dataset: Dataset, rules: RuleSet, notes: list[str] | None) -> None:
     write_vocab(dataset.entities, out / "node_dict")
     write_vocab(dataset.relations, out / "rel_dict")
+    pin_splits(out, dataset)
     write_rules(out / RULES_FILE, rules.rules, dataset.relations.labels,
                 notes if notes is not None else [rule.source for rule in rules.rules],
                 header=[f"rules of the prover run {out.name} ({config.rules or 'given in code'})"])
     write_yaml(config.to_dict(), out / CONFIG_FILE)
-    return out
 
 
 def read_config(run_dir: Path) -> ProverConfig:
@@ -99,8 +101,7 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
     if not is_prover_run(run_dir):
         raise KgtraceError(f"{run_dir}: not a prover run (no {CONFIG_FILE}). Fix: pass the --out folder of kgtrace prove")
     config = read_config(run_dir)
-    dataset = load_dataset(config.dataset, entities=read_vocab(run_dir / "node_dict"),
-                           relations=read_vocab(run_dir / "rel_dict"))
+    dataset = load_pinned_dataset(run_dir, config.dataset)
     rules = read_rules(run_dir / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
     if compile is not None:  # the returned run's config says what it runs with

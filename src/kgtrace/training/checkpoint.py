@@ -60,9 +60,10 @@ def check_digests(state: dict[str, Any], entity_digest: str, relation_digest: st
              if state[f"{name}_digest"] != have]
     if wrong:
         raise KgtraceError(
-            f"{path}: the checkpoint's {' and '.join(wrong)} id map differs from the dataset's, so ids would "
-            "point at the wrong labels. Fix: load the dataset with the run's own id maps (kgtrace.load_run), "
-            "or retrain on this data"
+            f"{path}: the checkpoint's {' and '.join(wrong)} id map differs from this run's, so its ids would "
+            "point at the wrong labels (a checkpoint of another run, or one trained on other data). Fix: pass one of "
+            "this run's own checkpoints (best, last, or a file in RUN_DIR/checkpoints), or use the checkpoint with "
+            "the run folder that wrote it"
         )
 
 

@@ -12,10 +12,9 @@ checkpoint, so a resumed run ends with the same weights as an uninterrupted one.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,10 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from kgtrace.compile import logged_compilation
-from kgtrace.config import TrainConfig, parse_size, read_yaml, write_yaml
+from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
 from kgtrace.data.answers import AnswerIndex, reciprocal_queries
-from kgtrace.data.dataset import Dataset, load_dataset
+from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, split_path
+from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, KgtraceError
@@ -35,6 +35,7 @@ from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.io import atomic_open
 from kgtrace.models import build_model
+from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
 from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
@@ -220,45 +221,56 @@ def restore_state(state: TrainState, saved: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- run folder
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber: a non-empty folder needs --resume (a run) or --overwrite (a run, replaced)."""
-    if resume and overwrite:
-        raise ConfigError(["resume and overwrite: choose one; --resume continues the run, --overwrite replaces it"])
-    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if resume:
-        if not (out / "config.yaml").is_file():
-            raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop --resume to start a new run")
-        return
-    if not existing:
-        out.mkdir(parents=True, exist_ok=True)
-        return
-    if not overwrite:
-        raise KgtraceError(f"{out}: folder is not empty ({', '.join(existing[:5])}). "
-                           "Fix: pass --resume to continue that run, --overwrite to replace it, or choose another --out")
+RESUME_HINT = ("pass --resume to continue that run",)
+
+
+def check_resumable(out: Path) -> None:
+    """Refuse to resume a folder that holds no run (before anything is written into it)."""
     if not (out / "config.yaml").is_file():
-        raise KgtraceError(f"{out}: --overwrite only replaces a kgtrace run folder, and this one has no "
-                           "config.yaml. Fix: choose another --out")
-    shutil.rmtree(out)
-    out.mkdir(parents=True)
+        raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop --resume to start a new run")
 
 
 RESUMABLE = ("epochs", "patience", "device", "threads", "compile")
 
 
 def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
-    """The run's own config, with only the settings in RESUMABLE changed."""
-    refused = sorted(k for k, v in overrides.items() if v is not None and k not in RESUMABLE)
-    if refused:
-        raise ConfigError([f"{k}: a resumed run keeps its settings; only {', '.join(RESUMABLE)} may change"
-                           for k in refused])
+    """The run's own config, with only the settings in RESUMABLE changed.
+
+    Any other setting may be given again with the run's own value (the training command
+    repeated with --resume); a different value is refused.
+    """
     saved = read_yaml(out / "config.yaml")
-    return TrainConfig(**{**saved, **{k: v for k, v in overrides.items() if v is not None}}).validate()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "dataset" in given:
+        given["dataset"] = dataset_source(given["dataset"])  # as training recorded it
+    problems = unknown_keys(TrainConfig, given) + unknown_keys(TrainConfig, saved, f"{out / 'config.yaml'}: ")
+    refused = sorted(k for k, v in given.items() if k in saved and k not in RESUMABLE and saved[k] != v)
+    problems += [f"{k}={given[k]!r}: the run was trained with {saved[k]!r}; a resumed run keeps its settings (only "
+                 f"{', '.join(RESUMABLE)} may change). Fix: drop --{k.replace('_', '-')}, or train a new run into "
+                 "another --out" for k in refused]
+    if problems:
+        raise ConfigError(problems)
+    return TrainConfig(**{**saved, **given}).validate()
 
 
 def dataset_source(name: str) -> str:
-    """Bundled names stay as they are; folders are recorded as absolute paths."""
+    """Bundled names stay as they are (they win over a folder of the same name); folders are recorded
+    as absolute paths."""
     path = Path(name)
-    return str(path.resolve()) if path.exists() else name
+    return str(path.resolve()) if name not in BUNDLED and path.exists() else name
+
+
+def check_splits(dataset: Dataset, config: TrainConfig) -> None:
+    """Refuse, before the first epoch, a split a run would need but that holds no triple."""
+    needed = {"train": "training has nothing to learn from",
+              "test": "kgtrace train and kgtrace run rank the test split after training"}
+    if config.eval_every:
+        needed["valid"] = "validation every eval_every epochs ranks it (--eval-every 0 turns validation off)"
+    empty = [f"{split_path(dataset, split)}: no triples (empty, or a header line only); {why}"
+             for split, why in needed.items() if not len(getattr(dataset, split))]
+    if empty:
+        raise ConfigError([f"{line}. Fix: add triples (head<TAB>relation<TAB>tail per line), or split a triple file "
+                           "with kgtrace prepare --triples FILE --out FOLDER" for line in empty])
 
 
 def append_metrics(out: Path, record: dict[str, Any]) -> None:
@@ -280,38 +292,47 @@ def truncate_metrics(out: Path, epoch: int) -> None:
 
 
 def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, progress: bool = True,
-          log=print, world: World = ONE) -> TrainResult:
+          log=print, world: World = ONE, inputs: tuple[str | Path, ...] = ()) -> TrainResult:
     """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
 
+    overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.owned); never a folder
+    holding the dataset or one of ``inputs`` (other files the run is made from, e.g. its config file).
     world: the processes of a distributed job (every one calls train alike; see training.sharded);
-    only rank 0 writes into ``out`` and logs.
+    only rank 0 writes into ``out``, holding its lock, and logs.
     """
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
+    inputs = (*dataset_inputs(config.dataset), *inputs)
+    world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=RESUME_HINT))
     device = setup_device(config)
     dataset = load_dataset(config.dataset)
+    check_splits(dataset, config)
+    with ExitStack() as held:
+        def make_run_dir() -> None:
+            out.mkdir(parents=True, exist_ok=True)
+            held.enter_context(folder_lock(out, "run folder"))
+            claim_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs)
+            write_run_files(out, config, dataset)
 
-    def make_run_dir() -> None:
-        prepare_run_dir(out, resume=False, overwrite=overwrite)
-        write_run_files(out, config, dataset)
-
-    world.on_main(make_run_dir)
-    state = new_state(config, dataset, device)
-    with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
-        return fit(state, config, dataset, out, device, progress, log, world)
+        world.on_main(make_run_dir)
+        state = new_state(config, dataset, device)
+        with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+            return fit(state, config, dataset, out, device, progress, log, world)
 
 
 def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, **overrides: Any) -> TrainResult:
-    """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE)."""
+    """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock."""
     out = Path(out)
-    prepare_run_dir(out, resume=True, overwrite=False)
-    config = resume_config(out, overrides)
-    device = setup_device(config)
-    dataset = load_run_dataset(out, config)
-    state = new_state(config, dataset, device)
-    resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
-    with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
-        return fit(state, config, dataset, out, device, progress, log, world)
+    check_resumable(out)
+    with ExitStack() as held:
+        world.on_main(lambda: held.enter_context(folder_lock(out, "run folder")))
+        config = resume_config(out, overrides)
+        device = setup_device(config)
+        dataset = load_run_dataset(out, config)
+        state = new_state(config, dataset, device)
+        resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
+        with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+            return fit(state, config, dataset, out, device, progress, log, world)
 
 
 def _quiet(*_: Any) -> None:
@@ -330,14 +351,14 @@ def setup_device(config: TrainConfig) -> torch.device:
 
 
 def load_run_dataset(out: Path, config: TrainConfig) -> Dataset:
-    from kgtrace.data.vocab import read_vocab
-
-    return load_dataset(config.dataset, entities=read_vocab(out / "node_dict"), relations=read_vocab(out / "rel_dict"))
+    """The run's dataset through the run's own id maps, refused if it changed since the run was trained."""
+    return load_pinned_dataset(out, config.dataset)
 
 
 def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
     write_vocab(dataset.entities, out / "node_dict")
     write_vocab(dataset.relations, out / "rel_dict")
+    pin_splits(out, dataset)
     write_yaml(config.to_dict(), out / "config.yaml")
     (out / "checkpoints").mkdir(exist_ok=True)
 

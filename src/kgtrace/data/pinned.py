@@ -1,0 +1,79 @@
+"""A run's data, pinned: the content hash of each split it was trained with.
+
+A run records, in ``data.json``, the sha256 of each split's id triples in the run's order
+(ids from the run's own id maps, so the hash is of the data, not of how the file is
+formatted). Reloading the run for evaluation, explanation, the faithfulness check or a
+resumed training compares them: a split edited since would silently change filtered
+metrics and which rows TracIn ranks, so it is refused, naming the split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from torch import Tensor
+
+from kgtrace.data.dataset import SPLITS, Dataset, load_dataset
+from kgtrace.data.vocab import read_vocab
+from kgtrace.errors import KgtraceError, UnknownLabel
+from kgtrace.io import atomic_write_text
+
+PIN_FILE = "data.json"
+
+
+def split_digest(triples: Tensor) -> str:
+    """sha256 of id triples [n, 3] as little-endian int64, row by row."""
+    return hashlib.sha256(np.ascontiguousarray(triples.cpu().numpy(), dtype="<i8").tobytes()).hexdigest()
+
+
+def pin_splits(folder: str | os.PathLike, dataset: Dataset) -> None:
+    """Write ``folder/data.json``: the dataset's source and each split's triple count and digest."""
+    splits = {s: {"triples": len(getattr(dataset, s)), "sha256": split_digest(getattr(dataset, s))} for s in SPLITS}
+    maps = {"entities": dataset.entities.digest(), "relations": dataset.relations.digest()}
+    atomic_write_text(Path(folder) / PIN_FILE,
+                      json.dumps({"dataset": dataset.source, "id_maps": maps, "splits": splits}, indent=2) + "\n")
+
+
+def check_pinned(folder: str | os.PathLike, dataset: Dataset) -> None:
+    """Refuse ``dataset`` if a split differs from the one pinned in ``folder`` (runs without data.json pass)."""
+    path = Path(folder) / PIN_FILE
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    maps = [name for name, vocab, file in (("entities", dataset.entities, "node_dict"),
+                                           ("relations", dataset.relations, "rel_dict"))
+            if data["id_maps"][name] != vocab.digest()]
+    if maps:  # the ids moved, not (necessarily) the data: say so rather than call every split changed
+        raise KgtraceError(f"{folder}: the run's {' and '.join(maps)} id map differs from the one it was trained "
+                           "with, so its ids would point at the wrong labels. Fix: restore the run's node_dict and "
+                           "rel_dict, or train a new run (kgtrace train --out NEW_RUN)")
+    pinned = data["splits"]
+    changed = [f"{s} ({pinned[s]['triples']} triples then, {len(getattr(dataset, s))} now)" for s in SPLITS
+               if pinned[s]["sha256"] != split_digest(getattr(dataset, s))]
+    if changed:
+        raise KgtraceError(
+            f"{folder}: the dataset {dataset.source} changed since this run was trained: its {', '.join(changed)} "
+            f"split{'s differ' if len(changed) > 1 else ' differs'} from the one pinned in {path.name}. Filtered "
+            "metrics and TracIn's training rows would describe other data. Fix: restore the dataset's files as they "
+            f"were, or train a new run on the changed data (kgtrace train --dataset {dataset.source} --out NEW_RUN)")
+
+
+def load_pinned_dataset(folder: str | os.PathLike, source: str) -> Dataset:
+    """The dataset ``source`` through the id maps of the run in ``folder`` (node_dict, rel_dict),
+    refused when it no longer is the data the run was trained with."""
+    folder = Path(folder)
+    try:
+        dataset = load_dataset(source, entities=read_vocab(folder / "node_dict"),
+                               relations=read_vocab(folder / "rel_dict"))
+    except UnknownLabel as e:  # a label the run never saw: its model has no embedding for it
+        where = e.path if e.line is None else f"{e.path}:{e.line}"
+        raise KgtraceError(
+            f"{folder}: the dataset {source} changed since this run was trained: {where}: {e.problem}. Fix: restore "
+            f"the dataset's files as they were, or train a new run on the changed data (kgtrace train --dataset "
+            f"{source} --out NEW_RUN)") from None
+    check_pinned(folder, dataset)
+    return dataset
