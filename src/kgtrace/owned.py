@@ -74,8 +74,8 @@ def write_mark(folder: str | os.PathLike, kind: str) -> None:
 
 
 def contents(folder: Path) -> list[str]:
-    """The names in ``folder`` other than kgtrace's lock file, sorted ([] for a missing folder)."""
-    return sorted(p.name for p in folder.iterdir() if p.name != LOCK) if folder.is_dir() else []
+    """The names in ``folder`` other than kgtrace's marker and lock, sorted ([] for a missing folder)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in (LOCK, MARKER)) if folder.is_dir() else []
 
 
 def replace_problem(out: Path, kind: str, inputs: Iterable[str | os.PathLike | None] = ()) -> str | None:
