@@ -19,6 +19,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from kgtrace.data._io import decode_line, open_binary, strings_to_object_array
+from kgtrace.data._io import decode_line, raw_lines, strings_to_object_array
 from kgtrace.errors import ConfigError, DataError
 
 NODE_REQUIRED = ("id", "category")
@@ -222,12 +223,12 @@ def _format(path: str | os.PathLike) -> str:
 
 
 def _tsv_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with open_binary(path) as f:
-        header = [h.strip() for h in decode_line(path, 1, f.readline()).split("\t")]
+    with closing(raw_lines(path)) as lines:
+        header = [h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")]
         _check_header(path, header, required)
         columns = [i for i, name in enumerate(header) if name in required or wanted(name)]
         next_line = 2
-        while chunk := list(islice(f, BATCH_ROWS)):
+        while chunk := list(islice(lines, BATCH_ROWS)):
             frame = _parse_tsv_fast(chunk, header, columns, required)
             yield frame if frame is not None else _parse_tsv_slow(path, next_line, chunk, header, columns, required)
             next_line += len(chunk)
@@ -284,9 +285,9 @@ def _parse_tsv_slow(
 
 
 def _jsonl_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with open_binary(path) as f:
+    with closing(raw_lines(path)) as lines:
         next_line = 1
-        while chunk := list(islice(f, BATCH_ROWS)):
+        while chunk := list(islice(lines, BATCH_ROWS)):
             if next_line == 1:
                 chunk[0] = chunk[0].removeprefix(b"\xef\xbb\xbf")
             frame = _parse_jsonl_fast(chunk, required, wanted)

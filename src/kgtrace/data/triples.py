@@ -19,9 +19,12 @@ import polars as pl
 import torch
 
 from kgtrace.data._io import (
+    BOM,
+    check_compression,
     check_file,
     check_tsv_values,
     object_column,
+    raw_lines,
     strings_to_object_array,
     text_lines,
 )
@@ -171,7 +174,7 @@ def _check_rereadable(path: str | os.PathLike, frame: pl.DataFrame) -> None:
 
 
 def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    check_file(path)
+    check_compression(check_file(path))
     fast = _read_fast(path, want_lines=want_lines)
     if fast is not None:
         return fast
@@ -187,8 +190,8 @@ def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray
             path, separator="\t", has_header=False, quote_char=None, comment_prefix="#",
             infer_schema=False, skip_lines=skip,
         )
-    except pl.exceptions.PolarsError:
-        return None  # e.g. ragged lines, invalid UTF-8, nothing but comments
+    except (pl.exceptions.PolarsError, OSError):
+        return None  # e.g. ragged lines, invalid UTF-8, nothing but comments, a damaged .gz
     if frame.width != 3:
         return None
     frame.columns = list(FIELDS)
@@ -221,6 +224,9 @@ def _leading_skippable_lines(path: str | os.PathLike) -> int:
 
 def _uncommented_line_numbers(path: str | os.PathLike) -> np.ndarray:
     """1-based numbers of the lines not starting with '#' (blank lines included), int64."""
+    if Path(path).suffix == ".gz":  # the scan below reads raw bytes, which would be the compressed ones
+        return np.asarray([n for n, raw in enumerate(raw_lines(path), 1)
+                           if not (raw.removeprefix(BOM.encode()) if n == 1 else raw).startswith(b"#")], dtype=np.int64)
     size = os.path.getsize(path)
     if size == 0:
         return np.empty(0, dtype=np.int64)
