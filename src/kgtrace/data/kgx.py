@@ -82,6 +82,8 @@ def read_kgx(
     if problems:
         raise ConfigError(problems)
     nodes, nodes_read = _read_nodes(nodes_path)
+    if nodes_read == 0:
+        raise DataError(nodes_path, None, "the nodes file holds no nodes", _empty_fix(nodes_path, NODE_REQUIRED))
     bits = {c: 1 << i for i, c in enumerate(sorted({c for pair in category_pairs for c in pair}))}
     rules = _Rules(tuple(drop_predicates), tuple((bits[a], bits[b]) for a, b in category_pairs), fold_qualifiers)
     table = _node_masks(nodes, bits)
@@ -89,7 +91,17 @@ def read_kgx(
     edge_map: dict[str, str] = {}
     wanted = is_qualifier if fold_qualifiers else _nothing
     kept = [_cut_batch(batch, table, rules, edge_map, counts) for batch in _batches(edges_path, EDGE_REQUIRED, wanted)]
+    if counts["edges_read"] == 0:
+        raise DataError(edges_path, None, "the edges file holds no edges", _empty_fix(edges_path, EDGE_REQUIRED))
     return _finish(kept, nodes, edge_map, counts)
+
+
+def _empty_fix(path: str | os.PathLike, required: tuple[str, ...]) -> str:
+    """How a KGX file of this format lists its rows."""
+    fields = ", ".join(required)
+    if _format(path) == "tsv":
+        return f"check the path; a KGX .tsv file has a header line naming {fields}, then one row per line"
+    return f"check the path; a KGX .jsonl file has one JSON object per line, with {fields}"
 
 
 def check_category_pairs(category_pairs: Sequence[tuple[str, str]]) -> list[str]:
