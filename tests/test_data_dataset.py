@@ -39,7 +39,7 @@ def test_unknown_name_lists_bundled(tmp_path):
 
 def make_folder(tmp_path, suffix=".txt"):
     folder = tmp_path / "ds"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / f"train{suffix}").write_text("a\tr\tb\nb\tr\tc\nc\ts\ta\n")
     (folder / f"valid{suffix}").write_text("a\ts\tb\n")
     (folder / f"test{suffix}").write_text("head\trelation\ttail\nb\tr\ta\n")
@@ -117,3 +117,24 @@ def test_save_roundtrip_keeps_ids_and_extras(tmp_path):
     with pytest.raises(DataError, match="already exists"):
         save_dataset(ds, out)
     save_dataset(ds, out, overwrite=True)
+
+
+@pytest.mark.parametrize("suffix", [".txt.gz", ".tsv.gz"])
+def test_gzipped_splits_read_like_plain_ones(tmp_path, suffix):
+    plain = load_dataset(make_folder(tmp_path / "plain"))
+    folder = make_folder(tmp_path / "packed")
+    for split in ("train", "valid", "test"):
+        path = folder / f"{split}.txt"
+        (folder / f"{split}{suffix}").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    packed = load_dataset(folder)
+    assert packed.entities == plain.entities and packed.relations == plain.relations
+    for split in ("train", "valid", "test"):
+        assert torch.equal(getattr(packed, split), getattr(plain, split))
+
+
+def test_plain_and_gzipped_split_both_present(tmp_path):
+    folder = make_folder(tmp_path)
+    (folder / "train.txt.gz").write_bytes(gzip.compress((folder / "train.txt").read_bytes()))
+    with pytest.raises(DataError, match="both train.txt and train.txt.gz exist"):
+        load_dataset(folder)

@@ -1,6 +1,6 @@
 """Datasets: three splits of id triples, the id maps, and optional names and categories.
 
-A dataset folder holds ``train.txt``, ``valid.txt`` and ``test.txt`` (or ``.tsv``) with
+A dataset folder holds ``train.txt``, ``valid.txt`` and ``test.txt`` (or ``.tsv``, either gzipped) with
 labelled triples, and optionally:
 
 * id maps, first pair found wins: ``node_dict`` + ``rel_dict`` (kgtrace/ROBOKOP),
@@ -42,7 +42,7 @@ from kgtrace.errors import DataError, KgtraceError
 
 BUNDLED = ("umls", "kinships", "nations")
 SPLITS = ("train", "valid", "test")
-SPLIT_SUFFIXES = (".txt", ".tsv")
+SPLIT_SUFFIXES = (".txt", ".tsv", ".txt.gz", ".tsv.gz")
 MAP_FILES = (
     ("node_dict", "rel_dict"),
     ("entity_to_id.tsv.gz", "relation_to_id.tsv.gz"),
@@ -187,10 +187,12 @@ def _split_file(folder: Path, split: str) -> Path:
     found = [folder / f"{split}{suffix}" for suffix in SPLIT_SUFFIXES if (folder / f"{split}{suffix}").is_file()]
     if not found:
         raise DataError(folder / f"{split}.txt", None, f"the dataset folder has no {split} split",
-                        "a dataset folder needs train.txt, valid.txt and test.txt (or .tsv)")
+                        "a dataset folder needs train.txt, valid.txt and test.txt (or .tsv, .txt.gz, .tsv.gz); "
+                        "`kgtrace prepare --triples FILE --out FOLDER` makes one from a single triples file")
     if len(found) > 1:
-        raise DataError(found[1], None, f"both {found[0].name} and {found[1].name} exist",
-                        f"keep only one {split} file")
+        names = [f.name for f in found]
+        both = f"both {names[0]} and {names[1]} exist" if len(found) == 2 else f"{', '.join(names)} all exist"
+        raise DataError(found[1], None, both, f"keep only one {split} file")
     return found[0]
 
 
