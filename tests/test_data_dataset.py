@@ -138,3 +138,20 @@ def test_plain_and_gzipped_split_both_present(tmp_path):
     (folder / "train.txt.gz").write_bytes(gzip.compress((folder / "train.txt").read_bytes()))
     with pytest.raises(DataError, match="both train.txt and train.txt.gz exist"):
         load_dataset(folder)
+
+
+def test_label_missing_from_map_names_the_map_in_use(tmp_path):
+    folder = make_folder(tmp_path)
+    (folder / "entity_to_id.tsv").write_text("id\tlabel\n0\ta\n1\tb\n")  # no c
+    (folder / "relation_to_id.tsv").write_text("id\tlabel\n0\tr\n1\ts\n")
+    with pytest.raises(DataError) as e:
+        load_dataset(folder)
+    assert e.value.path.endswith("train.txt") and e.value.line == 2
+    assert "entity_to_id.tsv" in e.value.problem and "add the entity to entity_to_id.tsv" in e.value.fix
+    assert "node_dict" not in str(e.value)
+
+
+def test_label_missing_from_a_runs_map_says_the_map_is_fixed(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_dataset(make_folder(tmp_path), entities=Vocab(("a", "b")), relations=Vocab(("r", "s")))
+    assert "node_dict" in e.value.problem and "train a new run" in e.value.fix and "add the" not in e.value.fix

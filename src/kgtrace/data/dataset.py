@@ -159,11 +159,16 @@ def _load(
     entities: Vocab | None, relations: Vocab | None,
 ) -> Dataset:
     labeled = {split: read_labeled_triples_with_lines(path) for split, path in splits.items()}
+    from_run = entities is not None or relations is not None
+    map_files = _map_files(folder) if folder is not None else None
     if entities is None or relations is None:
-        default_entities, default_relations = _vocabs(folder, np.concatenate([labeled[s][0] for s in SPLITS]))
+        default_entities, default_relations = _vocabs(map_files, np.concatenate([labeled[s][0] for s in SPLITS]))
         entities = default_entities if entities is None else entities
         relations = default_relations if relations is None else relations
-    ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1]) for s in SPLITS}
+    # Messages about a label missing from an id map name the map actually in use.
+    id_maps = ("node_dict", "rel_dict") if from_run or not map_files else (map_files[0].name, map_files[1].name)
+    ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1],
+                             id_maps=id_maps, from_run=from_run) for s in SPLITS}
     edge_map = _optional(folder, EDGE_MAP_FILE, read_edge_map_json)
     return Dataset(
         name=name, source=source, entities=entities, relations=relations,
@@ -175,9 +180,8 @@ def _load(
     )
 
 
-def _vocabs(folder: Path | None, triples: np.ndarray) -> tuple[Vocab, Vocab]:
+def _vocabs(map_files: tuple[Path, Path] | None, triples: np.ndarray) -> tuple[Vocab, Vocab]:
     """Entity and relation vocabularies from the folder's id maps, else built from ``triples``."""
-    map_files = _map_files(folder) if folder is not None else None
     if map_files:
         return read_vocab(map_files[0]), read_vocab(map_files[1])
     return Vocab.build(np.concatenate([triples[:, 0], triples[:, 2]])), Vocab.build(triples[:, 1])
