@@ -12,6 +12,9 @@ import argparse
 import json
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +23,7 @@ import yaml
 
 from kgtrace.config import TrainConfig, parse_size
 from kgtrace.distributed import ONE, StoppedByPeer, World, session
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             args.world = world
             if not world.is_main and hasattr(args, "progress"):
                 args.progress = False
-            return args.command(args) or 0
+            with data_warnings_as_lines(f"kgtrace {args.subcommand}{where}", show=world.is_main):
+                return args.command(args) or 0
     except StoppedByPeer as e:  # another process failed and reports why
         print(f"kgtrace {args.subcommand}{where}: {e}", file=sys.stderr)
         return 2
@@ -82,6 +86,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kgtrace {args.subcommand}{where}: internal error: {type(e).__name__}: {e} "
               f"(set KGTRACE_DEBUG=1 to see the traceback, and please report it).{hint}", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def data_warnings_as_lines(prefix: str, *, show: bool = True) -> Iterator[None]:
+    """Print each DataWarning once, as one line like an error (not Python's file:line warning format).
+
+    Once: a command may load the same dataset twice (train, then the test evaluation of the
+    best checkpoint). ``show`` False (ranks other than 0) drops them: rank 0 reads the same data.
+    """
+    with warnings.catch_warnings():
+        python_show = warnings.showwarning
+        shown: set[str] = set()
+
+        def show_warning(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, DataWarning):
+                python_show(message, category, filename, lineno, file, line)
+            elif show and str(message) not in shown:
+                shown.add(str(message))
+                print(f"{prefix}: warning: {message}", file=sys.stderr)
+
+        warnings.showwarning = show_warning
+        yield
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

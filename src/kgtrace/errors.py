@@ -29,6 +29,12 @@ class DataError(KgtraceError):
         super().__init__(f"{where}: {problem}. Fix: {fix}")
 
 
+class DataWarning(UserWarning):
+    """Input that was read after leaving something out (e.g. test triples whose entity never occurs
+    in train); the message names the file, what was left out and how to keep it. The CLI prints
+    it as one line."""
+
+
 class ConfigError(KgtraceError):
     """One or more invalid settings, all reported at once.
 
