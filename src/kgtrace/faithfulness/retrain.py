@@ -108,11 +108,11 @@ def run_job(job: Job) -> str:
         save_dataset(reduced_dataset(run.dataset, job.removed), data)
         trained = folder / "run"
         with warnings.catch_warnings():
-            # Removing training triples may leave a test entity with none; the reduced data's test
-            # split is never used (no validation, predictions measured below), so nothing to act on.
+            # Removing training triples may leave a valid/test entity with none; the reduced data's
+            # valid and test splits are never used (no validation, predictions measured below).
             warnings.simplefilter("ignore", DataWarning)
             TRAINERS[job.mode](run, data, trained, job)
-        model = load_run(trained, "last", device=job.device).model
+            model = load_run(trained, "last", device=job.device).model
         known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
         measures = measure(model, torch.tensor(job.predictions, dtype=torch.long).reshape(-1, 3), known)
     record = {"mode": job.mode, "start_epoch": job.start_epoch, "epochs": job.epochs, "removed": list(job.removed),
