@@ -453,7 +453,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
-    p.add_argument("--relation", required=True, metavar="REL", help="the query's relation (label or id)")
+    p.add_argument("--relation", required=True, metavar="REL", help="the query's relation: label or id; for KGX data also the predicate (biolink:treats) or "
+                        "its description with qualifiers, when that names one relation")
     anchor = p.add_mutually_exclusive_group(required=True)
     anchor.add_argument("--head", metavar="HEAD", help="rank tails of (HEAD, REL, ?) (label or id)")
     anchor.add_argument("--tail", metavar="TAIL", help="rank heads of (?, REL, TAIL) (label or id)")
@@ -719,10 +720,9 @@ def explain_targets(args: argparse.Namespace, run) -> Tensor:
         if args.test < 1 or not len(run.dataset.test):
             raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])
         return run.dataset.test[: args.test]
-    from kgtrace.data.triples import encode_triples, read_labeled_triples
+    from kgtrace.data.lookup import encode_named_triples
 
-    test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
-                          args.triples)
+    test = encode_named_triples(run.dataset, args.triples)
     if len(test) == 0:
         raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
     return test
@@ -848,10 +848,9 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     triples = None
     if args.triples:
-        from kgtrace.data.triples import encode_triples, read_labeled_triples
+        from kgtrace.data.lookup import encode_named_triples
 
-        dataset = load_run(args.run_dir, "last").dataset
-        triples = encode_triples(read_labeled_triples(args.triples), dataset.entities, dataset.relations, args.triples)
+        triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
         if len(triples) == 0:
             raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
     summary = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,
