@@ -246,3 +246,10 @@ def test_cli_prints_the_warning_as_one_line(tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("kgtrace train: warning: ") and "test.txt" in lines[0]
     assert "DataWarning" not in err and "warnings.warn" not in err
     assert len((tmp_path / "run" / "node_dict").read_text().splitlines()) == 14
+
+
+def test_a_file_given_as_dataset_folder(tmp_path):
+    folder = make_folder(tmp_path)
+    with pytest.raises(DataError) as e:
+        load_dataset(folder / "train.txt")
+    assert "a file, not a dataset folder" in e.value.problem and "kgtrace prepare --triples" in e.value.fix

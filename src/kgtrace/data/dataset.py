@@ -125,6 +125,10 @@ def load_dataset(
     if str(name_or_path) in BUNDLED:
         return _load_bundled(str(name_or_path), entities, relations)
     folder = Path(name_or_path)
+    if folder.is_file():
+        raise DataError(folder, None, "this is a file, not a dataset folder",
+                        "give the folder holding train.txt, valid.txt and test.txt, or make one from this file "
+                        f"with `kgtrace prepare --triples {folder} --out FOLDER`")
     if not folder.is_dir():
         raise KgtraceError(
             f"{str(name_or_path)!r} is neither a bundled dataset nor a folder. "
