@@ -134,3 +134,16 @@ def test_gzipped_triples_error_line_is_the_decompressed_line(tmp_path):
     with pytest.raises(DataError) as e:
         read_labeled_triples_with_lines(path)
     assert e.value.line == 3
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_utf16_and_binary_files(tmp_path, name):
+    content, read = READERS[name]
+    path = tmp_path / name
+    path.write_text(content().decode(), encoding="utf-16")
+    with pytest.raises(DataError, match="UTF-16"):
+        read(path, tmp_path)
+    path.write_bytes(b"a\tr\tb\n" + bytes(range(256)))
+    with pytest.raises(DataError) as e:
+        read(path, tmp_path)
+    assert e.value.line == 2 and "binary file" in e.value.problem

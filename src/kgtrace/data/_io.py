@@ -23,6 +23,8 @@ BOM = "\ufeff"
 UTF8_FIX = "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
 GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 GZIP_FIX = "download the file again, or compress it again with `gzip` (`gzip -t FILE` tells whether a .gz file is whole)"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+SNIFF_BYTES = 1 << 13  # the start of a file that check_text_start looks at
 # What Python's gzip raises on a cut-off or damaged stream: EOFError when the file ends early,
 # BadGzipFile on a bad header or checksum, zlib.error on damaged compressed data.
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -42,27 +44,37 @@ def check_file(path: str | os.PathLike) -> Path:
     return p
 
 
-def check_compression(path: str | os.PathLike) -> None:
-    """DataError if the name and the content disagree on gzip: ``x.gz`` not gzipped, or gzip bytes in ``x.txt``.
+def check_text_start(path: str | os.PathLike) -> None:
+    """DataError if the start of the file shows it is not UTF-8 text as named: ``x.gz`` not
+    gzipped, gzip bytes in ``x.txt``, UTF-16 text, or a binary file (NUL bytes).
 
-    Checked up front because either mistake otherwise surfaces as a confusing decoding error.
+    Checked up front because each mistake otherwise surfaces as a confusing decoding or
+    field-count error, or not at all.
     """
     p = Path(path)
     with open(p, "rb") as f:
-        start = f.read(len(GZIP_MAGIC))
-    if p.suffix == ".gz" and start and start != GZIP_MAGIC:
-        raise DataError(p, None, "the name ends in .gz but the file is not gzip-compressed",
-                        f"if it is plain text, rename it to {p.stem}; else download it again")
-    if p.suffix != ".gz" and start == GZIP_MAGIC:
+        start = f.read(SNIFF_BYTES)
+    if p.suffix == ".gz":
+        if start and not start.startswith(GZIP_MAGIC):
+            raise DataError(p, None, "the name ends in .gz but the file is not gzip-compressed",
+                            f"if it is plain text, rename it to {p.stem}; else download it again")
+        return
+    if start.startswith(GZIP_MAGIC):
         raise DataError(p, None, "the file is gzip-compressed (it starts with the bytes 1f 8b)",
                         f"rename it to {p.name}.gz (kgtrace reads .gz files), or decompress it: "
                         f"`mv {p.name} {p.name}.gz && gunzip {p.name}.gz`")
+    if start.startswith(UTF16_BOMS):
+        raise DataError(p, None, "the file is UTF-16 text", "save it as UTF-8 (e.g. `iconv -f utf-16 -t utf-8 in > out`)")
+    if b"\0" in start:
+        line = start[: start.index(b"\0")].count(b"\n") + 1
+        raise DataError(p, line, "the line holds NUL bytes: this looks like a binary file, not text",
+                        "check the path; kgtrace reads tab-separated UTF-8 text (optionally .gz)")
 
 
 def open_binary(path: str | os.PathLike) -> BinaryIO:
     """Open a file for binary reading, decompressing transparently when it ends in ``.gz``."""
     p = check_file(path)
-    check_compression(p)
+    check_text_start(p)
     if p.suffix == ".gz":
         return gzip.open(p, "rb")  # type: ignore[return-value]
     return open(p, "rb")

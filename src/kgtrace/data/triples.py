@@ -20,7 +20,7 @@ import torch
 
 from kgtrace.data._io import (
     BOM,
-    check_compression,
+    check_text_start,
     check_file,
     check_tsv_values,
     object_column,
@@ -181,7 +181,7 @@ def _check_rereadable(path: str | os.PathLike, frame: pl.DataFrame) -> None:
 
 
 def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    check_compression(check_file(path))
+    check_text_start(check_file(path))
     fast = _read_fast(path, want_lines=want_lines)
     if fast is not None:
         return fast
