@@ -453,7 +453,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
-    p.add_argument("--relation", required=True, metavar="REL", help="the query's relation: label or id; for KGX data also the predicate (biolink:treats) or "
+    p.add_argument("--relation", required=True, metavar="REL",
+                   help="the query's relation: label or id; for KGX data also the predicate (biolink:treats) or "
                         "its description with qualifiers, when that names one relation")
     anchor = p.add_mutually_exclusive_group(required=True)
     anchor.add_argument("--head", metavar="HEAD", help="rank tails of (HEAD, REL, ?) (label or id)")
