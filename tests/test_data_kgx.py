@@ -184,3 +184,24 @@ def test_jsonl_bom_string_category_duplicate_node(tmp_path):
     cut = read_kgx(n, e, category_pairs=[("biolink:ChemicalEntity", "biolink:Gene")])
     assert cut.report["nodes_read"] == 5 and cut.report["kept"] == 3
     assert cut.categories["CHEBI:1"] == ("biolink:SmallMolecule", "biolink:ChemicalEntity")
+
+
+@pytest.mark.parametrize("edges", ["", "subject\tpredicate\tobject\n"])
+def test_empty_edges_file_is_named(tmp_path, edges):
+    n, e = write_tsv(tmp_path)
+    e.write_text(edges)
+    with pytest.raises(DataError) as err:
+        read_kgx(n, e)
+    assert err.value.path == str(e) and ("no edges" in err.value.problem or err.value.line == 1)
+
+
+def test_empty_jsonl_edges_and_nodes_files_are_named(tmp_path):
+    n, e = write_jsonl(tmp_path)
+    e.write_text("\n")
+    with pytest.raises(DataError) as err:
+        read_kgx(n, e)
+    assert err.value.path == str(e) and "no edges" in err.value.problem and "one JSON object per line" in err.value.fix
+    n.write_text("")
+    with pytest.raises(DataError) as err:
+        read_kgx(n, e)
+    assert err.value.path == str(n) and "no nodes" in err.value.problem

@@ -7,7 +7,7 @@ import pytest
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.prepare import prepare
 from kgtrace.data.triples import read_labeled_triples
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, DataError
 
 UMLS_TRAIN = str(Path(__file__).parents[1] / "src/kgtrace/data/bundled/umls/train.txt")
 
@@ -110,3 +110,17 @@ def test_prepare_kgx_predicate_holdout(tmp_path):
     assert (out / "edge_map.json").is_file() and (out / "node_categories.tsv").is_file()
     test_labels = np.array([[ds.entity_label(h), ds.entity_label(t)] for h, _, t in ds.test.tolist()])
     assert all(lab.startswith("D:") for lab in test_labels[:, 0])
+
+
+def test_prepare_input_folder_and_empty_file_are_named(tmp_path):
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as e:
+        prepare(tmp_path / "o", triples=str(folder))
+    assert "is a folder" in str(e.value) and "not found" not in str(e.value) and "labelled triples" in str(e.value)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(DataError) as e:
+        prepare(tmp_path / "o", triples=str(empty))
+    assert e.value.path == str(empty) and "no triples" in e.value.problem
+    assert not (tmp_path / "o").exists()

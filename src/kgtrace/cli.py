@@ -13,6 +13,9 @@ import contextlib
 import json
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +24,7 @@ import yaml
 
 from kgtrace.config import TrainConfig, parse_size
 from kgtrace.distributed import ONE, StoppedByPeer, World, session
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             args.world = world
             if not world.is_main and hasattr(args, "progress"):
                 args.progress = False
-            return args.command(args) or 0
+            with data_warnings_as_lines(f"kgtrace {args.subcommand}{where}", show=world.is_main):
+                return args.command(args) or 0
     except StoppedByPeer as e:  # another process failed and reports why
         print(f"kgtrace {args.subcommand}{where}: {e}", file=sys.stderr)
         return 2
@@ -83,6 +87,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kgtrace {args.subcommand}{where}: internal error: {type(e).__name__}: {e} "
               f"(set KGTRACE_DEBUG=1 to see the traceback, and please report it).{hint}", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def data_warnings_as_lines(prefix: str, *, show: bool = True) -> Iterator[None]:
+    """Print each DataWarning once, as one line like an error (not Python's file:line warning format).
+
+    Once: a command may load the same dataset twice (train, then the test evaluation of the
+    best checkpoint). ``show`` False (ranks other than 0) drops them: rank 0 reads the same data.
+    """
+    with warnings.catch_warnings():
+        python_show = warnings.showwarning
+        shown: set[str] = set()
+
+        def show_warning(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, DataWarning):
+                python_show(message, category, filename, lineno, file, line)
+            elif show and str(message) not in shown:
+                shown.add(str(message))
+                print(f"{prefix}: warning: {message}", file=sys.stderr)
+
+        warnings.showwarning = show_warning
+        yield
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -458,7 +484,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
-    p.add_argument("--relation", required=True, metavar="REL", help="the query's relation (label or id)")
+    p.add_argument("--relation", required=True, metavar="REL",
+                   help="the query's relation: label or id; for KGX data also the predicate (biolink:treats) or "
+                        "its description with qualifiers, when that names one relation")
     anchor = p.add_mutually_exclusive_group(required=True)
     anchor.add_argument("--head", metavar="HEAD", help="rank tails of (HEAD, REL, ?) (label or id)")
     anchor.add_argument("--tail", metavar="TAIL", help="rank heads of (?, REL, TAIL) (label or id)")
@@ -725,10 +753,9 @@ def explain_targets(args: argparse.Namespace, run) -> Tensor:
         if args.test < 1 or not len(run.dataset.test):
             raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])
         return run.dataset.test[: args.test]
-    from kgtrace.data.triples import encode_triples, read_labeled_triples
+    from kgtrace.data.lookup import encode_named_triples
 
-    test = encode_triples(read_labeled_triples(args.triples), run.dataset.entities, run.dataset.relations,
-                          args.triples)
+    test = encode_named_triples(run.dataset, args.triples)
     if len(test) == 0:
         raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
     return test
@@ -854,10 +881,9 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     triples = None
     if args.triples:
-        from kgtrace.data.triples import encode_triples, read_labeled_triples
+        from kgtrace.data.lookup import encode_named_triples
 
-        dataset = load_run(args.run_dir, "last").dataset
-        triples = encode_triples(read_labeled_triples(args.triples), dataset.entities, dataset.relations, args.triples)
+        triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
         if len(triples) == 0:
             raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
     summary = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,

@@ -33,6 +33,12 @@ class UnknownLabel(DataError):
     """A triple whose label the id map in use does not hold."""
 
 
+class DataWarning(UserWarning):
+    """Input that was read after leaving something out (e.g. test triples whose entity never occurs
+    in train); the message names the file, what was left out and how to keep it. The CLI prints
+    it as one line."""
+
+
 class ConfigError(KgtraceError):
     """One or more invalid settings, all reported at once.
 

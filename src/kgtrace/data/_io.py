@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +21,13 @@ from kgtrace.errors import DataError
 
 BOM = "\ufeff"
 UTF8_FIX = "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
+GZIP_FIX = "download the file again, or compress it again with `gzip` (`gzip -t FILE` tells whether a .gz file is whole)"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+SNIFF_BYTES = 1 << 13  # the start of a file that check_text_start looks at
+# What Python's gzip raises on a cut-off or damaged stream: EOFError when the file ends early,
+# BadGzipFile on a bad header or checksum, zlib.error on damaged compressed data.
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 # Characters that a TSV field cannot hold without breaking the line structure.
 TSV_FORBIDDEN = r"[\t\r\n]"
 
@@ -29,17 +37,63 @@ def check_file(path: str | os.PathLike) -> Path:
     p = Path(path)
     if not p.exists():
         raise DataError(p, None, "file not found", "check the path, or create the file")
+    if p.is_dir():
+        raise DataError(p, None, "this is a folder, not a file", "give the path of the file inside it")
     if not p.is_file():
-        raise DataError(p, None, "not a regular file", "pass the path of a file, not a folder")
+        raise DataError(p, None, "not a regular file", "give the path of a regular file")
     return p
+
+
+def check_text_start(path: str | os.PathLike) -> None:
+    """DataError if the start of the file shows it is not UTF-8 text as named: ``x.gz`` not
+    gzipped, gzip bytes in ``x.txt``, UTF-16 text, or a binary file (NUL bytes).
+
+    Checked up front because each mistake otherwise surfaces as a confusing decoding or
+    field-count error, or not at all.
+    """
+    p = Path(path)
+    with open(p, "rb") as f:
+        start = f.read(SNIFF_BYTES)
+    if p.suffix == ".gz":
+        if start and not start.startswith(GZIP_MAGIC):
+            raise DataError(p, None, "the name ends in .gz but the file is not gzip-compressed",
+                            f"if it is plain text, rename it to {p.stem}; else download it again")
+        return
+    if start.startswith(GZIP_MAGIC):
+        raise DataError(p, None, "the file is gzip-compressed (it starts with the bytes 1f 8b)",
+                        f"rename it to {p.name}.gz (kgtrace reads .gz files), or decompress it: "
+                        f"`mv {p.name} {p.name}.gz && gunzip {p.name}.gz`")
+    if start.startswith(UTF16_BOMS):
+        raise DataError(p, None, "the file is UTF-16 text", "save it as UTF-8 (e.g. `iconv -f utf-16 -t utf-8 in > out`)")
+    if b"\0" in start:
+        line = start[: start.index(b"\0")].count(b"\n") + 1
+        raise DataError(p, line, "the line holds NUL bytes: this looks like a binary file, not text",
+                        "check the path; kgtrace reads tab-separated UTF-8 text (optionally .gz)")
 
 
 def open_binary(path: str | os.PathLike) -> BinaryIO:
     """Open a file for binary reading, decompressing transparently when it ends in ``.gz``."""
     p = check_file(path)
+    check_text_start(p)
     if p.suffix == ".gz":
         return gzip.open(p, "rb")  # type: ignore[return-value]
     return open(p, "rb")
+
+
+def raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The raw lines of a (possibly gzipped) file, endings kept.
+
+    A cut-off or damaged gzip stream is a DataError naming the line being read when it broke.
+    """
+    with open_binary(path) as f:
+        read = 0
+        try:
+            for raw in f:
+                read += 1
+                yield raw
+        except GZIP_ERRORS as e:
+            raise DataError(path, read + 1, f"the gzip data is cut off or damaged after line {read} ({e})",
+                            GZIP_FIX) from None
 
 
 def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:
@@ -62,15 +116,13 @@ def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     Line numbers are 1-based; the text has no line ending. Blank lines are yielded too, so
     callers decide what to skip and numbers always match what an editor shows.
     """
-    with open_binary(path) as f:
-        for number, raw in enumerate(f, 1):
-            yield number, decode_line(path, number, raw)
+    for number, raw in enumerate(raw_lines(path), 1):
+        yield number, decode_line(path, number, raw)
 
 
 def read_text(path: str | os.PathLike) -> str:
     """Read a whole (small) UTF-8 file; DataError naming the line of the first non-UTF-8 byte."""
-    with open_binary(path) as f:
-        data = f.read()
+    data = b"".join(raw_lines(path))
     try:
         return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as e:

@@ -1,13 +1,18 @@
 """Datasets: three splits of id triples, the id maps, and optional names and categories.
 
-A dataset folder holds ``train.txt``, ``valid.txt`` and ``test.txt`` (or ``.tsv``) with
+A dataset folder holds ``train.txt``, ``valid.txt`` and ``test.txt`` (or ``.tsv``, either gzipped) with
 labelled triples, and optionally:
 
 * id maps, first pair found wins: ``node_dict`` + ``rel_dict`` (kgtrace/ROBOKOP),
   ``entity_to_id.tsv(.gz)`` + ``relation_to_id.tsv(.gz)`` (PyKEEN), ``entity2id.txt`` +
-  ``relation2id.txt`` (OpenKE). Without maps, ids are the sorted labels of all three splits.
+  ``relation2id.txt`` (OpenKE). Without maps, ids are the sorted labels of the train split.
 * ``node_names.txt`` (entity names), ``edge_map.json`` (relation descriptions),
   ``node_categories.tsv`` (``label<TAB>cat1|cat2``).
+
+A valid or test triple whose entity never occurs in train is left out with a
+:class:`~kgtrace.errors.DataWarning` (count and first lines): no model learns such an entity.
+So is one whose relation never occurs in train, unless the id map lists that relation: that
+is how ``kgtrace prepare --split predicate`` holds a predicate out of train.
 
 The bundled benchmarks (:data:`BUNDLED`) load from package data, offline. A bundled name
 takes precedence over a folder of the same name; write ``./umls`` for the folder.
@@ -17,7 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,8 +31,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import polars as pl
 import torch
 
+from kgtrace.data._io import object_column
 from kgtrace.data.names import (
     describe_predicate,
     read_categories,
@@ -36,13 +44,14 @@ from kgtrace.data.names import (
     write_edge_map,
     write_names,
 )
+from kgtrace.data.splits import seen_mask
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_labeled_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
-from kgtrace.errors import DataError, KgtraceError
+from kgtrace.errors import DataError, DataWarning, KgtraceError
 
 BUNDLED = ("umls", "kinships", "nations")
 SPLITS = ("train", "valid", "test")
-SPLIT_SUFFIXES = (".txt", ".tsv")
+SPLIT_SUFFIXES = (".txt", ".tsv", ".txt.gz", ".tsv.gz")
 MAP_FILES = (
     ("node_dict", "rel_dict"),
     ("entity_to_id.tsv.gz", "relation_to_id.tsv.gz"),
@@ -52,6 +61,7 @@ MAP_FILES = (
 NAMES_FILE = "node_names.txt"
 EDGE_MAP_FILE = "edge_map.json"
 CATEGORIES_FILE = "node_categories.tsv"
+UNSEEN_EXAMPLES = 3  # triples named in the warning about valid/test triples unseen in train
 T = TypeVar("T")
 
 
@@ -109,11 +119,16 @@ def load_dataset(
     """Load a bundled dataset by name, or a dataset folder.
 
     ``entities`` / ``relations`` override the id maps (reloading a run keeps its ids); a
-    triple whose label they lack is a DataError naming the file and line.
+    triple whose label they lack is a DataError naming the file and line. Valid/test triples
+    unseen in train are left out with a warning (module doc); an empty train split is a DataError.
     """
     if str(name_or_path) in BUNDLED:
         return _load_bundled(str(name_or_path), entities, relations)
     folder = Path(name_or_path)
+    if folder.is_file():
+        raise DataError(folder, None, "this is a file, not a dataset folder",
+                        "give the folder holding train.txt, valid.txt and test.txt, or make one from this file "
+                        f"with `kgtrace prepare --triples {folder} --out FOLDER`")
     if not folder.is_dir():
         raise KgtraceError(
             f"{str(name_or_path)!r} is neither a bundled dataset nor a folder. "
@@ -159,11 +174,25 @@ def _load(
     entities: Vocab | None, relations: Vocab | None,
 ) -> Dataset:
     labeled = {split: read_labeled_triples_with_lines(path) for split, path in splits.items()}
+    if len(labeled["train"][0]) == 0:
+        raise DataError(splits["train"], None, "the train split holds no triples",
+                        "write the training triples into it, one head<TAB>relation<TAB>tail per line, or make "
+                        "the dataset folder with `kgtrace prepare --triples FILE --out FOLDER`")
+    from_run = entities is not None or relations is not None
+    map_files = _map_files(folder) if folder is not None else None
     if entities is None or relations is None:
-        default_entities, default_relations = _vocabs(folder, np.concatenate([labeled[s][0] for s in SPLITS]))
+        default_entities, default_relations = _vocabs(map_files, labeled["train"][0])
         entities = default_entities if entities is None else entities
         relations = default_relations if relations is None else relations
-    ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1]) for s in SPLITS}
+    # A relation the id map lists may be absent from train on purpose: `kgtrace prepare --split
+    # predicate` holds a predicate out of train. Without id map files the map is built from train.
+    held_out = relations.labels if map_files or from_run else ()
+    for split in ("valid", "test"):
+        labeled[split] = _drop_unseen(labeled[split], labeled["train"][0], held_out, splits[split], splits["train"])
+    # Messages about a label missing from an id map name the map actually in use.
+    id_maps = ("node_dict", "rel_dict") if from_run or not map_files else (map_files[0].name, map_files[1].name)
+    ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1],
+                             id_maps=id_maps, from_run=from_run) for s in SPLITS}
     edge_map = _optional(folder, EDGE_MAP_FILE, read_edge_map_json)
     return Dataset(
         name=name, source=source, entities=entities, relations=relations,
@@ -175,9 +204,40 @@ def _load(
     )
 
 
-def _vocabs(folder: Path | None, triples: np.ndarray) -> tuple[Vocab, Vocab]:
+def _drop_unseen(
+    split: tuple[np.ndarray, np.ndarray], train: np.ndarray, held_out: Sequence[str], path: Path, train_path: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """``split`` (triples, lines) without the triples whose entity, or relation not in ``held_out``, never
+    occurs in ``train``: a model cannot rank what it never trained on (PyKEEN drops them too).
+
+    Warns with the count and the first few lines and labels.
+    """
+    triples, lines = split
+    entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
+    relations = pl.concat([object_column(train[:, 1]), pl.Series(list(held_out), dtype=pl.String)]).unique()
+    keep = seen_mask(triples, entities, relations)
+    if keep.all():
+        return split
+    bad = np.flatnonzero(~keep)
+    examples = [_unseen_label(triples[i], int(lines[i]), entities, relations) for i in bad[:UNSEEN_EXAMPLES]]
+    warnings.warn(DataWarning(
+        f"{path}: left out {bad.size} of {len(triples)} triples whose entity or relation never occurs in "
+        f"{train_path.name}, so no model learns it ({'; '.join(examples)}{'; ...' if bad.size > UNSEEN_EXAMPLES else ''}). "
+        f"To keep them, move them into {train_path.name}, or re-split the triples with "
+        "`kgtrace prepare --triples FILE --out FOLDER`"), stacklevel=4)
+    return triples[keep], lines[keep]
+
+
+def _unseen_label(triple: np.ndarray, line: int, entities: pl.Series, relations: pl.Series) -> str:
+    """'line 12: entity 'X'' for the first label of ``triple`` that train lacks."""
+    for column, pool, kind in ((0, entities, "entity"), (1, relations, "relation"), (2, entities, "entity")):
+        if not pl.Series([triple[column]], dtype=pl.String).is_in(pool.implode()).item():
+            return f"line {line}: {kind} {triple[column]!r}"
+    return f"line {line}"
+
+
+def _vocabs(map_files: tuple[Path, Path] | None, triples: np.ndarray) -> tuple[Vocab, Vocab]:
     """Entity and relation vocabularies from the folder's id maps, else built from ``triples``."""
-    map_files = _map_files(folder) if folder is not None else None
     if map_files:
         return read_vocab(map_files[0]), read_vocab(map_files[1])
     return Vocab.build(np.concatenate([triples[:, 0], triples[:, 2]])), Vocab.build(triples[:, 1])
@@ -187,10 +247,12 @@ def _split_file(folder: Path, split: str) -> Path:
     found = [folder / f"{split}{suffix}" for suffix in SPLIT_SUFFIXES if (folder / f"{split}{suffix}").is_file()]
     if not found:
         raise DataError(folder / f"{split}.txt", None, f"the dataset folder has no {split} split",
-                        "a dataset folder needs train.txt, valid.txt and test.txt (or .tsv)")
+                        "a dataset folder needs train.txt, valid.txt and test.txt (or .tsv, .txt.gz, .tsv.gz); "
+                        "`kgtrace prepare --triples FILE --out FOLDER` makes one from a single triples file")
     if len(found) > 1:
-        raise DataError(found[1], None, f"both {found[0].name} and {found[1].name} exist",
-                        f"keep only one {split} file")
+        names = [f.name for f in found]
+        both = f"both {names[0]} and {names[1]} exist" if len(found) == 2 else f"{', '.join(names)} all exist"
+        raise DataError(found[1], None, both, f"keep only one {split} file")
     return found[0]
 
 

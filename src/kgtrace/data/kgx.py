@@ -19,6 +19,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from kgtrace.data._io import decode_line, open_binary, strings_to_object_array
+from kgtrace.data._io import decode_line, raw_lines, strings_to_object_array
 from kgtrace.errors import ConfigError, DataError
 
 NODE_REQUIRED = ("id", "category")
@@ -81,6 +82,8 @@ def read_kgx(
     if problems:
         raise ConfigError(problems)
     nodes, nodes_read = _read_nodes(nodes_path)
+    if nodes_read == 0:
+        raise DataError(nodes_path, None, "the nodes file holds no nodes", _empty_fix(nodes_path, NODE_REQUIRED))
     bits = {c: 1 << i for i, c in enumerate(sorted({c for pair in category_pairs for c in pair}))}
     rules = _Rules(tuple(drop_predicates), tuple((bits[a], bits[b]) for a, b in category_pairs), fold_qualifiers)
     table = _node_masks(nodes, bits)
@@ -88,7 +91,17 @@ def read_kgx(
     edge_map: dict[str, str] = {}
     wanted = is_qualifier if fold_qualifiers else _nothing
     kept = [_cut_batch(batch, table, rules, edge_map, counts) for batch in _batches(edges_path, EDGE_REQUIRED, wanted)]
+    if counts["edges_read"] == 0:
+        raise DataError(edges_path, None, "the edges file holds no edges", _empty_fix(edges_path, EDGE_REQUIRED))
     return _finish(kept, nodes, edge_map, counts)
+
+
+def _empty_fix(path: str | os.PathLike, required: tuple[str, ...]) -> str:
+    """How a KGX file of this format lists its rows."""
+    fields = ", ".join(required)
+    if _format(path) == "tsv":
+        return f"check the path; a KGX .tsv file has a header line naming {fields}, then one row per line"
+    return f"check the path; a KGX .jsonl file has one JSON object per line, with {fields}"
 
 
 def check_category_pairs(category_pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -222,12 +235,12 @@ def _format(path: str | os.PathLike) -> str:
 
 
 def _tsv_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with open_binary(path) as f:
-        header = [h.strip() for h in decode_line(path, 1, f.readline()).split("\t")]
+    with closing(raw_lines(path)) as lines:
+        header = [h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")]
         _check_header(path, header, required)
         columns = [i for i, name in enumerate(header) if name in required or wanted(name)]
         next_line = 2
-        while chunk := list(islice(f, BATCH_ROWS)):
+        while chunk := list(islice(lines, BATCH_ROWS)):
             frame = _parse_tsv_fast(chunk, header, columns, required)
             yield frame if frame is not None else _parse_tsv_slow(path, next_line, chunk, header, columns, required)
             next_line += len(chunk)
@@ -284,9 +297,9 @@ def _parse_tsv_slow(
 
 
 def _jsonl_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with open_binary(path) as f:
+    with closing(raw_lines(path)) as lines:
         next_line = 1
-        while chunk := list(islice(f, BATCH_ROWS)):
+        while chunk := list(islice(lines, BATCH_ROWS)):
             if next_line == 1:
                 chunk[0] = chunk[0].removeprefix(b"\xef\xbb\xbf")
             frame = _parse_jsonl_fast(chunk, required, wanted)

@@ -1,32 +1,99 @@
-"""Entities and relations named by a user: labels or integer ids -> ids, with close-match hints."""
+"""Entities and relations named by a user: labels or integer ids -> ids, with close-match hints.
+
+A relation may also be named the way KGX data names it, when that names exactly one relation:
+its predicate (``biolink:treats``), its description with qualifiers (``biolink:affects
+[object_aspect_qualifier=activity]``, as ``kgtrace`` prints it) or its ``edge_map.json`` key.
+``kgtrace prepare`` folds each predicate + qualifiers into a label such as ``predicate:3``; a
+predicate folded with several qualifier sets names several relations, and the message lists them.
+"""
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from kgtrace.data.dataset import Dataset
+from kgtrace.data.names import describe_predicate
+from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError
 
-__all__ = ["find_ids", "lookup_problem", "parse_ids", "parse_triple"]
+__all__ = [
+    "encode_named_triples", "find_ids", "lookup_problem", "lookup_relation", "parse_ids", "parse_triple",
+    "relation_ids", "relation_matches",
+]
 
 
-def lookup_problem(vocab: Vocab, text: str, role: str, kind: str) -> tuple[int | None, str | None]:
+def lookup_problem(
+    vocab: Vocab, text: str, role: str, kind: str, *, allow_ids: bool = True
+) -> tuple[int | None, str | None]:
     """(id, None) for a known label or an id below len(vocab); (None, problem naming close labels) otherwise.
 
-    A label wins over an id of the same spelling. kind is "entity" or "relation".
+    A label wins over an id of the same spelling. kind is "entity" or "relation". ``allow_ids``
+    False accepts labels only (a triple file holds labels).
     """
     if text in vocab.to_id:
         return vocab.to_id[text], None
-    if text.strip().isdigit() and int(text) < len(vocab):
+    if allow_ids and text.strip().isdigit() and int(text) < len(vocab):
         return int(text), None
     close = difflib.get_close_matches(text, vocab.labels, n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else \
         f"use a label from the run's {'rel_dict' if kind == 'relation' else 'node_dict'} or an id below {len(vocab)}"
     return None, f"{role} {text!r}: unknown {kind}; {hint}"
+
+
+def lookup_relation(
+    dataset: Dataset, text: str, role: str = "relation", *, allow_ids: bool = True
+) -> tuple[int | None, str | None]:
+    """As :func:`lookup_problem` for a relation, also accepting a predicate, description or
+    edge_map.json key that names exactly one relation (module doc). Several: the problem lists them."""
+    if text in dataset.relations.to_id:
+        return dataset.relations.to_id[text], None
+    matches = relation_matches(dataset, text)
+    if len(matches) == 1:
+        return dataset.relations.to_id[matches[0]], None
+    if matches:
+        listed = ", ".join(f"{label} ({dataset.relation_name(label)})" for label in matches)
+        return None, (f"{role} {text!r} names {len(matches)} relations: {listed}; "
+                      f"pick one by its label, e.g. --relation {matches[0]}")
+    found, problem = lookup_problem(dataset.relations, text, role, "relation", allow_ids=allow_ids)
+    close = difflib.get_close_matches(text, sorted({s for names in _spellings(dataset).values() for s in names}),
+                                      n=3, cutoff=0.6)
+    if problem and close:
+        problem = f"{role} {text!r}: unknown relation; did you mean {', '.join(repr(c) for c in close)}?"
+    return found, problem
+
+
+def relation_matches(dataset: Dataset, text: str) -> list[str]:
+    """Labels (in id order) of the relations whose predicate, description or edge_map.json key is ``text``."""
+    found = [label for label, names in _spellings(dataset).items() if text in names]
+    return sorted(found, key=dataset.relations.to_id.__getitem__)
+
+
+def relation_ids(dataset: Dataset, values: np.ndarray) -> np.ndarray:
+    """Relation ids int64 [n] of the labels (or, for KGX data, unambiguous predicates or
+    descriptions) in ``values`` [n]; -1 where unknown or ambiguous."""
+    ids = dataset.relations.lookup(values).copy()  # polars hands back a read-only array
+    for value in set(values[ids < 0].tolist()):  # the few distinct unknown spellings
+        matches = relation_matches(dataset, value)
+        if len(matches) == 1:
+            ids[values == value] = dataset.relations.to_id[matches[0]]
+    return ids
+
+
+def encode_named_triples(dataset: Dataset, path: str | os.PathLike) -> Tensor:
+    """A labelled triple file given on the command line -> ids [n, 3], relations named as
+    :func:`relation_ids` accepts; a label the run lacks is a DataError naming its line."""
+    labeled, lines = read_labeled_triples_with_lines(path)
+    if len(labeled):
+        ids = relation_ids(dataset, labeled[:, 1])
+        labeled[ids >= 0, 1] = np.asarray(dataset.relations.labels, dtype=object)[ids[ids >= 0]]
+    return encode_triples(labeled, dataset.entities, dataset.relations, path, lines=lines, from_run=True)
 
 
 def parse_ids(dataset: Dataset, **named: str | int | None) -> dict[str, int | None]:
@@ -47,9 +114,10 @@ def find_ids(dataset: Dataset, **named: str | int | None) -> tuple[dict[str, int
         if value is None:
             ids[role] = None
             continue
-        kind = "relation" if role == "relation" else "entity"
-        vocab = dataset.relations if kind == "relation" else dataset.entities
-        ids[role], problem = lookup_problem(vocab, str(value), role, kind)
+        if role == "relation":
+            ids[role], problem = lookup_relation(dataset, str(value), role)
+        else:
+            ids[role], problem = lookup_problem(dataset.entities, str(value), role, "entity")
         if problem:
             problems.append(problem)
     return ids, problems
@@ -59,3 +127,24 @@ def parse_triple(dataset: Dataset, h: str | int, r: str | int, t: str | int) -> 
     """Labels (or integer ids) -> LongTensor [3]; an unknown label is a ConfigError with close labels."""
     ids = parse_ids(dataset, head=h, relation=r, tail=t)
     return torch.tensor([ids["head"], ids["relation"], ids["tail"]], dtype=torch.long)
+
+
+def _spellings(dataset: Dataset) -> dict[str, set[str]]:
+    """relation label -> the other names it answers to: predicate, description, edge_map.json key."""
+    spellings: dict[str, set[str]] = {}
+    for key, label in dataset.edge_map.items():
+        if label in dataset.relations.to_id:
+            spellings[label] = {key, describe_predicate(key), _predicate(key)}
+    for label, description in dataset.relation_names.items():
+        if label in dataset.relations.to_id:
+            spellings.setdefault(label, set()).add(description)
+    return spellings
+
+
+def _predicate(key: str) -> str:
+    """The predicate of an edge_map.json key (JSON with "predicate"); a key that is not such JSON is kept."""
+    try:
+        desc = json.loads(key)
+    except json.JSONDecodeError:
+        return key
+    return str(desc["predicate"]) if isinstance(desc, dict) and "predicate" in desc else key

@@ -23,11 +23,17 @@ from kgtrace.data.names import describe_predicate, read_names
 from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations, random_split
 from kgtrace.data.triples import encode_triples, read_labeled_triples
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.io import atomic_folder
 from kgtrace.owned import check_out_folder, write_mark
 
 SPLIT_METHODS = ("random", "predicate")
+INPUT_FILES = {  # what each input option names, for messages
+    "triples": "file of labelled triples (head<TAB>relation<TAB>tail per line)",
+    "nodes": "KGX nodes file (.tsv or .jsonl)",
+    "edges": "KGX edges file (.tsv or .jsonl)",
+    "names": "node-name file (id<TAB>name per line)",
+}
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,11 @@ def _input_problems(triples: str | None, nodes: str | None, edges: str | None, n
     elif triples is None and (nodes is None or edges is None):
         problems.append("input: give triples=<labelled TSV>, or both nodes=<KGX nodes> and edges=<KGX edges>")
     for key, value in (("triples", triples), ("nodes", nodes), ("edges", edges), ("names", names)):
-        if value is not None and not Path(value).is_file():
+        if value is None or Path(value).is_file():
+            continue
+        if Path(value).is_dir():
+            problems.append(f"{key}: {str(value)!r} is a folder; give the {INPUT_FILES[key]} itself, not its folder")
+        else:
             problems.append(f"{key}: file {str(value)!r} not found; check the path")
     return problems
 
@@ -179,6 +189,9 @@ def _out_problems(out: Path, overwrite: bool, inputs: Sequence[str | None]) -> l
 
 def _cut_triples(path: str, drop_predicates: Sequence[str]) -> _Cut:
     labeled = read_labeled_triples(path)
+    if len(labeled) == 0:
+        raise DataError(path, None, "the file holds no triples",
+                        "write one triple per line: head<TAB>relation<TAB>tail")
     keep = ~object_column(labeled[:, 1]).is_in(pl.Series(list(drop_predicates), dtype=pl.String).implode()).to_numpy()
     unique, duplicates = _dedupe(labeled[keep])
     counts = {"read": len(labeled), "dropped_predicate": int((~keep).sum()), "dropped_category": 0,

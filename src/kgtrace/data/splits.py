@@ -106,7 +106,7 @@ def ensure_seen(
         raise ConfigError([f"policy: {policy!r} is not one of {', '.join(POLICIES)}"])
     entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
     relations = pl.concat([object_column(train[:, 1]), pl.Series(list(exempt_relations), dtype=pl.String)]).unique()
-    valid_ok, test_ok = (_seen(split, entities, relations) for split in (valid, test))
+    valid_ok, test_ok = (seen_mask(split, entities, relations) for split in (valid, test))
     if policy == "drop":
         dropped = int((~valid_ok).sum() + (~test_ok).sum())
         return _result(train, valid[valid_ok], test[test_ok], moved=0, dropped=dropped)
@@ -128,7 +128,7 @@ def check_fractions(fractions: Sequence[float]) -> list[str]:
     return problems
 
 
-def _seen(triples: np.ndarray, entities: pl.Series, relations: pl.Series) -> np.ndarray:
+def seen_mask(triples: np.ndarray, entities: pl.Series, relations: pl.Series) -> np.ndarray:
     """bool [n]: head, tail in ``entities`` and relation in ``relations``."""
     if len(triples) == 0:
         return np.ones(0, dtype=bool)

@@ -19,9 +19,12 @@ import polars as pl
 import torch
 
 from kgtrace.data._io import (
+    BOM,
+    check_text_start,
     check_file,
     check_tsv_values,
     object_column,
+    raw_lines,
     strings_to_object_array,
     text_lines,
 )
@@ -99,12 +102,16 @@ def encode_triples(
     path: str | os.PathLike,
     *,
     lines: np.ndarray | None = None,
+    id_maps: tuple[str, str] = ("node_dict", "rel_dict"),
+    from_run: bool = False,
 ) -> torch.Tensor:
     """Map labelled triples ``[n, 3]`` to ids: LongTensor ``[n, 3]`` (h, r, t).
 
     ``path`` (and ``lines``, the 1-based line of each triple) are used to locate the first
     triple with an unknown label in the DataError. Without ``lines``, the line is found by
-    re-reading ``path`` when it holds exactly these triples.
+    re-reading ``path`` when it holds exactly these triples. ``id_maps`` names the entity and
+    relation map files the message points to; ``from_run`` says they are a trained run's maps,
+    which cannot be edited (the model has one row per label).
     """
     if len(labeled) == 0:
         return torch.empty((0, 3), dtype=torch.int64)
@@ -113,24 +120,27 @@ def encode_triples(
     )
     bad_rows = np.flatnonzero((ids < 0).any(axis=1))
     if bad_rows.size:
-        _raise_unknown(labeled, ids, int(bad_rows[0]), int(bad_rows.size), path, lines)
+        _raise_unknown(labeled, ids, int(bad_rows[0]), int(bad_rows.size), path, lines, id_maps, from_run)
     return torch.from_numpy(ids.astype(np.int64, copy=False))
 
 
 def _raise_unknown(
-    labeled: np.ndarray, ids: np.ndarray, row: int, count: int, path: str | os.PathLike, lines: np.ndarray | None
+    labeled: np.ndarray, ids: np.ndarray, row: int, count: int, path: str | os.PathLike, lines: np.ndarray | None,
+    id_maps: tuple[str, str], from_run: bool,
 ) -> None:
     column = int(np.flatnonzero(ids[row] < 0)[0])
     kind = "relation" if column == 1 else "entity"
+    id_map = id_maps[1] if kind == "relation" else id_maps[0]
     line = int(lines[row]) if lines is not None else _line_of_row(path, labeled, row)
     where = "" if line is not None else f"triple #{row + 1} "
+    fix = (f"remove the triples that use it, or train a new run on this data (the run's {id_map} is fixed)"
+           if from_run else f"add the {kind} to {id_map}, or remove the triples that use it")
     raise UnknownLabel(
         path,
         line,
-        f"{where}{FIELDS[column]} {labeled[row, column]!r} is not in the {kind} id map "
+        f"{where}{FIELDS[column]} {labeled[row, column]!r} is not in the {kind} id map {id_map} "
         f"({count} triple(s) with unknown labels in all)",
-        f"add the {kind} to the id map ({'rel_dict' if kind == 'relation' else 'node_dict'}) "
-        "or remove the triples that use it",
+        fix,
     )
 
 
@@ -171,7 +181,7 @@ def _check_rereadable(path: str | os.PathLike, frame: pl.DataFrame) -> None:
 
 
 def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    check_file(path)
+    check_text_start(check_file(path))
     fast = _read_fast(path, want_lines=want_lines)
     if fast is not None:
         return fast
@@ -187,8 +197,8 @@ def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray
             path, separator="\t", has_header=False, quote_char=None, comment_prefix="#",
             infer_schema=False, skip_lines=skip,
         )
-    except pl.exceptions.PolarsError:
-        return None  # e.g. ragged lines, invalid UTF-8, nothing but comments
+    except (pl.exceptions.PolarsError, OSError):
+        return None  # e.g. ragged lines, invalid UTF-8, nothing but comments, a damaged .gz
     if frame.width != 3:
         return None
     frame.columns = list(FIELDS)
@@ -221,6 +231,9 @@ def _leading_skippable_lines(path: str | os.PathLike) -> int:
 
 def _uncommented_line_numbers(path: str | os.PathLike) -> np.ndarray:
     """1-based numbers of the lines not starting with '#' (blank lines included), int64."""
+    if Path(path).suffix == ".gz":  # the scan below reads raw bytes, which would be the compressed ones
+        return np.asarray([n for n, raw in enumerate(raw_lines(path), 1)
+                           if not (raw.removeprefix(BOM.encode()) if n == 1 else raw).startswith(b"#")], dtype=np.int64)
     size = os.path.getsize(path)
     if size == 0:
         return np.empty(0, dtype=np.int64)

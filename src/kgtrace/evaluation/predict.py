@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.data.dataset import Dataset
-from kgtrace.data.lookup import find_ids, lookup_problem
+from kgtrace.data.lookup import find_ids, lookup_problem, lookup_relation, relation_ids, relation_matches
 from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
 from kgtrace.errors import ConfigError, DataError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
@@ -88,7 +88,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
     """
     labeled, lines = read_labeled_triples_with_lines(path)
     ds = run.dataset
-    ids = np.stack([ds.entities.lookup(labeled[:, 0]), ds.relations.lookup(labeled[:, 1]),
+    ids = np.stack([ds.entities.lookup(labeled[:, 0]), relation_ids(ds, labeled[:, 1]),
                     ds.entities.lookup(labeled[:, 2])], axis=1).reshape(-1, 3)  # [n, 3], -1 where unknown
     good = (ids >= 0).all(axis=1)
     skipped = [_skip_reason(ds, labeled[i], ids[i], int(lines[i]), hint=n < HINTS)
@@ -205,9 +205,10 @@ def _skip_reason(ds: Dataset, labeled: np.ndarray, ids: np.ndarray, line: int, h
         if ids[column] >= 0:
             continue
         kind = "relation" if role == "relation" else "entity"
-        if hint:
-            problems.append(lookup_problem(ds.relations if kind == "relation" else ds.entities, labeled[column],
-                                           role, kind)[1])
+        if role == "relation" and (hint or len(relation_matches(ds, labeled[column])) > 1):
+            problems.append(lookup_relation(ds, labeled[column], role, allow_ids=False)[1])
+        elif hint:
+            problems.append(lookup_problem(ds.entities, labeled[column], role, kind, allow_ids=False)[1])
         else:
             problems.append(f"{role} {labeled[column]!r}: unknown {kind}")
     return {"line": line, "problem": "; ".join(problems)}

@@ -26,6 +26,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
+from kgtrace.errors import DataWarning
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run, load_run
 from kgtrace.training.checkpoint import epoch_path
@@ -105,8 +107,12 @@ def run_job(job: Job) -> str:
         data = folder / "data"
         save_dataset(reduced_dataset(run.dataset, job.removed), data)
         trained = folder / "run"
-        TRAINERS[job.mode](run, data, trained, job)
-        model = load_run(trained, "last", device=job.device).model
+        with warnings.catch_warnings():
+            # Removing training triples may leave a valid/test entity with none; the reduced data's
+            # valid and test splits are never used (no validation, predictions measured below).
+            warnings.simplefilter("ignore", DataWarning)
+            TRAINERS[job.mode](run, data, trained, job)
+            model = load_run(trained, "last", device=job.device).model
         known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
         measures = measure(model, torch.tensor(job.predictions, dtype=torch.long).reshape(-1, 3), known)
     record = {"mode": job.mode, "start_epoch": job.start_epoch, "epochs": job.epochs, "removed": list(job.removed),
