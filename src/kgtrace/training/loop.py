@@ -30,7 +30,7 @@ from kgtrace.data.answers import AnswerIndex, reciprocal_queries
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.io import atomic_open
@@ -267,13 +267,41 @@ def append_metrics(out: Path, record: dict[str, Any]) -> None:
 
 
 def truncate_metrics(out: Path, epoch: int) -> None:
-    """Keep the records of epochs up to the resumed checkpoint; later ones will be redone."""
+    """Keep the records of epochs up to the resumed checkpoint; later ones will be redone.
+
+    A last line cut short (no newline, or not a JSON record) is what a kill during its append
+    leaves: it is dropped, as the record of an epoch after the checkpoint. A bad line before the
+    last is no kill's doing and is refused (DataError naming the file and line).
+    """
     path = out / "metrics.jsonl"
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln)["epoch"] <= epoch]
+    lines = path.read_bytes().split(b"\n")
+    complete = lines[:-1]  # the part after the last newline is empty, or a torn append
+    numbered = [(i, ln) for i, ln in enumerate(complete, 1) if ln.strip()]
+    kept = []
+    for position, (number, line) in enumerate(numbered):
+        record = _metrics_record(line)
+        if record is None:
+            if position == len(numbered) - 1 and not lines[-1].strip():
+                break  # the last line, written in part before a kill
+            raise DataError(path, number, "not a JSON record with an integer 'epoch', and not the last line "
+                            "(which a kill may leave half written)", "repair or delete that line, then resume again")
+        if record["epoch"] <= epoch:
+            kept.append(line.decode("utf-8") + "\n")
     with atomic_open(path) as f:
-        f.write("".join(ln + "\n" for ln in lines))
+        f.write("".join(kept))
+
+
+def _metrics_record(line: bytes) -> dict[str, Any] | None:
+    """The record on a line of metrics.jsonl, or None when the line is not one."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # also UnicodeDecodeError: a multi-byte character cut in two
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+        return None
+    return record
 
 
 # ----------------------------------------------------------------------------- the loop
