@@ -12,6 +12,7 @@ import torch
 
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.io import atomic_path, remove_stale_temporaries
 from kgtrace.run import load_run
 from kgtrace.training.checkpoint import latest_checkpoint, load_checkpoint
 from kgtrace.training.loop import resume, train, truncate_metrics
@@ -191,3 +192,39 @@ def test_resume_refuses_a_corrupt_metrics_line_in_the_middle(tmp_path):
     (out / "metrics.jsonl").write_text(lines[0][:20] + "\n" + lines[1])
     refused(["train", "--resume", "--out", out, "--epochs", "3", "--no-progress"], watch=out,
             mentions=[f"{out / 'metrics.jsonl'}:1", "Fix:"])
+
+
+STALE = [".epoch-0002.pt.k3j_9x0a.tmp", ".best.pt.abcdefgh.tmp"]  # as atomic_path names its temporary files
+NOT_STALE = [".epoch-0002.pt.tmp", ".epoch-0002.pt.k3j_9x0.tmp", ".epoch-0002.pt.K3J_9X0A.tmp",
+             "epoch-0002.pt.k3j_9x0a.tmp", ".epoch-0002.pt.k3j_9x0a.tmp.bak", "my.epoch-0002.pt.k3j_9x0a.tmp"]
+
+
+def test_remove_stale_temporaries_takes_atomic_paths_names_only(tmp_path):
+    for name in STALE + NOT_STALE:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".notes.abcdefgh.tmp").mkdir()  # a folder, not a temporary file
+    with atomic_path(tmp_path / "epoch-0003.pt") as written:  # a name as mkstemp draws it
+        names = [written.name]
+    (tmp_path / names[0]).write_bytes(b"x")  # as if that write had been killed
+    assert remove_stale_temporaries(tmp_path) == sorted(STALE + names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NOT_STALE + [".notes.abcdefgh.tmp", "epoch-0003.pt"])
+    (tmp_path / ".a.json.abcdefgh.tmp").write_bytes(b"x")
+    (tmp_path / ".b.json.abcdefgh.tmp").write_bytes(b"x")
+    assert remove_stale_temporaries(tmp_path, ["a.json"]) == [".a.json.abcdefgh.tmp"]
+    assert (tmp_path / ".b.json.abcdefgh.tmp").exists()
+    assert remove_stale_temporaries(tmp_path / "absent") == []
+
+
+def test_resume_removes_the_temporary_files_of_killed_writes(tmp_path):
+    out = tmp_path / "run"
+    train(small_config(epochs=1), out, progress=False, log=lambda *_: None)
+    for name in STALE + NOT_STALE:
+        (out / "checkpoints" / name).write_bytes(b"x" * 100)
+    (out / ".metrics.jsonl.q1w2e3r4.tmp").write_text("{}")  # training's own file: stale
+    (out / ".explain.json.q1w2e3r4.tmp").write_text("{}")  # may be a live kgtrace explain's: kept
+    logs = []
+    resume(out, epochs=2, progress=False, log=logs.append)
+    assert f"{out}: removed 3 temporary file(s) left by killed writes" in logs
+    left = {p.name for p in (out / "checkpoints").iterdir()}
+    assert not left & set(STALE) and set(NOT_STALE) <= left
+    assert not (out / ".metrics.jsonl.q1w2e3r4.tmp").exists() and (out / ".explain.json.q1w2e3r4.tmp").exists()

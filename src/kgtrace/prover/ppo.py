@@ -48,9 +48,12 @@ from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
-from kgtrace.training.loop import truncate_metrics
+from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
 
 __all__ = ["resume_policy", "train_policy"]
+
+#: What training a policy writes into its run folder.
+RUN_FILES = (CONFIG_FILE, RULES_FILE, "node_dict", "rel_dict", "metrics.jsonl", "compile_stats.json")
 
 
 @dataclass
@@ -98,6 +101,7 @@ def resume_policy(out: str | Path, *, epochs: int | None = None, progress: bool 
     rules = read_rules(out / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
     state = new_state(config, dataset, engine)
+    remove_stale_run_temporaries(out, log, RUN_FILES)
     path = latest_checkpoint(out / "checkpoints")
     if path is not None:
         saved = load_checkpoint(path)

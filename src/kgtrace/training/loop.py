@@ -33,7 +33,7 @@ from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
-from kgtrace.io import atomic_open
+from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.models import build_model
 from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
@@ -370,7 +370,24 @@ def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
     (out / "checkpoints").mkdir(exist_ok=True)
 
 
+#: What training writes into the run folder (checkpoints/ holds nothing else but training's files).
+RUN_FILES = ("config.yaml", "node_dict", "rel_dict", "metrics.jsonl", "training_curve.png", "compile_stats.json",
+             "test_metrics.json")
+
+
+def remove_stale_run_temporaries(out: Path, log, run_files: tuple[str, ...] = RUN_FILES) -> None:
+    """Remove what killed writes of a run left: checkpoints/'s temporary files, and the run folder's for ``run_files``.
+
+    The run folder's others may be those of a live ``kgtrace explain`` writing beside the run; they stay.
+    """
+    removed = remove_stale_temporaries(out / "checkpoints") + remove_stale_temporaries(out, run_files)
+    if removed:
+        log(f"{out}: removed {len(removed)} temporary file(s) left by killed writes")
+
+
 def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writes: bool = True) -> None:
+    if writes:  # only this process trains the run (train and resume lock it): no other write is under way
+        remove_stale_run_temporaries(out, log)
     path = latest_checkpoint(out / "checkpoints")
     if path is None:
         log(f"{out}: no checkpoint yet; starting from epoch 0")
