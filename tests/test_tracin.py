@@ -232,6 +232,32 @@ def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
     assert torch.equal(other[0].proponents, expected[0].proponents)
 
 
+def test_save_every_sets_how_often_a_pass_saves_its_progress(conve_run, tmp_path, monkeypatch):
+    tracin = TracIn(conve_run, train_indices=torch.arange(500), chunk_size=100)
+    checkpoints, real = len(tracin.checkpoints), tracin._factorise
+
+    def killed_in_chunk_3(save_every):
+        calls = {"n": 0}
+
+        def dying(model, triples):
+            calls["n"] += 1
+            if calls["n"] > 2 * checkpoints:  # two chunks of every checkpoint done
+                raise KeyboardInterrupt
+            return real(model, triples)
+
+        state = tmp_path / f"state-{save_every}.pt"
+        monkeypatch.setattr(tracin, "_factorise", dying)
+        with pytest.raises(KeyboardInterrupt):
+            tracin.self_influence(state=state, save_every=save_every)
+        return state
+
+    assert torch.load(killed_in_chunk_3(0), weights_only=True)["next"] == 2  # 0: after every chunk
+    monkeypatch.setattr(tracin_module, "SAVE_EVERY_S", 1e9)
+    assert not killed_in_chunk_3(None).exists()  # the default: every SAVE_EVERY_S seconds
+    with pytest.raises(ConfigError, match="save_every=-1"):
+        tracin.top_k(conve_run.dataset.test[:1], state=tmp_path / "s.pt", save_every=-1)
+
+
 def test_bf16_precision_is_close(conve_run):
     rows, test = torch.arange(0, 5216, 7), conve_run.dataset.test[:3]
     exact = TracIn(conve_run, params="all", train_indices=rows).influence(test)
