@@ -216,12 +216,15 @@ def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
         tracin.top_k(test, k=4, state=state)
     saved = torch.load(state, weights_only=True)
     assert saved["next"] == 6
+    stale, other = tmp_path / ".state.pt.abcd1234.tmp", tmp_path / ".other.pt.abcd1234.tmp"
+    stale.write_bytes(b"half a save")  # as a kill during a save leaves it
+    other.write_bytes(b"not the state's")
     resumed = TracIn(conve_run, train_indices=rows, chunk_size=100)
     seen = []
     monkeypatch.setattr(resumed, "_factorise", lambda m, t: seen.append(len(t)) or real(m, t))
     got = resumed.top_k(test, k=4, state=state)
     assert len(seen) == 4 + 4 * 4  # test factors, then only the four chunks left
-    assert not state.exists()
+    assert not state.exists() and not stale.exists() and other.exists()
     for a, b in zip(got, expected):
         assert torch.equal(a.proponents, b.proponents) and torch.equal(a.opponents, b.opponents)
         torch.testing.assert_close(a.proponent_influence, b.proponent_influence)

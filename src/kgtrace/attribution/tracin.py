@@ -47,7 +47,7 @@ from kgtrace.attribution.rows import row_factors, row_tables
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
-from kgtrace.io import atomic_open
+from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
@@ -377,6 +377,8 @@ class _State:
         """Resume from ``path`` if it holds this computation's progress, else start at chunk 0."""
         if save_every is not None and not save_every >= 0:
             raise ConfigError([f"save_every={save_every!r}: must be a number of seconds, 0 or more"])
+        if path is not None:  # what saves killed mid-write left (the state file is this pass's alone)
+            remove_stale_temporaries(Path(path).parent, [Path(path).name])
         if path is None or not Path(path).is_file():
             return cls(None if path is None else Path(path), signature, 0, None, save_every)
         try:
