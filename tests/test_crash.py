@@ -142,6 +142,7 @@ def test_training_killed_again_and_again_resumes_to_the_uninterrupted_run(whole,
     assert [r["epoch"] for r in records(run)] == list(range(1, EPOCHS + 1))
     names = sorted(p.name for p in (whole / "checkpoints").iterdir())
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == names  # no temporary file left either
+    assert not list(run.glob(".*.tmp"))
     for name in names:  # weights, optimizer, scheduler, RNG states, counters: bit for bit
         assert_identical(torch.load(run / "checkpoints" / name, weights_only=True),
                          torch.load(whole / "checkpoints" / name, weights_only=True), name)
@@ -164,6 +165,6 @@ def test_explain_killed_mid_pass_resumes_from_its_state_to_the_uninterrupted_res
     resumed += state.exists()
     finish(kgtrace_cli("explain", whole, *EXPLAIN, "--out", out), tmp_path / "last.log")
     assert resumed >= 1, "no rerun found a saved state to resume from"
-    assert not state.exists()
+    assert not state.exists() and not list(tmp_path.glob(".*.tmp"))  # nor a killed save's temporary file
     assert out.read_bytes() == (tmp_path / "whole.json").read_bytes()
     assert out.with_suffix(".tsv").read_bytes() == (tmp_path / "whole.tsv").read_bytes()
