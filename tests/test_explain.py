@@ -15,6 +15,8 @@ from kgtrace.errors import KgtraceError
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
+from badinput import refused
+
 K = 4
 
 
@@ -179,3 +181,15 @@ def test_explain_from_an_index(run_dir, run, tmp_path, capsys):
     assert len(data["explanations"][0]["proponents"]) == K
     # A second build into the same folder is refused, not overwritten.
     assert main(["index", str(run_dir), "--out", str(index), "--device", "cpu"]) == 2
+
+
+def test_chunk_size_and_save_every(run_dir, tmp_path):
+    default, _ = explain(run_dir, tmp_path, "--test", "2", "--no-progress", name="default.json")
+    chunked, _ = explain(run_dir, tmp_path, "--test", "2", "--no-progress", "--chunk-size", "100", "--save-every", "0",
+                         name="chunked.json")
+    for a, b in zip(default["explanations"], chunked["explanations"], strict=True):
+        assert [e["train_index"] for e in a["proponents"]] == [e["train_index"] for e in b["proponents"]]
+        assert [e["influence"] for e in a["proponents"]] == pytest.approx([e["influence"] for e in b["proponents"]])
+    assert not (tmp_path / "chunked.json.state").exists()
+    refused(["explain", run_dir, "--test", "2", "--chunk-size", "0", "--save-every", "-1", "--device", "cpu",
+             "--out", tmp_path / "bad.json"], watch=tmp_path, mentions=["--chunk-size 0", "--save-every -1.0"])

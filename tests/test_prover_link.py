@@ -149,3 +149,27 @@ def test_prove_train_with_a_head_then_weigh(tmp_path, capsys):
     assert main(["prove", "weigh", str(run), "--valid-triples", "20", "--weights", "0,1,4", "--device", "cpu"]) == 0
     chosen = json.loads((run / "hybrid-weight.json").read_text())["weight"]
     assert load_prover_run(run).model.weight == chosen
+
+
+def test_a_resumed_policy_run_drops_a_torn_last_metrics_line(tmp_path, nations):
+    ds, rules = nations
+    quiet = dict(progress=False, log=lambda *_: None)
+    out = tmp_path / "run"
+    train_policy(link_config(epochs=1), ds, rules, out, **quiet)
+    with open(out / "metrics.jsonl", "a") as f:  # as if killed while appending epoch 2's record
+        f.write('{"epoch": 2, "step": 4, "lo')
+    resume_policy(out, epochs=2, **quiet)
+    assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_resumed_policy_run_removes_the_temporary_files_of_killed_writes(tmp_path, nations):
+    ds, rules = nations
+    out = tmp_path / "run"
+    train_policy(link_config(epochs=1), ds, rules, out, progress=False, log=lambda *_: None)
+    (out / "checkpoints" / ".epoch-0002.pt.abcd1234.tmp").write_bytes(b"x")
+    (out / ".prover.yaml.abcd1234.tmp").write_bytes(b"x")
+    (out / "checkpoints" / ".epoch-0002.pt.tmp").write_bytes(b"x")  # not a name atomic_path gives
+    logs = []
+    resume_policy(out, epochs=1, progress=False, log=logs.append)
+    assert f"{out}: removed 2 temporary file(s) left by killed writes" in logs
+    assert sorted(p.name for p in out.rglob(".*")) == [".epoch-0002.pt.tmp"]

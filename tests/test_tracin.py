@@ -216,12 +216,15 @@ def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
         tracin.top_k(test, k=4, state=state)
     saved = torch.load(state, weights_only=True)
     assert saved["next"] == 6
+    stale, other = tmp_path / ".state.pt.abcd1234.tmp", tmp_path / ".other.pt.abcd1234.tmp"
+    stale.write_bytes(b"half a save")  # as a kill during a save leaves it
+    other.write_bytes(b"not the state's")
     resumed = TracIn(conve_run, train_indices=rows, chunk_size=100)
     seen = []
     monkeypatch.setattr(resumed, "_factorise", lambda m, t: seen.append(len(t)) or real(m, t))
     got = resumed.top_k(test, k=4, state=state)
     assert len(seen) == 4 + 4 * 4  # test factors, then only the four chunks left
-    assert not state.exists()
+    assert not state.exists() and not stale.exists() and other.exists()
     for a, b in zip(got, expected):
         assert torch.equal(a.proponents, b.proponents) and torch.equal(a.opponents, b.opponents)
         torch.testing.assert_close(a.proponent_influence, b.proponent_influence)
@@ -230,6 +233,32 @@ def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
     torch.save({"signature": "other", "next": 9, "data": {}}, state)
     other = resumed.top_k(test, k=4, state=state)
     assert torch.equal(other[0].proponents, expected[0].proponents)
+
+
+def test_save_every_sets_how_often_a_pass_saves_its_progress(conve_run, tmp_path, monkeypatch):
+    tracin = TracIn(conve_run, train_indices=torch.arange(500), chunk_size=100)
+    checkpoints, real = len(tracin.checkpoints), tracin._factorise
+
+    def killed_in_chunk_3(save_every):
+        calls = {"n": 0}
+
+        def dying(model, triples):
+            calls["n"] += 1
+            if calls["n"] > 2 * checkpoints:  # two chunks of every checkpoint done
+                raise KeyboardInterrupt
+            return real(model, triples)
+
+        state = tmp_path / f"state-{save_every}.pt"
+        monkeypatch.setattr(tracin, "_factorise", dying)
+        with pytest.raises(KeyboardInterrupt):
+            tracin.self_influence(state=state, save_every=save_every)
+        return state
+
+    assert torch.load(killed_in_chunk_3(0), weights_only=True)["next"] == 2  # 0: after every chunk
+    monkeypatch.setattr(tracin_module, "SAVE_EVERY_S", 1e9)
+    assert not killed_in_chunk_3(None).exists()  # the default: every SAVE_EVERY_S seconds
+    with pytest.raises(ConfigError, match="save_every=-1"):
+        tracin.top_k(conve_run.dataset.test[:1], state=tmp_path / "s.pt", save_every=-1)
 
 
 def test_bf16_precision_is_close(conve_run):

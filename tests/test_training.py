@@ -11,10 +11,13 @@ import pytest
 import torch
 
 from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.io import atomic_path, remove_stale_temporaries
 from kgtrace.run import load_run
 from kgtrace.training.checkpoint import latest_checkpoint, load_checkpoint
-from kgtrace.training.loop import resume, train
+from kgtrace.training.loop import resume, train, truncate_metrics
+
+from badinput import refused
 
 SMALL = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}
 
@@ -159,3 +162,72 @@ def test_early_stopping_with_patience(tmp_path):
     result = train(config, tmp_path / "run", progress=False, log=lambda *_: None)
     assert result.stopped_early and result.epochs_completed < 30
     assert (tmp_path / "run" / f"checkpoints/epoch-{result.epochs_completed:04d}.pt").is_file()
+
+
+def test_resume_drops_a_torn_last_metrics_line(tmp_path):
+    """A kill during the append of epoch 2's record leaves half a line; resume redoes epoch 2 and writes it whole."""
+    out = tmp_path / "run"
+    train(small_config(epochs=1), out, progress=False, log=lambda *_: None)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "step": 22, "lo')
+    resume(out, epochs=2, progress=False, log=lambda *_: None)
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert (out / "metrics.jsonl").read_text().endswith("}\n")
+
+
+@pytest.mark.parametrize("torn", ["", '{"epoch": 3'])
+def test_truncate_metrics_drops_an_unparsable_last_line_only(tmp_path, torn):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epoch": 3, "lo\n' + torn)
+    if torn:  # the bad line is no longer the last: refused
+        with pytest.raises(DataError, match=r"metrics\.jsonl:3: not a JSON record"):
+            truncate_metrics(tmp_path, 2)
+        return
+    truncate_metrics(tmp_path, 2)
+    assert path.read_text() == '{"epoch": 1}\n{"epoch": 2}\n'
+
+
+def test_resume_refuses_a_corrupt_metrics_line_in_the_middle(tmp_path):
+    out = tmp_path / "run"
+    train(small_config(epochs=2), out, progress=False, log=lambda *_: None)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text(lines[0][:20] + "\n" + lines[1])
+    refused(["train", "--resume", "--out", out, "--epochs", "3", "--no-progress"], watch=out,
+            mentions=[f"{out / 'metrics.jsonl'}:1", "Fix:"])
+
+
+STALE = [".epoch-0002.pt.k3j_9x0a.tmp", ".best.pt.abcdefgh.tmp"]  # as atomic_path names its temporary files
+NOT_STALE = [".epoch-0002.pt.tmp", ".epoch-0002.pt.k3j_9x0.tmp", ".epoch-0002.pt.K3J_9X0A.tmp",
+             "epoch-0002.pt.k3j_9x0a.tmp", ".epoch-0002.pt.k3j_9x0a.tmp.bak", "my.epoch-0002.pt.k3j_9x0a.tmp"]
+
+
+def test_remove_stale_temporaries_takes_atomic_paths_names_only(tmp_path):
+    for name in STALE + NOT_STALE:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".notes.abcdefgh.tmp").mkdir()  # a folder, not a temporary file
+    with atomic_path(tmp_path / "epoch-0003.pt") as written:  # a name as mkstemp draws it
+        names = [written.name]
+    (tmp_path / names[0]).write_bytes(b"x")  # as if that write had been killed
+    assert remove_stale_temporaries(tmp_path) == sorted(STALE + names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NOT_STALE + [".notes.abcdefgh.tmp", "epoch-0003.pt"])
+    (tmp_path / ".a.json.abcdefgh.tmp").write_bytes(b"x")
+    (tmp_path / ".b.json.abcdefgh.tmp").write_bytes(b"x")
+    assert remove_stale_temporaries(tmp_path, ["a.json"]) == [".a.json.abcdefgh.tmp"]
+    assert (tmp_path / ".b.json.abcdefgh.tmp").exists()
+    assert remove_stale_temporaries(tmp_path / "absent") == []
+
+
+def test_resume_removes_the_temporary_files_of_killed_writes(tmp_path):
+    out = tmp_path / "run"
+    train(small_config(epochs=1), out, progress=False, log=lambda *_: None)
+    for name in STALE + NOT_STALE:
+        (out / "checkpoints" / name).write_bytes(b"x" * 100)
+    (out / ".metrics.jsonl.q1w2e3r4.tmp").write_text("{}")  # training's own file: stale
+    (out / ".explain.json.q1w2e3r4.tmp").write_text("{}")  # may be a live kgtrace explain's: kept
+    logs = []
+    resume(out, epochs=2, progress=False, log=logs.append)
+    assert f"{out}: removed 3 temporary file(s) left by killed writes" in logs
+    left = {p.name for p in (out / "checkpoints").iterdir()}
+    assert not left & set(STALE) and set(NOT_STALE) <= left
+    assert not (out / ".metrics.jsonl.q1w2e3r4.tmp").exists() and (out / ".explain.json.q1w2e3r4.tmp").exists()

@@ -612,6 +612,12 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
     p.add_argument("--index", metavar="FOLDER",
                    help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
+    p.add_argument("--chunk-size", type=int, metavar="N",
+                   help="training triples per chunk of the pass (bounds memory; default: 4096, less for gradients "
+                        "materialised per triple)")
+    p.add_argument("--save-every", type=float, default=30.0, metavar="SECONDS",
+                   help="how often a long pass saves its progress to OUT.json.state (or FOLDER.state with "
+                        "--out-dir), which rerunning the same command resumes from (0: after every chunk)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="compute per-triple gradients through torch.compile (same influences up to rounding; counters "
                         "in OUT.compile_stats.json). A failed compilation is an error, never a silent fallback")
@@ -656,8 +662,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def check_explain_options(args: argparse.Namespace) -> None:
     """Every conflict among explain's options, raised at once."""
-    problems = [f"--{key} {value}: must be at least 1" for key, value in (("top-k", args.top_k), ("top-n", args.top_n))
-                if value < 1]
+    counts = {"top-k": args.top_k, "top-n": args.top_n, "chunk-size": args.chunk_size}
+    problems = [f"--{key} {value}: must be at least 1" for key, value in counts.items() if value is not None and value < 1]
+    if not args.save_every >= 0:  # also NaN
+        problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
     if args.out_dir and (args.self_influence or args.out):
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
     if args.index and args.self_influence:
@@ -673,7 +681,7 @@ def tracin_options(args: argparse.Namespace) -> dict:
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
     return {"params": params, "checkpoints": checkpoints, "precision": args.precision, "compile": args.compile,
-            "world": args.world}
+            "chunk_size": args.chunk_size, "world": args.world}
 
 
 def explain_state(args: argparse.Namespace, out: Path) -> Path:
@@ -686,7 +694,7 @@ def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out:
 
     with compiled:
         ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress,
-                                                state=explain_state(args, out))
+                                                state=explain_state(args, out), save_every=args.save_every)
     if not args.world.is_main:
         return 0
     print_self_influence(ranking)
@@ -706,7 +714,8 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
     else:
         tracin = TracIn(run, device=device, **options)
         with compiled:
-            found = tracin.top_k(test, args.top_k, progress=args.progress, state=explain_state(args, out))
+            found = tracin.top_k(test, args.top_k, progress=args.progress, state=explain_state(args, out),
+                                 save_every=args.save_every)
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -32,6 +34,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+#: The name of atomic_path's temporary file for TARGET: ".TARGET." + mkstemp's 8 random characters + ".tmp".
+TEMPORARY_NAME = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, targets: Collection[str] | None = None) -> list[str]:
+    """Remove the temporary files that killed atomic writes left in ``folder``; returns their names, sorted.
+
+    Only regular files named exactly as :func:`atomic_path` names them go (with ``targets``: only
+    those whose target is one of these names); nothing else is touched, and sub-folders are not
+    searched. Call it only where no other process may be writing into ``folder`` (a run folder
+    under its lock): a live write's temporary file has the same name as a dead one's.
+    """
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for entry in os.scandir(folder):
+        match = TEMPORARY_NAME.fullmatch(entry.name)
+        if match is None or (targets is not None and match.group("target") not in targets):
+            continue
+        if not stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+            continue
+        with suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return sorted(removed)
 
 
 @contextmanager

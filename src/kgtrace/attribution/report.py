@@ -104,15 +104,15 @@ def _influencer(ds: Dataset, index: int, value: float, shares: list[float], key:
 
 
 def self_influence_ranking(run: Run, tracin: TracIn, top_k: int, progress: bool = False,
-                           state: str | Path | None = None) -> dict:
-    """Training triples by self-influence, highest (most suspicious) first.
+                           state: str | Path | None = None, save_every: float | None = None) -> dict:
+    """Training triples by self-influence, highest (most suspicious) first (state, save_every: see TracIn.top_k).
 
     Returns {"checkpoints", "top": top-k dicts with checkpoint shares, "all": every triple, ranked}.
     """
     if top_k < 1:
         raise ConfigError([f"top_k={top_k}: must be at least 1"])
     ds = run.dataset
-    parts = tracin.checkpoint_self_influence(progress=progress, state=state).double()  # [C, n]
+    parts = tracin.checkpoint_self_influence(progress=progress, state=state, save_every=save_every).double()  # [C, n]
     values = parts.sum(0)
     order = torch.argsort(values, descending=True, stable=True)
     k = min(int(top_k), len(order))

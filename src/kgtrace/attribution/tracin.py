@@ -47,7 +47,7 @@ from kgtrace.attribution.rows import row_factors, row_tables
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
-from kgtrace.io import atomic_open
+from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
@@ -66,7 +66,7 @@ FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = 
 FORWARD_MODE = {"ConvE": (forward_mode_pays, conve_forward_influence)}
 #: Parameter sets for which the fast path allocates same-sized blocks per sub-chunk or test triple.
 REUSES_BLOCKS = {"ConvE": needs_upstream}
-SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress
+SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress, by default
 
 
 class TracIn:
@@ -247,12 +247,14 @@ class TracIn:
             total[:, positions] = parts.double().sum(0)
         return self.world.all_reduce_sum(total).float().cpu()  # each column is non-zero on one process only
 
-    def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None) -> list[TopK]:
+    def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None,
+              save_every: float | None = None) -> list[TopK]:
         """Per test triple, the k strongest proponents (descending) and opponents (ascending).
 
         One streaming pass over the training set: memory holds the test triples' factors and
         the running top-k, not [n_test, n_train]. state: a file to save progress to (and resume
-        from, when it holds progress of the same computation); removed when done.
+        from, when it holds progress of the same computation); removed when done. save_every:
+        seconds between saves (None: SAVE_EVERY_S; 0: after every chunk).
         """
         test = self._check_test(test)
         k = min(int(k), len(self.train))
@@ -262,7 +264,7 @@ class TracIn:
             return self._top_k_of(test, self.influence(test).unsqueeze(0), k)
         best = RunningTopK(len(test), k, len(self.checkpoints), largest=True, device=self.device)
         worst = RunningTopK(len(test), k, len(self.checkpoints), largest=False, device=self.device)
-        saved = _State.open(self._state_file(state), self._signature("top_k", test, k))
+        saved = _State.open(self._state_file(state), self._signature("top_k", test, k), save_every)
         if saved.data:
             best.load(saved.data["best"])
             worst.load(saved.data["worst"])
@@ -298,8 +300,12 @@ class TracIn:
         worst.update(parts, columns)
         return top_k_results(test, self.train_indices, best, worst)
 
-    def checkpoint_self_influence(self, progress: bool = False, state: str | Path | None = None) -> Tensor:
-        """Each checkpoint's lr-weighted self-influence term, [C, n_train] float32 (sum over C: self-influence)."""
+    def checkpoint_self_influence(self, progress: bool = False, state: str | Path | None = None,
+                                  save_every: float | None = None) -> Tensor:
+        """Each checkpoint's lr-weighted self-influence term, [C, n_train] float32 (sum over C: self-influence).
+
+        state, save_every: as for :meth:`top_k`.
+        """
         if self.path == "reference":
             # Slow: one triple at a time keeps memory at [1, 1] per triple.
             out = torch.zeros(len(self.checkpoints), len(self.train))
@@ -308,7 +314,7 @@ class TracIn:
                 for j, z in enumerate(self.train):
                     out[c, j] = reference_influence(self.model, one, z.view(1, 3), z.view(1, 3), self.names)[0, 0]
             return out
-        saved = _State.open(self._state_file(state), self._signature("self", None, 0))
+        saved = _State.open(self._state_file(state), self._signature("self", None, 0), save_every)
         out = saved.data["parts"] if saved.data else torch.zeros(len(self.checkpoints), len(self.train),
                                                                  device=self.device)
         for number, positions, parts in self._stream(None, "TracIn self-influence", progress, saved):
@@ -318,9 +324,10 @@ class TracIn:
         saved.finish()
         return out.cpu()
 
-    def self_influence(self, progress: bool = False, state: str | Path | None = None) -> Tensor:
+    def self_influence(self, progress: bool = False, state: str | Path | None = None,
+                       save_every: float | None = None) -> Tensor:
         """Self-influence [n_train] (float32): influence of each training triple on itself."""
-        return self.checkpoint_self_influence(progress, state).double().sum(0).float()
+        return self.checkpoint_self_influence(progress, state, save_every).double().sum(0).float()
 
     def _signature(self, kind: str, test: Tensor | None, k: int) -> str:
         """What a saved state must match to be resumed: the same computation on the same inputs."""
@@ -355,8 +362,10 @@ def _choose_checkpoints(available: list[CheckpointInfo], wanted) -> tuple[list[C
 class _State:
     """Progress of a streaming pass, saved atomically to a file now and then (weights_only-loadable)."""
 
-    def __init__(self, path: Path | None, signature: str, next_chunk: int, data: dict | None):
+    def __init__(self, path: Path | None, signature: str, next_chunk: int, data: dict | None,
+                 save_every: float | None = None):
         self.path, self.signature, self.next, self.data = path, signature, next_chunk, data
+        self.save_every = SAVE_EVERY_S if save_every is None else float(save_every)
         self.saved_at = time.monotonic()
 
     @classmethod
@@ -364,21 +373,25 @@ class _State:
         return cls(None, "", 0, None)
 
     @classmethod
-    def open(cls, path: str | Path | None, signature: str) -> "_State":
+    def open(cls, path: str | Path | None, signature: str, save_every: float | None = None) -> "_State":
         """Resume from ``path`` if it holds this computation's progress, else start at chunk 0."""
+        if save_every is not None and not save_every >= 0:
+            raise ConfigError([f"save_every={save_every!r}: must be a number of seconds, 0 or more"])
+        if path is not None:  # what saves killed mid-write left (the state file is this pass's alone)
+            remove_stale_temporaries(Path(path).parent, [Path(path).name])
         if path is None or not Path(path).is_file():
-            return cls(None if path is None else Path(path), signature, 0, None)
+            return cls(None if path is None else Path(path), signature, 0, None, save_every)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
         except Exception:  # a foreign or damaged state file: start over (it is ours, and rewritten)
             saved = {}
         if saved.get("signature") != signature:
-            return cls(Path(path), signature, 0, None)
-        return cls(Path(path), signature, int(saved["next"]), saved["data"])
+            return cls(Path(path), signature, 0, None, save_every)
+        return cls(Path(path), signature, int(saved["next"]), saved["data"], save_every)
 
     def step(self, number: int, data: Callable[[], dict]) -> None:
         """Chunk ``number`` is done: save if it is time to."""
-        if self.path is not None and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
+        if self.path is not None and time.monotonic() - self.saved_at >= self.save_every:
             with atomic_open(self.path, "wb") as f:
                 torch.save({"signature": self.signature, "next": number + 1, "data": data()}, f)
             self.saved_at = time.monotonic()

@@ -36,7 +36,6 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
-from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer
 from kgtrace.owned import folder_lock
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
@@ -50,8 +49,12 @@ from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
 from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
+from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
 
 __all__ = ["resume_policy", "train_policy"]
+
+#: What training a policy writes into its run folder.
+RUN_FILES = (CONFIG_FILE, RULES_FILE, "node_dict", "rel_dict", "metrics.jsonl", "compile_stats.json")
 
 
 @dataclass
@@ -105,6 +108,7 @@ def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> Polic
     rules = read_rules(out / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
     state = new_state(config, dataset, engine)
+    remove_stale_run_temporaries(out, log, RUN_FILES)
     path = latest_checkpoint(out / "checkpoints")
     if path is not None:
         saved = load_checkpoint(path)
@@ -173,7 +177,7 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
                                   proof_score=config.proof_score, compile=config.compile)
     if config.link_weight:  # validated as the run will be ranked: link logit + hybrid_weight x proof part
         scorer = HybridScorer(scorer, LinkHead(state.policy), config.hybrid_weight)
-    _truncate_metrics(out, state.epoch)
+    truncate_metrics(out, state.epoch)  # a torn last line (a kill during its append) is dropped
     while state.epoch < config.epochs:
         started = time.perf_counter()
         order = torch.randperm(len(dataset.train), generator=state.sampler)
@@ -330,14 +334,6 @@ def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, scorer
     if improved:
         state.best_mrr, state.best_epoch = metrics["mrr"], state.epoch
     return {"valid_mrr": metrics["mrr"], "valid_hits_at_1": metrics["hits_at_1"], "valid_improved": improved}
-
-
-def _truncate_metrics(out: Path, epoch: int) -> None:
-    """Keep the records of epochs up to the checkpoint resumed from; later ones are redone."""
-    path = out / "metrics.jsonl"
-    if path.is_file():
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln)["epoch"] <= epoch]
-        atomic_write_text(path, "".join(ln + "\n" for ln in lines))
 
 
 def _format(record: dict) -> str:

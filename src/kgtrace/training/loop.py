@@ -30,10 +30,10 @@ from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset,
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
-from kgtrace.io import atomic_open
+from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
 from kgtrace.system import keep_freed_memory
@@ -279,13 +279,41 @@ def append_metrics(out: Path, record: dict[str, Any]) -> None:
 
 
 def truncate_metrics(out: Path, epoch: int) -> None:
-    """Keep the records of epochs up to the resumed checkpoint; later ones will be redone."""
+    """Keep the records of epochs up to the resumed checkpoint; later ones will be redone.
+
+    A last line cut short (no newline, or not a JSON record) is what a kill during its append
+    leaves: it is dropped, as the record of an epoch after the checkpoint. A bad line before the
+    last is no kill's doing and is refused (DataError naming the file and line).
+    """
     path = out / "metrics.jsonl"
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln)["epoch"] <= epoch]
+    lines = path.read_bytes().split(b"\n")
+    complete = lines[:-1]  # the part after the last newline is empty, or a torn append
+    numbered = [(i, ln) for i, ln in enumerate(complete, 1) if ln.strip()]
+    kept = []
+    for position, (number, line) in enumerate(numbered):
+        record = _metrics_record(line)
+        if record is None:
+            if position == len(numbered) - 1 and not lines[-1].strip():
+                break  # the last line, written in part before a kill
+            raise DataError(path, number, "not a JSON record with an integer 'epoch', and not the last line "
+                            "(which a kill may leave half written)", "repair or delete that line, then resume again")
+        if record["epoch"] <= epoch:
+            kept.append(line.decode("utf-8") + "\n")
     with atomic_open(path) as f:
-        f.write("".join(ln + "\n" for ln in lines))
+        f.write("".join(kept))
+
+
+def _metrics_record(line: bytes) -> dict[str, Any] | None:
+    """The record on a line of metrics.jsonl, or None when the line is not one."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # also UnicodeDecodeError: a multi-byte character cut in two
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+        return None
+    return record
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -363,7 +391,24 @@ def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
     (out / "checkpoints").mkdir(exist_ok=True)
 
 
+#: What training writes into the run folder (checkpoints/ holds nothing else but training's files).
+RUN_FILES = ("config.yaml", "node_dict", "rel_dict", "metrics.jsonl", "training_curve.png", "compile_stats.json",
+             "test_metrics.json")
+
+
+def remove_stale_run_temporaries(out: Path, log, run_files: tuple[str, ...] = RUN_FILES) -> None:
+    """Remove what killed writes of a run left: checkpoints/'s temporary files, and the run folder's for ``run_files``.
+
+    The run folder's others may be those of a live ``kgtrace explain`` writing beside the run; they stay.
+    """
+    removed = remove_stale_temporaries(out / "checkpoints") + remove_stale_temporaries(out, run_files)
+    if removed:
+        log(f"{out}: removed {len(removed)} temporary file(s) left by killed writes")
+
+
 def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writes: bool = True) -> None:
+    if writes:  # only this process trains the run (train and resume lock it): no other write is under way
+        remove_stale_run_temporaries(out, log)
     path = latest_checkpoint(out / "checkpoints")
     if path is None:
         log(f"{out}: no checkpoint yet; starting from epoch 0")
