@@ -143,7 +143,7 @@ def test_fractions_not_summing_to_one(inputs):
 def test_predicate_split_without_holdout_predicate(inputs):
     path = inputs[0] / "kg.tsv"
     path.write_text(TRIPLES)
-    prepare_refused(inputs, "--triples", path, "--split", "predicate", mentions=["holdout_predicate", "biolink:treats"])
+    prepare_refused(inputs, "--triples", path, "--split", "predicate", mentions=["--holdout-predicate", "biolink:treats"])
 
 
 def test_names_file_with_a_bad_line(inputs):

@@ -103,7 +103,7 @@ def test_category_pair_any_of_several(files):
 
 
 def test_bad_pairs_config_error(files):
-    with pytest.raises(ConfigError, match="category_pairs"):
+    with pytest.raises(ConfigError, match="--category-pair"):
         read_kgx(*files, category_pairs=[("biolink:Gene",)])
 
 

@@ -78,7 +78,7 @@ def read_kgx(
     """
     problems = check_category_pairs(category_pairs)
     if isinstance(drop_predicates, str):
-        problems.append(f"drop_predicates: {drop_predicates!r} must be a list of predicates, not one string")
+        problems.append(f"--drop-predicate: {drop_predicates!r} must be a list of predicates, not one string")
     if problems:
         raise ConfigError(problems)
     nodes, nodes_read = _read_nodes(nodes_path)
@@ -109,11 +109,11 @@ def check_category_pairs(category_pairs: Sequence[tuple[str, str]]) -> list[str]
     problems = []
     for pair in category_pairs:
         if isinstance(pair, str) or len(pair) != 2 or not all(isinstance(c, str) and c for c in pair):
-            problems.append(f"category_pairs: {pair!r} is not a pair of categories; "
-                            "write e.g. ['biolink:ChemicalEntity', 'biolink:Disease']")
+            problems.append(f"--category-pair: {pair!r} is not a pair of categories; "
+                            "write e.g. --category-pair biolink:ChemicalEntity,biolink:Disease")
     categories = {c for pair in category_pairs if not problems for c in pair}
     if len(categories) > MAX_PAIR_CATEGORIES:
-        problems.append(f"category_pairs: {len(categories)} distinct categories; use at most {MAX_PAIR_CATEGORIES}")
+        problems.append(f"--category-pair: {len(categories)} distinct categories; use at most {MAX_PAIR_CATEGORIES}")
     return problems
 
 

@@ -119,7 +119,7 @@ def prepare(
         cut = _cut_kgx(nodes, edges, category_pairs, drop_predicates, fold_qualifiers)
     if len(cut.triples) == 0:
         raise ConfigError([f"input: no triples left after filtering ({cut.counts}); "
-                           "check category_pairs and drop_predicates against the input"])
+                           "check --category-pair and --drop-predicate against the input"])
     if split == "random":
         train, valid, test, report = random_split(cut.triples, fractions, seed)
     else:
@@ -140,13 +140,13 @@ def _option_problems(
 ) -> list[str]:
     problems = _input_problems(triples, nodes, edges, names)
     if category_pairs and triples is not None:
-        problems.append("category_pairs: needs KGX input (nodes and edges), not a triples file")
+        problems.append("--category-pair: needs KGX input (--nodes and --edges), not --triples")
     problems += check_category_pairs(category_pairs)
     if isinstance(drop_predicates, str) or not all(isinstance(p, str) for p in drop_predicates):
-        problems.append(f"drop_predicates: {drop_predicates!r} must be a list of predicates")
+        problems.append(f"--drop-predicate: {drop_predicates!r} must be a list of predicates")
     problems += _split_problems(split, fractions, holdout)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        problems.append(f"seed: {seed!r} must be an integer")
+        problems.append(f"--seed: {seed!r} must be an integer")
     problems += _out_problems(out, overwrite, [triples, nodes, edges, names])
     return problems
 
@@ -154,9 +154,9 @@ def _option_problems(
 def _input_problems(triples: str | None, nodes: str | None, edges: str | None, names: str | None) -> list[str]:
     problems = []
     if triples is not None and (nodes is not None or edges is not None):
-        problems.append("input: give either triples or nodes + edges, not both")
+        problems.append("input: give either --triples or --nodes and --edges, not both")
     elif triples is None and (nodes is None or edges is None):
-        problems.append("input: give triples=<labelled TSV>, or both nodes=<KGX nodes> and edges=<KGX edges>")
+        problems.append("input: give --triples FILE (labelled TSV), or both --nodes FILE and --edges FILE (KGX)")
     for key, value in (("triples", triples), ("nodes", nodes), ("edges", edges), ("names", names)):
         if value is None or Path(value).is_file():
             continue
@@ -169,12 +169,12 @@ def _input_problems(triples: str | None, nodes: str | None, edges: str | None, n
 
 def _split_problems(split: str, fractions: Sequence[float], holdout: str | None) -> list[str]:
     if split not in SPLIT_METHODS:
-        return [f"split: {split!r} is not one of {', '.join(SPLIT_METHODS)}"]
+        return [f"--split: {split!r} is not one of {', '.join(SPLIT_METHODS)}"]
     problems = check_fractions(fractions)
     if split == "predicate" and not holdout:
-        problems.append("holdout_predicate: split 'predicate' needs the relation to hold out, e.g. biolink:treats")
+        problems.append("--holdout-predicate: --split predicate needs the relation to hold out, e.g. --holdout-predicate biolink:treats")
     if split == "random" and holdout:
-        problems.append(f"holdout_predicate: {holdout!r} is only used with split 'predicate'; set split: predicate")
+        problems.append(f"--holdout-predicate {holdout!r}: is only used with --split predicate; add --split predicate")
     return problems
 
 

@@ -69,7 +69,7 @@ def holdout_relations(
     held = object_column(triples[:, 1]).is_in(pl.Series(list(relations), dtype=pl.String).implode()).to_numpy()
     problems = []
     if not held.any():
-        problems.append(f"holdout_predicate: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
+        problems.append(f"--holdout-predicate: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
                         "of the triples; use one of the relation labels (or KGX predicates) in the input")
     if not 0 <= valid_fraction < 1:
         problems.append(f"valid fraction: {valid_fraction!r} must be in [0, 1)")
@@ -119,12 +119,12 @@ def check_fractions(fractions: Sequence[float]) -> list[str]:
     """Problems with train/valid/test ``fractions`` (empty list if fine)."""
     values = list(fractions) if isinstance(fractions, (list, tuple)) else []
     if len(values) != 3 or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in values):
-        return [f"fractions: {fractions!r} must be three numbers (train, valid, test), e.g. [0.8, 0.1, 0.1]"]
+        return [f"--fractions: {fractions!r} must be three numbers (train, valid, test), e.g. --fractions 0.8,0.1,0.1"]
     problems = []
     if any(f < 0 for f in values) or values[0] <= 0:
-        problems.append(f"fractions: {fractions!r} must be non-negative with a positive train fraction")
+        problems.append(f"--fractions: {fractions!r} must be non-negative with a positive train fraction")
     if abs(sum(values) - 1) > 1e-6:
-        problems.append(f"fractions: {fractions!r} sum to {sum(values):g}; make them sum to 1")
+        problems.append(f"--fractions: {fractions!r} sum to {sum(values):g}; make them sum to 1")
     return problems
 
 
