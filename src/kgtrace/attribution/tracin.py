@@ -82,7 +82,7 @@ class TracIn:
         for paths that materialise per-sample gradients, as many as keep them near 1 GB
         (vmap's intermediates measured at ~35x the gradients' own size on CPU), at most 4096.
     precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
-        products in that type (faster where the hardware has it, less exact: see the README).
+        products in that type (faster where the hardware has it, less exact: see docs/benchmarks.md).
     compile: compute the per-triple gradients through torch.compile (:mod:`.compiled`; same
         influences up to float rounding); the counters are in ``compiled.calls``.
     world: the processes of a distributed job (:mod:`kgtrace.distributed`); each streams every

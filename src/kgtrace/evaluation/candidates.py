@@ -21,9 +21,7 @@ The sample depends on nothing but (seed, side, q, the eligible set, K): the same
 the chunking, the memory budget, the scoring path or the device. A query walks about
 ``K * 2^b / eligible`` positions (at most 2^b), so K << E costs O(K) hashing, not O(E);
 only the one-byte-per-entity eligibility mask (a memset) and, on the ``score_t`` path,
-the scores themselves are O(E) per query. Measured on one CPU thread, 2 GB budget:
-10,000 queries x 80,000 corruptions over 100,000 entities, DistMult dim 200, in 27 s
-(30 M candidates/s; 7 s of it the score_t matmul), peak RSS 1.1 GB.
+the scores themselves are O(E) per query (``benchmarks/eval_vs_pykeen.py`` times it).
 
 Type restrictions (:class:`CandidateRestriction`) say which entities may answer each
 relation-or-inverse query, from the categories of KGX nodes (``node_categories.tsv``):

@@ -8,11 +8,9 @@ paired difference of reciprocal ranks (the same validation queries under both we
 whether the validation set can tell the two weights apart at all.
 
 Why not the best weight outright: over a few hundred validation queries the MRR curve is flat within
-noise from some weight on, and its maximum lands anywhere on that plateau. On Nations (199 validation
-triples) the policy hybrid's curve stays within .004 from weight 4 to 64 and its maximum fell on 8, a
-weight at which test MRR was below the embedding model's alone. Among weights that validation cannot
-tell apart, the rule keeps the smallest: the one that leaves the most of the ranking to the embedding
-model, the simpler of the two components (weight 0 is the embedding model alone).
+noise from some weight on, and its maximum lands anywhere on that plateau. Among weights that validation
+cannot tell apart, the rule keeps the smallest: the one that leaves the most of the ranking to the
+embedding model, the simpler of the two components (weight 0 is the embedding model alone).
 """
 
 from __future__ import annotations

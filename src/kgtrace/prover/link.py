@@ -1,20 +1,18 @@
 """NTP-lambda's link head: ComplEx on the policy's own entity and relation embeddings, trained beside PPO.
 
-Rocktäschel and Riedel (2017, "End-to-end differentiable proving") train their prover jointly
-with ComplEx on the same embeddings (NTP-lambda): the prover alone ranks Kinship, Nations and
-UMLS at .35 / .61 / .80, with ComplEx at .80 / .74 / .93. Here, with ``link_weight > 0``:
+NTP-lambda (Rocktäschel and Riedel 2017, "End-to-end differentiable proving") trains a prover and
+ComplEx together on shared embeddings. With ``link_weight > 0`` a prover run does the same:
 
 - the policy's entity rows ``terms.weight[:E]`` [E, dim] and relation rows ``relations.weight[:R]``
   [R, dim] are read as ComplEx tables of dimension dim / 2, in :class:`kgtrace.models.ComplEx`'s
   layout (real parts, then imaginary parts); :class:`LinkHead` scores with them (a Scorer);
 - its loss (:func:`link_loss`) is the cross-entropy of each training triple's tail over all
   entities and of its head through the inverse query, plus ``n3`` times the N3 regulariser
-  (Lacroix et al. 2018: the cubed moduli of the triple's head, relation and tail embeddings), which
-  ComplEx needs on these small graphs (kgtrace's ComplEx trained without it, dimension 100, reached
-  test MRR .76 on Kinships at epoch 30 and fell to .56 by epoch 100);
+  (Lacroix et al. 2018: the cubed moduli of the triple's head, relation and tail embeddings),
+  which keeps ComplEx from overfitting small graphs;
 - PPO adds ``link_weight`` times it, over the iteration's training triples, at every optimiser
   step, so both objectives shape the shared embeddings; ``link_epochs`` passes of it alone
-  (:func:`warm_up`, Adagrad from rows drawn at std ``link_init``, Lacroix et al.'s recipe) may come first;
+  (:func:`warm_up`: rows drawn at std ``link_init``, then Adagrad, Lacroix et al.'s recipe) may come first;
 - a triple scores the head's logit + ``hybrid_weight`` x the proof part of its policy score
   (:class:`kgtrace.prover.scorer.HybridScorer`), the weight chosen on validation triples by
   ``kgtrace prove weigh``.
@@ -60,9 +58,8 @@ class LinkHead(nn.Module):
         return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), F.embedding(hrt[:, 2], self.entities()))
 
     def reset(self, std: float, generator: torch.Generator) -> None:
-        """Draw the head's entity and relation rows from N(0, std^2): ComplEx-N3 starts small (Lacroix et al. use
-        1e-3), where the policy's own start (std dim^-0.5) left the head's validation MRR lower on all three
-        bundled datasets (README)."""
+        """Draw the head's entity and relation rows from N(0, std^2); ComplEx-N3 starts small (Lacroix et al. use
+        1e-3)."""
         with torch.no_grad():
             for rows in (self.entities(), self.policy.relations.weight[: self.num_relations]):
                 rows.normal_(0.0, std, generator=generator)
