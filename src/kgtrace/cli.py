@@ -970,7 +970,7 @@ def add_export_pykeen_args(p: argparse.ArgumentParser) -> None:
                      "testing_triples/) via TriplesFactory.to_path_binary, model_state.pt and checkpoints/ as "
                      "{'state_dict', 'version'} files, config.json with the model class and model_kwargs. Load with "
                      "TriplesFactory.from_path_binary, model_resolver.make(config['model'], config['model_kwargs'], "
-                     "triples_factory=...) and load_state_dict (README: PyKEEN interop). Needs PyKEEN installed.")
+                     "triples_factory=...) and load_state_dict (docs/pykeen.md). Needs PyKEEN installed.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a kgtrace run folder")
     p.add_argument("--out", required=True, help="folder to write (must not exist or be empty)")
     p.add_argument("--checkpoint", default="best", help="the model written as model_state.pt: best, last or a file")
