@@ -26,6 +26,7 @@ from kgtrace.config import TrainConfig, parse_size
 from kgtrace.distributed import ONE, StoppedByPeer, World, session
 from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
+from kgtrace.registry import model_names, spec_named
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
 
 TRAIN_HELP = {
     "dataset": "bundled dataset (umls, kinships, nations) or a dataset folder",
-    "model": "model: conve, distmult or complex",
+    "model": "model: " + " | ".join(model_names()),
     "epochs": "number of epochs",
     "batch_size": "queries per optimizer step",
     "lr": "Adam learning rate",
@@ -944,7 +945,7 @@ def add_import_pykeen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="umls|PATH",
                    help="bundled dataset or dataset folder with the valid and test splits (default: none; the run "
                         "keeps PyKEEN's training triples only)")
-    p.add_argument("--model", choices=("conve", "distmult", "complex"),
+    p.add_argument("--model", choices=[name for name in model_names() if spec_named(name).pykeen],
                    help="the PyKEEN model class, when the weights cannot tell (default: from the weights)")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyperparameter the weights do not fix, e.g. embedding_height=8 for ConvE (repeatable)")
