@@ -733,7 +733,7 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
 
 def explain_prover_run(args: argparse.Namespace) -> int:
     """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
-    from kgtrace.prover.explain import explain_proofs, print_proofs
+    from kgtrace.prover.explain import explain_proofs, proof_lines
     from kgtrace.prover.run import load_prover_run
     from kgtrace.training.loop import resolve_device
 
@@ -744,7 +744,8 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     check_json_out(out)
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
     items = explain_proofs(run, explain_targets(args, run))
-    print_proofs(items)
+    for line in proof_lines(items):
+        print(line)
     write_json({"proofs": items}, out)
     print(f"wrote {out}")
     return 0
