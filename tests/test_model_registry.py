@@ -55,10 +55,11 @@ def test_one_spec_per_model_and_names_derived_from_it():
 
 
 def test_subclasses_have_their_parents_spec():
+    assert dict(spec_named("distmult").row_tables) == {"entity_embeddings": "entity", "relation_embeddings": "relation"}
     assert spec_of(MyConvE) is spec_named("conve") and spec_of(MyDistMult(3, 2, embedding_dim=4)).name == "distmult"
     assert spec_of(nn.Linear(2, 2)) is None and spec_of(nn.Linear) is None
     own = ModelSpec("mine", MyConvE, last_layer=("fc.weight",))
-    assert own.row_tables == {} and own.factoriser is None  # data only; registering would make it MyConvE's
+    assert own.row_tables == () and own.factoriser is None  # data only; registering would make it MyConvE's
 
 
 def test_conve_subclass_takes_the_fast_paths(conve_run, monkeypatch):

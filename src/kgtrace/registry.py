@@ -18,7 +18,7 @@ order, fills it when imported (``import kgtrace`` imports every model).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = ["MODEL_CLASSES", "ModelSpec", "model_names", "register", "spec_named", "spec_of"]
@@ -34,9 +34,9 @@ class ModelSpec:
     model_class: type
     #: TracIn's ``params="last"``: the parameters closest to the score.
     last_layer: tuple[str, ...]
-    #: Embedding tables read by a triple's ids: parameter name -> id space ("entity" or "relation").
-    #: Their per-triple gradients are sparse rows (TracIn's rows and fast paths).
-    row_tables: Mapping[str, str] = field(default_factory=dict)
+    #: Embedding tables read by a triple's ids: (parameter name, id space "entity" or "relation") pairs,
+    #: given as a mapping or pairs. Their per-triple gradients are sparse rows (TracIn's rows and fast paths).
+    row_tables: tuple[tuple[str, str], ...] = ()
     #: Kind of TracIn's exact factored gradients (the fast path): "conve" (closed form) or "rows"
     #: (the embedding-row form); None: no fast path.
     factoriser: str | None = None
@@ -46,8 +46,8 @@ class ModelSpec:
     #: PyKEEN's class name of the same scoring function (its weights map one to one); None: none.
     pykeen: str | None = None
 
-    def __post_init__(self):
-        object.__setattr__(self, "row_tables", MappingProxyType(dict(self.row_tables)))
+    def __post_init__(self):  # immutable (and plain tuples, which torch.compile reads as constants)
+        object.__setattr__(self, "row_tables", tuple(dict(self.row_tables).items()))
         object.__setattr__(self, "last_layer", tuple(self.last_layer))
 
 

@@ -14,7 +14,7 @@ tables holding just its rows, entity rows [h, t] and relation row [r], as the tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +32,10 @@ SLOTS = {"entity": [0, 2], "relation": [1]}
 LOCAL_TRIPLE = (0, 0, 1)  # (h, r, t) in local ids: entity rows [h, t], relation row [r]
 
 
-def row_tables(model: nn.Module) -> Mapping[str, str]:
+def row_tables(model: nn.Module) -> dict[str, str]:
     """The model's table parameters and their id spaces (its spec's ``row_tables``; {} without a spec)."""
     spec = spec_of(model)
-    return {} if spec is None else spec.row_tables
+    return {} if spec is None else dict(spec.row_tables)
 
 
 def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
