@@ -270,17 +270,18 @@ def test_bf16_precision_is_close(conve_run):
 
 
 @pytest.mark.parametrize("params", ["all", ["entity_embeddings", "bn1.weight"], ["relation_embeddings", "conv.bias"]])
-def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params):
+def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params, monkeypatch):
     """For few test triples ConvE's upstream terms are taken in forward mode: same influences."""
     from kgtrace.attribution.conve import forward_mode_pays
 
     rows = torch.arange(0, 2400)
     for test in (conve_run.dataset.test[:1], torch.tensor([[5, 3, 5], [7, 2, 9]])):
-        fast = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
-        assert forward_mode_pays(fast.model, fast.names, len(test), conve_run.dataset.train[rows[:1200]])
-        reverse = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
-        reverse.forward_mode = False
-        got, expected = fast.influence(test), reverse.influence(test)
+        tracin = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
+        assert forward_mode_pays(tracin.model, tracin.names, len(test), conve_run.dataset.train[rows[:1200]])
+        got = tracin.influence(test)
+        with monkeypatch.context() as m:
+            m.setattr(tracin_module, "_FORWARD_MODE", False)  # reverse mode: per-triple gradients
+            expected = tracin.influence(test)
         assert_agrees(got, expected.double())
     ref = TracIn(conve_run, params=params, path="reference", train_indices=rows[::20]).influence(test)
     assert_agrees(TracIn(conve_run, params=params, train_indices=rows[::20], chunk_size=120).influence(test), ref)

@@ -26,6 +26,7 @@ from kgtrace.config import TrainConfig, parse_size
 from kgtrace.distributed import ONE, StoppedByPeer, World, session
 from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
+from kgtrace.registry import model_names, spec_named
 
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
 
 TRAIN_HELP = {
     "dataset": "bundled dataset (umls, kinships, nations) or a dataset folder",
-    "model": "model: conve, distmult or complex",
+    "model": "model: " + " | ".join(model_names()),
     "epochs": "number of epochs",
     "batch_size": "queries per optimizer step",
     "lr": "Adam learning rate",
@@ -732,7 +733,7 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
 
 def explain_prover_run(args: argparse.Namespace) -> int:
     """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
-    from kgtrace.prover.explain import explain_proofs, print_proofs
+    from kgtrace.prover.explain import explain_proofs, proof_lines
     from kgtrace.prover.run import load_prover_run
     from kgtrace.training.loop import resolve_device
 
@@ -743,7 +744,8 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     check_json_out(out)
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
     items = explain_proofs(run, explain_targets(args, run))
-    print_proofs(items)
+    for line in proof_lines(items):
+        print(line)
     write_json({"proofs": items}, out)
     print(f"wrote {out}")
     return 0
@@ -944,7 +946,7 @@ def add_import_pykeen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="umls|PATH",
                    help="bundled dataset or dataset folder with the valid and test splits (default: none; the run "
                         "keeps PyKEEN's training triples only)")
-    p.add_argument("--model", choices=("conve", "distmult", "complex"),
+    p.add_argument("--model", choices=[name for name in model_names() if spec_named(name).pykeen],
                    help="the PyKEEN model class, when the weights cannot tell (default: from the weights)")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyperparameter the weights do not fix, e.g. embedding_height=8 for ConvE (repeatable)")

@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 
 from kgtrace.errors import ConfigError
+from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "1vsall")
 DEVICES = ("auto", "cpu", "cuda")
-MODEL_NAMES = ("conve", "distmult", "complex")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class TrainConfig:
     """Everything that determines a training run."""
 
     dataset: str = "umls"  # bundled name (umls, kinships, nations) or a dataset folder
-    model: str = "conve"  # conve | distmult | complex
+    model: str = "conve"  # a registered model's name (kgtrace.registry.model_names())
     model_args: dict[str, Any] = field(default_factory=dict)  # constructor keywords of the model
     epochs: int = 100
     batch_size: int = 128
@@ -70,7 +70,7 @@ class TrainConfig:
             problems.append(f"label_smoothing={self.label_smoothing}: must be in [0, 1), e.g. 0.1")
         if self.weight_decay < 0:
             problems.append(f"weight_decay={self.weight_decay}: must be 0 or more")
-        problems += choice_problems(self, "model", MODEL_NAMES)
+        problems += choice_problems(self, "model", model_names())
         problems += choice_problems(self, "precision", PRECISIONS)
         problems += choice_problems(self, "training", TRAINING_MODES)
         problems += choice_problems(self, "device", DEVICES)

@@ -36,9 +36,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, needs_upstream, pair_pass
-from kgtrace.attribution.conve_bands import band_values, bands
+from kgtrace.attribution.conve import conve_factors, conve_forward_influence, pair_pass
+from kgtrace.attribution.conve_bands import band_values
 from kgtrace.attribution.factors import Factors
+from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.grads import ScoreHRT, dense_factors, wrapped_gradients
 from kgtrace.attribution.rows import row_factors, row_gradients, rows_to_factors
 from kgtrace.compile import CompiledCall
@@ -72,12 +73,11 @@ def _band(model: nn.Module, ids: Tensor, valid: Tensor, key: str) -> tuple[Tenso
 
 def entry_points_for(model: nn.Module, path: str, names: Sequence[str]) -> list[str]:
     """The entry points TracIn's resolved ``path`` ("fast", "rows" or "general") compiles for this model and
-    parameter set (ConvE's pair pass only with upstream parameters, whose per-triple gradients need it)."""
+    parameter set (the fast path's: :attr:`.fast.FastPath.entry_points`)."""
     if path == "general":
         return ["tracin_general"]
-    if path == "fast" and type(model).__name__ == "ConvE":
-        return [f"tracin_conve_band_{key}" for key, _ in bands(model)] + ["tracin_conve_pairs"] * needs_upstream(names)
-    return ["tracin_rows"]
+    fast = fast_path(model) if path == "fast" else None
+    return ["tracin_rows"] if fast is None else fast.entry_points(model, names)
 
 
 class CompiledGradients:

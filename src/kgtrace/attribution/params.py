@@ -2,7 +2,8 @@
 
 ``select_parameters(model, spec)``:
 
-* ``"last"``: the decoder side, the parameters closest to the score.
+* ``"last"``: the decoder side, the parameters closest to the score, as the model's
+  :class:`~kgtrace.registry.ModelSpec` declares them (``last_layer``):
 
   - ConvE: ``fc.weight``, ``fc.bias``, ``entity_bias`` (the fully connected layer that
     makes the query vector, and the per-entity score bias). Entity embeddings are *not*
@@ -23,15 +24,16 @@ from collections.abc import Sequence
 from torch import nn
 
 from kgtrace.errors import ConfigError
+from kgtrace.registry import spec_of
 
-__all__ = ["LAST_LAYER", "select_parameters"]
+__all__ = ["last_layer", "select_parameters"]
 
-#: "last" per model class name; models not listed use ("entity_embeddings",).
-LAST_LAYER: dict[str, tuple[str, ...]] = {
-    "ConvE": ("fc.weight", "fc.bias", "entity_bias"),
-    "DistMult": ("entity_embeddings",),
-    "ComplEx": ("entity_embeddings",),
-}
+
+def last_layer(model: nn.Module) -> tuple[str, ...]:
+    """The parameters of ``params="last"``: the model spec's ``last_layer``; ("entity_embeddings",)
+    for a model without a spec."""
+    spec = spec_of(model)
+    return ("entity_embeddings",) if spec is None else spec.last_layer
 
 
 def select_parameters(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
@@ -41,10 +43,10 @@ def select_parameters(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
         if spec == "all":
             return trainable
         if spec == "last":
-            names = list(LAST_LAYER.get(type(model).__name__, ("entity_embeddings",)))
+            names = list(last_layer(model))
             missing = [n for n in names if n not in trainable]
             if missing:
-                raise ConfigError([f"params='last': {type(model).__name__} has no trainable parameter(s) "
+                raise ConfigError([f"params='last': {type(model).__qualname__} has no trainable parameter(s) "
                                    f"{missing}; fix: pass a list of names from {trainable}"])
             return names
         raise ConfigError([f"params={spec!r}: unknown parameter set; fix: use 'last', 'all' or a list of "

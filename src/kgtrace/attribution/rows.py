@@ -8,7 +8,8 @@ tables holding just its rows, entity rows [h, t] and relation row [r], as the tr
 ``vmap(grad)`` gives each triple's row gradients [2, W] and [1, W] instead of [E, W] and
 [R, W]. Other parameters (ConvE's convolution, fc, batch norm) are differentiated densely.
 
-:data:`ROW_TABLES` says which parameters are tables and of which id space.
+:func:`row_tables` says which parameters are tables and of which id space (the model's
+:class:`~kgtrace.registry.ModelSpec`).
 """
 
 from __future__ import annotations
@@ -22,23 +23,19 @@ from torch.func import functional_call, grad, vmap
 
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.grads import ScoreHRT
+from kgtrace.registry import spec_of
 
-__all__ = ["ROW_TABLES", "row_factors", "row_gradients", "row_tables", "rows_to_factors"]
+__all__ = ["row_factors", "row_gradients", "row_tables", "rows_to_factors"]
 
-#: Per model class: embedding-table parameters and the id space that indexes them.
-ROW_TABLES: dict[str, dict[str, str]] = {
-    "ConvE": {"entity_embeddings": "entity", "entity_bias": "entity", "relation_embeddings": "relation"},
-    "DistMult": {"entity_embeddings": "entity", "relation_embeddings": "relation"},
-    "ComplEx": {"entity_embeddings": "entity", "relation_embeddings": "relation"},
-}
 #: Columns of (h, r, t) whose ids index a space's tables, i.e. its slots.
 SLOTS = {"entity": [0, 2], "relation": [1]}
 LOCAL_TRIPLE = (0, 0, 1)  # (h, r, t) in local ids: entity rows [h, t], relation row [r]
 
 
 def row_tables(model: nn.Module) -> dict[str, str]:
-    """The model's table parameters and their id spaces ({} for a model not in :data:`ROW_TABLES`)."""
-    return ROW_TABLES.get(type(model).__name__, {})
+    """The model's table parameters and their id spaces (its spec's ``row_tables``; {} without a spec)."""
+    spec = spec_of(model)
+    return {} if spec is None else dict(spec.row_tables)
 
 
 def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:

@@ -8,10 +8,10 @@ and the model is in eval mode (BatchNorm on running statistics, dropout off).
 
 Paths, each giving per-triple gradients as :class:`~kgtrace.attribution.factors.Factors`:
 
-* "fast": exact factored gradients: ConvE's closed form (:mod:`.conve`), the embedding-row
-  form for DistMult and ComplEx (:mod:`.rows`);
-* "rows": the embedding-row form for any model in :data:`~.rows.ROW_TABLES`, other
-  parameters materialised per sample;
+* "fast": exact factored gradients of the kind the model's spec names (:mod:`.fast`): ConvE's
+  closed form (:mod:`.conve`), the embedding-row form for DistMult and ComplEx (:mod:`.rows`);
+* "rows": the embedding-row form for any model whose spec declares embedding tables
+  (:func:`~.rows.row_tables`), other parameters materialised per sample;
 * "general": every selected parameter materialised per sample (torch.func), any scorer;
 * "reference": per-triple autograd in float64, slow, for checking (:mod:`.reference`);
 * "auto": fast when the model has a factoriser, else general.
@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from kgtrace.attribution.compiled import CompiledGradients
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, forward_mode_pays, needs_upstream
 from kgtrace.attribution.factors import Factors, dot, self_dot
+from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.reference import reference_influence
@@ -48,24 +48,17 @@ from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open, remove_stale_temporaries
+from kgtrace.registry import model_names, spec_named
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.system import keep_freed_memory
 from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
 
-__all__ = ["FACTORISERS", "TopK", "TracIn"]
+__all__ = ["TopK", "TracIn"]
 
 PATHS = ("auto", "reference", "general", "rows", "fast")
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-#: Exact factored gradients per model class (the "fast" path).
-FACTORISERS: dict[str, Callable[[nn.Module, Tensor, Sequence[str]], Factors]] = {
-    "ConvE": conve_factors,
-    "DistMult": row_factors,
-    "ComplEx": row_factors,
-}
-#: Influence on few test triples without per-triple backward passes: (whether it pays, how).
-FORWARD_MODE = {"ConvE": (forward_mode_pays, conve_forward_influence)}
-#: Parameter sets for which the fast path allocates same-sized blocks per sub-chunk or test triple.
-REUSES_BLOCKS = {"ConvE": needs_upstream}
+#: Whether the fast path may switch to forward mode where it pays (tests turn it off to compare both modes).
+_FORWARD_MODE = True
 SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress, by default
 
 
@@ -111,8 +104,8 @@ class TracIn:
         problems += self._path_problems(path, precision, chunk_size)
         if problems:
             raise ConfigError(problems)
-        kind = type(self.model).__name__
-        self.path = ("fast" if kind in FACTORISERS else "general") if path == "auto" else path
+        self._fast = fast_path(self.model)  # None: the model has no fast path
+        self.path = ("fast" if self._fast is not None else "general") if path == "auto" else path
         self.precision = precision
         self.checkpoints: list[CheckpointInfo] = chosen
         self.chunk_size = chunk_size or self._default_chunk()
@@ -122,17 +115,17 @@ class TracIn:
         self.train = train[self.train_indices].to(self.device)
         self._models: list[nn.Module] | None = None
         self.compiled = CompiledGradients(self.chunk_size, self.device) if compile else None
-        self.forward_mode = True  # let the fast path switch to forward mode where it pays (tests turn it off)
 
     # ------------------------------------------------------------------ setup
 
     def _path_problems(self, path: str, precision: str, chunk_size: int | None) -> list[str]:
-        kind = type(self.model).__name__
+        kind = type(self.model).__qualname__
         problems = []
         if path not in PATHS:
             problems.append(f"path={path!r}: unknown; fix: use one of {list(PATHS)}")
-        elif path == "fast" and kind not in FACTORISERS:
-            problems.append(f"path='fast': no factored gradients for {kind} (have {sorted(FACTORISERS)}); "
+        elif path == "fast" and fast_path(self.model) is None:
+            have = [name for name in model_names() if fast_path(spec_named(name).model_class) is not None]
+            problems.append(f"path='fast': no factored gradients for {kind} (have them for models {have}); "
                             "fix: use path='general'")
         elif path == "rows" and not row_tables(self.model):
             problems.append(f"path='rows': {kind} declares no embedding tables; fix: use path='general'")
@@ -165,7 +158,7 @@ class TracIn:
     def _factorise(self, model: nn.Module, triples: Tensor) -> Factors:
         """Per-triple gradient factors of ``triples`` at one checkpoint's weights."""
         if self.path == "fast":
-            function = FACTORISERS[type(model).__name__]
+            function = self._fast.factors
         else:
             function = row_factors if self.path == "rows" else dense_factors
         if self.compiled is not None:
@@ -178,14 +171,14 @@ class TracIn:
 
     def _forward_mode(self, test: Tensor, triples: Tensor) -> bool:
         """Whether this chunk's influence on ``test`` is cheaper in forward mode (fast path, fp32 only)."""
-        pays = FORWARD_MODE.get(type(self.model).__name__, (None,))[0]
-        return (self.forward_mode and self.path == "fast" and self.precision == "fp32" and pays is not None
-                and pays(self.model, self.names, len(test), triples))
+        forward = self._fast.forward if self.path == "fast" else None
+        return (_FORWARD_MODE and forward is not None and self.precision == "fp32"
+                and forward[0](self.model, self.names, len(test), triples))
 
     def _reuses_blocks(self) -> bool:
         """Whether the fast path allocates the same large blocks over and over for these parameters."""
-        reuses = REUSES_BLOCKS.get(type(self.model).__name__)
-        return self.path == "fast" and reuses is not None and reuses(self.names)
+        reuses = self._fast.reuses_blocks if self.path == "fast" else None
+        return reuses is not None and reuses(self.names)
 
     def _check_test(self, test: Tensor) -> Tensor:
         test = torch.as_tensor(test, dtype=torch.long, device=self.device)
@@ -225,7 +218,7 @@ class TracIn:
                 if test is None:
                     parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
                 elif self._forward_mode(test, triples):
-                    influence = FORWARD_MODE[type(self.model).__name__][1]
+                    influence = self._fast.forward[1]
                     influence = influence if self.compiled is None else self.compiled.wrap(influence)
                     parts = [lr * influence(m, tf, test, triples, self.names)
                              for m, lr, tf in zip(models, lrs, test_factors)]

@@ -10,6 +10,10 @@ Layouts (see the model modules' docstrings):
 * PyKEEN's ComplEx stores a complex [N, D] table as real [N, 2D] with (real, imag)
   interleaved; kgtrace stores [real | imag].
 
+Which PyKEEN class a kgtrace model maps to, and whether it has inverse relations, is the
+model's :class:`~kgtrace.registry.ModelSpec` (``pykeen``, ``inverse_relations``); the layouts
+below are keyed by the spec's name, so a subclass of a model maps as that model.
+
 This module needs torch only; PyKEEN itself is imported by callers that build its models.
 """
 
@@ -21,6 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.errors import KgtraceError
+from kgtrace.models import spec_named, spec_of
+from kgtrace.registry import model_names
 
 ENTITY = "entity_representations.0._embeddings.weight"
 ENTITY_BIAS = "entity_representations.1._embeddings.weight"
@@ -33,8 +39,8 @@ CONVE_LAYERS = {"bn0": "interaction.hr2d.0", "conv": "interaction.hr2d.2", "bn1"
                 "fc": "interaction.hr1d.0", "bn2": "interaction.hr1d.2"}
 # Without batch normalisation PyKEEN's Sequentials hold only dropout, conv, relu / fc, dropout, relu.
 CONVE_LAYERS_NO_BN = {"conv": "interaction.hr2d.1", "fc": "interaction.hr1d.0"}
-#: kgtrace model name -> PyKEEN model class name.
-PYKEEN_NAMES = {"conve": "ConvE", "distmult": "DistMult", "complex": "ComplEx"}
+#: kgtrace model name -> PyKEEN model class name, for the registered models that have one.
+PYKEEN_NAMES = {name: spec_named(name).pykeen for name in model_names() if spec_named(name).pykeen}
 #: PyKEEN ConvE's defaults for what its state dict does not record (they act in training only).
 PYKEEN_CONVE_DROPOUTS = {"input_dropout": 0.2, "feature_map_dropout": 0.2, "output_dropout": 0.3}
 
@@ -77,16 +83,18 @@ def pykeen_state_dict(model: nn.Module, template: dict[str, Tensor]) -> dict[str
     counterpart of (regularizer buffers) keep the template's values.
     """
     state = dict(template)
-    kind = type(model).__name__
+    spec = spec_of(model)
+    name = spec.name if spec is not None and spec.name in PYKEEN_NAMES else None
+    if name is None:
+        raise ValueError(f"no PyKEEN mapping for {type(model).__qualname__}; supported: "
+                         f"{', '.join(PYKEEN_NAMES.values())} (and their subclasses)")
     entities, relations = model.entity_embeddings.detach(), model.relation_embeddings.detach()
-    if kind == "DistMult":
+    if name == "distmult":
         state[ENTITY], state[RELATION] = entities.clone(), relations.clone()
         return state
-    if kind == "ComplEx":
+    if name == "complex":
         state[ENTITY], state[RELATION] = complex_to_pykeen(entities), complex_to_pykeen(relations)
         return state
-    if kind != "ConvE":
-        raise ValueError(f"no PyKEEN mapping for {kind}; supported: ConvE, DistMult, ComplEx")
     state[ENTITY] = entities.clone()
     state[ENTITY_BIAS] = model.entity_bias.detach().clone().unsqueeze(1)  # [E] -> [E, 1]
     state[RELATION] = interleave_inverses(relations, model.num_relations)

@@ -39,7 +39,7 @@ from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
                                            pykeen_vocabs, read_source, split_triples)
 from kgtrace.io import atomic_folder, atomic_write_text
-from kgtrace.models import build_model
+from kgtrace.models import build_model, spec_named
 from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.training.checkpoint import epoch_path, save_checkpoint
 
@@ -138,7 +138,7 @@ class Pickled:
 def kgtrace_name(pykeen_name: str, path: Path) -> str:
     name = {v: k for k, v in layout.PYKEEN_NAMES.items()}.get(pykeen_name)
     if name is None:
-        raise KgtraceError(f"{path}: a PyKEEN {pykeen_name}; kgtrace imports ConvE, DistMult and ComplEx only. "
+        raise KgtraceError(f"{path}: a PyKEEN {pykeen_name}; kgtrace imports {', '.join(layout.PYKEEN_NAMES.values())} only. "
                            "Fix: train one of those in PyKEEN")
     return name
 
@@ -171,11 +171,13 @@ def trusted_pickle(source: Source, trust: bool) -> Pickled | None:
 
 def read_pickle(path: Path, source: Source) -> Pickled:
     try:
-        import pykeen  # noqa: F401  (the pickle names PyKEEN's classes)
+        import pykeen.models  # the pickle names PyKEEN's classes
     except ImportError:
         raise KgtraceError(f"{path}: reading {PICKLE_NAME} needs PyKEEN. Fix: pip install -e '.[pykeen]'") from None
     model = torch.load(path, map_location="cpu", weights_only=False)
-    name = kgtrace_name(type(model).__name__, path)
+    # The nearest PyKEEN class kgtrace maps on the model's MRO (a subclass of PyKEEN's ConvE is a ConvE).
+    mapped = {getattr(pykeen.models, theirs): theirs for theirs in layout.PYKEEN_NAMES.values()}
+    name = kgtrace_name(next((mapped[c] for c in type(model).__mro__ if c in mapped), type(model).__qualname__), path)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     losses = (source.results or {}).get("losses")
     snap = Snapshot(path, "pickled model", (), fingerprint(state), epoch=len(losses) if losses else None, loaded=state)
@@ -361,10 +363,11 @@ def check_sizes(name: str, state: dict[str, Tensor], entities: Vocab, relations:
         problems.append(f"the entity table has {rows} rows but entity_to_id {len(entities)} labels. "
                         "Fix: pass the id maps of the run that wrote these weights")
     have = state[layout.RELATION].shape[0]
-    want = 2 * num if name == "conve" else num
+    inverse = spec_named(name).inverse_relations
+    want = 2 * num if inverse else num
     if have != want:
-        fix = ("train the PyKEEN ConvE with create_inverse_triples=True (kgtrace answers head queries through inverse "
-               "relations)") if name == "conve" else (
+        fix = (f"train the PyKEEN {layout.PYKEEN_NAMES[name]} with create_inverse_triples=True (kgtrace answers head "
+               "queries through inverse relations)") if inverse else (
             f"train the PyKEEN {layout.PYKEEN_NAMES[name]} with create_inverse_triples=False (kgtrace's answers head "
             "queries with the relation itself)")
         problems.append(f"the relation table has {have} rows for {num} relations; expected {want}. Fix: {fix}")

@@ -1,6 +1,9 @@
 """Knowledge-graph scoring models and their registry.
 
-Every model implements :class:`~kgtrace.models.base.FactorisedScorer`.
+Every model implements :class:`~kgtrace.models.base.FactorisedScorer` and declares its traits
+once, as the ``SPEC`` (a :class:`kgtrace.registry.ModelSpec`) of its module; importing this
+package registers them, in the order below. Read a model's traits with
+:func:`kgtrace.registry.spec_of` (subclasses included).
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from torch import nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models.base import FactorisedScorer, Scorer, inverse_queries
+from kgtrace.models.complex import SPEC as COMPLEX_SPEC
 from kgtrace.models.complex import ComplEx
+from kgtrace.models.conve import SPEC as CONVE_SPEC
 from kgtrace.models.conve import ConvE
+from kgtrace.models.distmult import SPEC as DISTMULT_SPEC
 from kgtrace.models.distmult import DistMult
+from kgtrace.registry import MODEL_CLASSES, ModelSpec, register, spec_named, spec_of
 
 __all__ = [
     "MODELS",
@@ -22,13 +29,20 @@ __all__ = [
     "ConvE",
     "DistMult",
     "FactorisedScorer",
+    "ModelSpec",
     "Scorer",
     "build_model",
     "hyperparameter_names",
     "inverse_queries",
+    "spec_named",
+    "spec_of",
 ]
 
-MODELS: dict[str, type[nn.Module]] = {"conve": ConvE, "distmult": DistMult, "complex": ComplEx}
+for _spec in (CONVE_SPEC, DISTMULT_SPEC, COMPLEX_SPEC):  # the order in which names are listed
+    register(_spec)
+
+#: Model name -> model class (a read-only view of the registry).
+MODELS = MODEL_CLASSES
 
 
 def hyperparameter_names(model_class: type[nn.Module]) -> list[str]:
@@ -43,9 +57,10 @@ def build_model(name: str, num_entities: int, num_relations: int, **kwargs: obje
     :raises ConfigError: listing every problem at once: an unknown model name, unknown
         hyperparameter keys (with the valid keys) and invalid values.
     """
-    model_class = MODELS.get(name) if isinstance(name, str) else None
-    if model_class is None:
+    spec = spec_named(name)
+    if spec is None:
         raise ConfigError([f"model={name!r}: unknown model; fix: use one of {', '.join(sorted(MODELS))}"])
+    model_class = spec.model_class
     valid = hyperparameter_names(model_class)
     problems = [
         f"{key}={value!r}: not a hyperparameter of model {name!r}; fix: remove it or use one of {', '.join(valid)}"

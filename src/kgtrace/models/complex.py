@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
 from kgtrace.models.base import inverse_queries
+from kgtrace.registry import ModelSpec
 
-__all__ = ["ComplEx", "complex_query"]
+__all__ = ["SPEC", "ComplEx", "complex_query"]
 
 
 def complex_query(entities: Tensor, relations: Tensor, hr: Tensor, num_relations: int) -> Tensor:
@@ -84,3 +85,13 @@ class ComplEx(nn.Module):
         """[B, 3] (head, relation, tail) ids -> scores [B]."""
         t = F.embedding(hrt[:, 2], self.entity_embeddings)  # [B, 2D]
         return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), t)
+
+
+SPEC = ModelSpec(
+    name="complex",
+    model_class=ComplEx,
+    last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
+    row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
+    factoriser="rows",
+    pykeen="ComplEx",
+)

@@ -30,8 +30,9 @@ from torch import Tensor, nn
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_bool, check_dropout, check_positive_int, check_sizes
 from kgtrace.models.base import inverse_queries
+from kgtrace.registry import ModelSpec
 
-__all__ = ["ConvE", "conve_problems"]
+__all__ = ["SPEC", "ConvE", "conve_problems"]
 
 
 def conve_problems(
@@ -286,6 +287,19 @@ class ConvE(nn.Module):
         tails = hrt[:, 2]
         t = F.embedding(tails, self.entity_embeddings)  # [B, D]
         return torch.linalg.vecdot(q, t) + self.entity_bias[tails]
+
+
+SPEC = ModelSpec(
+    name="conve",
+    model_class=ConvE,
+    # The fc layer that makes the query vector and the per-entity score bias; not the entity
+    # embeddings, which are shared with the input side (the head's image).
+    last_layer=("fc.weight", "fc.bias", "entity_bias"),
+    row_tables={"entity_embeddings": "entity", "entity_bias": "entity", "relation_embeddings": "relation"},
+    factoriser="conve",
+    inverse_relations=True,
+    pykeen="ConvE",
+)
 
 
 def _patch_moments(patches: Tensor) -> tuple[Tensor, Tensor, int]:

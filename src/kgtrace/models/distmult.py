@@ -9,8 +9,9 @@ from torch import Tensor, nn
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
 from kgtrace.models.base import inverse_queries
+from kgtrace.registry import ModelSpec
 
-__all__ = ["DistMult"]
+__all__ = ["SPEC", "DistMult"]
 
 
 class DistMult(nn.Module):
@@ -58,3 +59,13 @@ class DistMult(nn.Module):
         """[B, 3] (head, relation, tail) ids -> scores [B]."""
         t = F.embedding(hrt[:, 2], self.entity_embeddings)  # [B, D]
         return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), t)
+
+
+SPEC = ModelSpec(
+    name="distmult",
+    model_class=DistMult,
+    last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
+    row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
+    factoriser="rows",
+    pykeen="DistMult",
+)

@@ -11,7 +11,7 @@ from kgtrace.prover.reference import FACT, Proof, ReferenceEngine, best_proofs, 
 from kgtrace.prover.rules import format_rule
 from kgtrace.prover.run import ProverRun
 
-__all__ = ["explain_proofs", "print_proofs"]
+__all__ = ["explain_proofs", "proof_lines"]
 
 
 def find_proof(run: ProverRun, triple: tuple[int, int, int]) -> Proof | None:
@@ -54,15 +54,19 @@ def explain_proofs(run: ProverRun, triples: Tensor) -> list[dict]:
     return items
 
 
-def print_proofs(items: list[dict]) -> None:
+def proof_lines(items: list[dict]) -> list[str]:
+    """The records of :func:`explain_proofs` as text, one line per triple and two per step (the CLI prints them)."""
+    lines = []
     for item in items:
         triple = f"{item['relation']}({item['head']}, {item['tail']})"
         if not item["proved"]:
-            print(f"{triple}: no proof within {item['depth_limit']} steps ({item['method']}); score 0")
+            lines.append(f"{triple}: no proof within {item['depth_limit']} steps ({item['method']}); score 0")
             continue
-        print(f"{triple}: proved in {len(item['steps'])} steps, confidence {item['confidence']:.4f} ({item['method']})")
+        lines.append(f"{triple}: proved in {len(item['steps'])} steps, confidence {item['confidence']:.4f} "
+                     f"({item['method']})")
         for i, step in enumerate(item["steps"], 1):
             by = f"fact {step['fact']}" if step["kind"] == FACT else f"rule {step['rule']}"
             where = f"  [{step['source']}]" if step.get("source") else ""
-            print(f"  {i}. {step['goal']}  <-  {by}{where}")
-            print(f"     goals: {step['goals_after'] if step['goals_after'] != '(proved)' else 'none left: proved'}")
+            lines.append(f"  {i}. {step['goal']}  <-  {by}{where}")
+            lines.append(f"     goals: {step['goals_after'] if step['goals_after'] != '(proved)' else 'none left: proved'}")
+    return lines

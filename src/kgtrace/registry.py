@@ -1,0 +1,85 @@
+"""The model registry: one :class:`ModelSpec` per model, declared beside the model class.
+
+Each model module (:mod:`kgtrace.models`) registers its spec right after its class; every
+consumer reads a model's traits here, through :func:`spec_of` (a model or model class,
+subclasses included: the nearest registered class on its MRO) or :func:`spec_named` (a
+config name). Nothing dispatches on class-name strings, so a subclass or a wrapper class
+derived from a registered model keeps that model's fast paths.
+
+The specs hold data only. Where a trait's implementation lives in a later layer (TracIn's
+factorisers in :mod:`kgtrace.attribution`, PyKEEN's layouts in :mod:`kgtrace.interop`), the
+spec names its kind and that layer maps kinds to functions.
+
+This module is core (no torch, no other kgtrace import): the config validates model names
+against it (:func:`model_names`), and the models package, which comes later in the import
+order, fills it when imported (``import kgtrace`` imports every model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = ["MODEL_CLASSES", "ModelSpec", "model_names", "register", "spec_named", "spec_of"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the rest of kgtrace needs to know about one model class."""
+
+    #: The model's name in configs and on the command line ("conve").
+    name: str
+    #: The model class (an ``nn.Module`` implementing ``FactorisedScorer``).
+    model_class: type
+    #: TracIn's ``params="last"``: the parameters closest to the score.
+    last_layer: tuple[str, ...]
+    #: Embedding tables read by a triple's ids: (parameter name, id space "entity" or "relation") pairs,
+    #: given as a mapping or pairs. Their per-triple gradients are sparse rows (TracIn's rows and fast paths).
+    row_tables: tuple[tuple[str, str], ...] = ()
+    #: Kind of TracIn's exact factored gradients (the fast path): "conve" (closed form) or "rows"
+    #: (the embedding-row form); None: no fast path.
+    factoriser: str | None = None
+    #: The relation table holds 2R rows, the inverse relations after the relations (PyKEEN's
+    #: model of the same scoring function is created with inverse triples).
+    inverse_relations: bool = False
+    #: PyKEEN's class name of the same scoring function (its weights map one to one); None: none.
+    pykeen: str | None = None
+
+    def __post_init__(self):  # immutable (and plain tuples, which torch.compile reads as constants)
+        object.__setattr__(self, "row_tables", tuple(dict(self.row_tables).items()))
+        object.__setattr__(self, "last_layer", tuple(self.last_layer))
+
+
+_SPECS: dict[str, ModelSpec] = {}
+_CLASSES: dict[str, type] = {}
+#: Model name -> model class, live (read-only) view of the registry.
+MODEL_CLASSES: Mapping[str, type] = MappingProxyType(_CLASSES)
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add ``spec`` to the registry (a name or class registered twice is an error); returns it."""
+    taken = _SPECS.get(spec.name)
+    if taken is not None or any(s.model_class is spec.model_class for s in _SPECS.values()):
+        raise ValueError(f"model {spec.name!r} ({spec.model_class.__qualname__}) is registered already")
+    _SPECS[spec.name] = spec
+    _CLASSES[spec.name] = spec.model_class
+    return spec
+
+
+def model_names() -> tuple[str, ...]:
+    """The registered models' names, in registration order."""
+    return tuple(_SPECS)
+
+
+def spec_named(name: str) -> ModelSpec | None:
+    """The spec registered as ``name``; None when there is none."""
+    return _SPECS.get(name) if isinstance(name, str) else None
+
+
+def spec_of(model: object) -> ModelSpec | None:
+    """The spec of a model instance or class: that of the nearest registered class on its MRO
+    (so a subclass of a registered model has its parent's traits); None when there is none."""
+    cls = model if isinstance(model, type) else type(model)
+    by_class = {s.model_class: s for s in _SPECS.values()}
+    return next((by_class[c] for c in cls.__mro__ if c in by_class), None)
