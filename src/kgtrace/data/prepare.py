@@ -172,7 +172,8 @@ def _split_problems(split: str, fractions: Sequence[float], holdout: str | None)
         return [f"--split: {split!r} is not one of {', '.join(SPLIT_METHODS)}"]
     problems = check_fractions(fractions)
     if split == "predicate" and not holdout:
-        problems.append("--holdout-predicate: --split predicate needs the relation to hold out, e.g. --holdout-predicate biolink:treats")
+        problems.append("--holdout-predicate: --split predicate needs the relation to hold out, "
+                        "e.g. --holdout-predicate biolink:treats")
     if split == "random" and holdout:
         problems.append(f"--holdout-predicate {holdout!r}: is only used with --split predicate; add --split predicate")
     return problems
