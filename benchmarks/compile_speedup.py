@@ -66,7 +66,8 @@ def evaluation(args: argparse.Namespace, dataset, model, device: torch.device) -
 def train_step(args: argparse.Namespace, dataset, model, device: torch.device) -> dict:
     from kgtrace.compile import compile_log
     from kgtrace.config import TrainConfig
-    from kgtrace.training.loop import Batches, batch_loss
+    from kgtrace.training.batches import Batches
+    from kgtrace.training.step import batch_loss
 
     batches = Batches.build(dataset.train, dataset.num_relations, "kvsall")
     gen = torch.Generator().manual_seed(0)

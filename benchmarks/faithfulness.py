@@ -49,7 +49,7 @@ SHOWN = ("variant", "method", "k", "n", "removed", "pd", "tc", "score_drop", "pr
 def base_run(dataset: str, model: str, out: Path, threads: int) -> Path:
     """Train (or reuse) the base run of one dataset x model."""
     from kgtrace.config import TrainConfig
-    from kgtrace.training.checkpoint import latest_checkpoint
+    from kgtrace.checkpoint import latest_checkpoint
     from kgtrace.training.loop import train
 
     spec = MODELS[model]

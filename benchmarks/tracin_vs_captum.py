@@ -130,7 +130,7 @@ def captum_influence(run, test, kind: str, batch_size: int):
 
     import copy
 
-    from kgtrace.training.checkpoint import load_checkpoint
+    from kgtrace.checkpoint import load_checkpoint
 
     CaptumConvE, ScoreLoss = captum_classes()
     wrapper = CaptumConvE(copy.deepcopy(run.model))

@@ -16,12 +16,19 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from kgtrace.cli import main
+from kgtrace.owned import LOCK
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file and folder below ``folder``: relative path -> sha256 of its bytes ('dir' for a folder)."""
+    """Every file and folder below ``folder``: relative path -> sha256 of its bytes ('dir' for a folder).
+
+    A run folder's lock file is left out: it holds the last holder's pid, rewritten by each
+    process that takes the lock (a refusal after taking it is still a refusal).
+    """
     found = {}
     for path in sorted(Path(folder).rglob("*")):
+        if path.name == LOCK:
+            continue
         key = str(path.relative_to(folder))
         found[key] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return found

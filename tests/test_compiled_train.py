@@ -17,7 +17,7 @@ from kgtrace.config import TrainConfig
 from kgtrace.doctor import norm_error
 from kgtrace.errors import ConfigError
 from kgtrace.models import ConvE, DistMult
-from kgtrace.training.checkpoint import load_checkpoint
+from kgtrace.checkpoint import load_checkpoint
 from kgtrace.training.compiled import kvsall_rows, onevsall_rows, train_call
 from kgtrace.training.loop import resume_config
 from kgtrace.training.loss import kvsall_bce, onevsall_ce, smoothed_label_values

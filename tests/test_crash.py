@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import kgtrace
-from kgtrace.training.checkpoint import epoch_path, latest_checkpoint
+from kgtrace.checkpoint import epoch_path, latest_checkpoint
 
 EPOCHS = 10
 TRAIN = ["--dataset", "nations", "--model", "conve", "--model-arg", "embedding_dim=16", "--model-arg",

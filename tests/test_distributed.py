@@ -30,8 +30,10 @@ from kgtrace.evaluation import sharded
 from kgtrace.evaluation.evaluate import Candidates, SideQueries, rank_queries, rank_side_with, side_queries
 from kgtrace.models import build_model
 from kgtrace.run import load_run
-from kgtrace.training.checkpoint import load_checkpoint
-from kgtrace.training.loop import Batches, batch_loss, train
+from kgtrace.checkpoint import load_checkpoint
+from kgtrace.training.batches import Batches
+from kgtrace.training.loop import train
+from kgtrace.training.step import batch_loss
 from kgtrace.training.sharded import part_of_batch
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),

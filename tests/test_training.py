@@ -14,7 +14,7 @@ from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.io import atomic_path, remove_stale_temporaries
 from kgtrace.run import load_run
-from kgtrace.training.checkpoint import latest_checkpoint, load_checkpoint
+from kgtrace.checkpoint import latest_checkpoint, load_checkpoint
 from kgtrace.training.loop import resume, train, truncate_metrics
 
 from badinput import refused

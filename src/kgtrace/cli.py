@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kgtrace.config import TrainConfig, parse_size
+from kgtrace.config import PRECISIONS, TrainConfig, parse_size
 from kgtrace.distributed import ONE, StoppedByPeer, World, session
 from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
@@ -362,7 +362,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.evaluate import Candidates
     from kgtrace.prover.run import is_prover_run, load_prover_run
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     sides = parse_list(args.modes, "--modes", allowed=("head", "tail"))
     ks = parse_list(args.ks, "--ks", int)
@@ -502,7 +502,7 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.predict import predict, write_table
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     if args.out:
         check_json_out(args.out)
@@ -535,7 +535,7 @@ def add_score_args(p: argparse.ArgumentParser) -> None:
 def cmd_score(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.predict import score_triples, write_table
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     try:
         budget = parse_size(args.memory_budget)
@@ -609,7 +609,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="epoch checkpoints summed over, each weighed by its learning rate: all or EPOCH,EPOCH")
     p.add_argument("--checkpoint", default="best",
                    help="checkpoint of the model that scores and ranks the triples: best, last or a file")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
     p.add_argument("--index", metavar="FOLDER",
                    help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
@@ -637,7 +637,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.compile import logged_compilation
     from kgtrace.prover.run import is_prover_run
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     if is_prover_run(args.run_dir):
         if args.world.distributed:
@@ -735,7 +735,7 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
     from kgtrace.prover.explain import explain_proofs, proof_lines
     from kgtrace.prover.run import load_prover_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     if args.self_influence or args.predict or args.index or args.out_dir:
         raise ConfigError(["a prover run explains triples by their proofs; fix: use --triple, --triples or --test "
@@ -791,7 +791,7 @@ def add_index_args(p: argparse.ArgumentParser) -> None:
 def cmd_index(args: argparse.Namespace) -> int:
     from kgtrace.attribution.index import build_index
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     device = resolve_device(args.device)
@@ -1230,7 +1230,7 @@ def prove_train(args: argparse.Namespace) -> int:
 def prove_weigh(args: argparse.Namespace) -> int:
     from kgtrace.prover.hybrid import WEIGHT_FILE, weigh_prover_run
     from kgtrace.prover.run import CONFIG_FILE
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     weights = parse_list(args.weights, "--weights", float)
     choice = weigh_prover_run(args.run, args.valid_triples, weights, resolve_device(args.device))

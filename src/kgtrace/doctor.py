@@ -223,7 +223,8 @@ def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generat
 def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
     """The training step at the run's batch size and at the epoch's remainder, as ``kgtrace train --compile``."""
     from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
-    from kgtrace.training.loop import Batches, precision_context
+    from kgtrace.precision import precision_context
+    from kgtrace.training.batches import Batches
 
     config, ds = run.config, run.dataset
     batches = Batches.build(ds.train, ds.num_relations, config.training)
@@ -306,7 +307,7 @@ def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -
     """Check every compiled entry point of the run in ``run_dir`` (None: a tiny ConvE on UMLS); see the module doc."""
     from kgtrace.config import parse_size
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     where = torch.device(resolve_device(device))
     with tempfile.TemporaryDirectory(prefix="kgtrace-doctor-") as scratch:

@@ -60,7 +60,7 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
     out = Path(out)
     redo = _train_step(settings, out, overwrite, progress, log)
     from kgtrace.run import load_run
-    from kgtrace.training.loop import resolve_device
+    from kgtrace.system import resolve_device
 
     with folder_lock(out, "run folder"):
         run = load_run(out, device=resolve_device("auto"))
@@ -74,7 +74,7 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
 
 def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: bool, log) -> bool:
     """Train, resume or reuse the run; True when weights changed."""
-    from kgtrace.training.checkpoint import latest_checkpoint
+    from kgtrace.checkpoint import latest_checkpoint
     from kgtrace.training.loop import resume, train
 
     config = settings.config()

@@ -23,7 +23,7 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.models import build_model
-from kgtrace.training.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
+from kgtrace.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
                                          load_checkpoint)
 
 

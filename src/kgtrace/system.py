@@ -1,10 +1,14 @@
-"""Process-level settings that make CPU training and TracIn faster."""
+"""The device a command runs on, and process-level settings that make CPU training and TracIn faster."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import sys
+
+import torch
+
+from kgtrace.errors import KgtraceError
 
 # glibc mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -32,3 +36,12 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise KgtraceError("device=cuda: no CUDA device is visible. Fix: use --device cpu or --device auto")
+    return torch.device(name)

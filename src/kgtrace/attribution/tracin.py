@@ -48,15 +48,15 @@ from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_open, remove_stale_temporaries
+from kgtrace.precision import DTYPES, precision_context, precision_problems
 from kgtrace.registry import model_names, spec_named
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.system import keep_freed_memory
-from kgtrace.training.checkpoint import CheckpointInfo, load_checkpoint
+from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
 
 __all__ = ["TopK", "TracIn"]
 
 PATHS = ("auto", "reference", "general", "rows", "fast")
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: Whether the fast path may switch to forward mode where it pays (tests turn it off to compare both modes).
 _FORWARD_MODE = True
 SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progress, by default
@@ -129,11 +129,7 @@ class TracIn:
                             "fix: use path='general'")
         elif path == "rows" and not row_tables(self.model):
             problems.append(f"path='rows': {kind} declares no embedding tables; fix: use path='general'")
-        if precision not in PRECISIONS:
-            problems.append(f"precision={precision!r}: unknown; fix: use one of {list(PRECISIONS)}")
-        elif precision == "fp16" and self.device.type != "cuda":
-            problems.append("precision='fp16': needs CUDA (CPU float16 matmuls are slow and inexact); "
-                            "fix: use 'bf16' or 'fp32' on a CPU")
+        problems += precision_problems(precision, self.device)
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             problems.append(f"chunk_size={chunk_size!r}: must be a positive integer")
         return problems
@@ -163,11 +159,10 @@ class TracIn:
             function = row_factors if self.path == "rows" else dense_factors
         if self.compiled is not None:
             function = self.compiled.wrap(function)
-        dtype = PRECISIONS[self.precision]
-        if dtype == torch.float32:
+        if self.precision == "fp32":
             return function(model, triples, self.names)
-        with torch.autocast(self.device.type, dtype=dtype):
-            return function(model, triples, self.names).to(dtype)
+        with precision_context(self.precision, self.device):
+            return function(model, triples, self.names).to(DTYPES[self.precision])
 
     def _forward_mode(self, test: Tensor, triples: Tensor) -> bool:
         """Whether this chunk's influence on ``test`` is cheaper in forward mode (fast path, fp32 only)."""

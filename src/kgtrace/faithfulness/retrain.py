@@ -41,7 +41,7 @@ from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
 from kgtrace.errors import DataWarning
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run, load_run
-from kgtrace.training.checkpoint import epoch_path
+from kgtrace.checkpoint import epoch_path
 
 __all__ = ["MODES", "Job", "job_key", "read_result", "reduced_dataset", "run_job", "run_jobs"]
 

@@ -41,7 +41,7 @@ from kgtrace.io import atomic_folder, atomic_open, atomic_write_text
 from kgtrace.models import MODELS, spec_named
 from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.run import Run, load_run, model_from_checkpoint
-from kgtrace.training.checkpoint import load_checkpoint
+from kgtrace.checkpoint import load_checkpoint
 
 SPLIT_FOLDERS = {"train": "training_triples", "valid": "validation_triples", "test": "testing_triples"}
 TOLERANCE = 1e-4  # largest score difference accepted between the run and the exported PyKEEN model

@@ -41,7 +41,7 @@ from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Sn
 from kgtrace.io import atomic_folder, atomic_write_text
 from kgtrace.models import build_model, spec_named
 from kgtrace.owned import check_out_folder, write_mark
-from kgtrace.training.checkpoint import epoch_path, save_checkpoint
+from kgtrace.checkpoint import epoch_path, save_checkpoint
 
 PROVENANCE = "pykeen_import.json"
 DATASET_FOLDER = "dataset"

@@ -260,7 +260,7 @@ def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, der
                        checkpoint: str | Path | None, device: torch.device | str, compile: bool = False) -> PolicyScorer:
     """The policy of a run's checkpoint (best, last or a file) as a scorer (compile: its beam search compiled)."""
     from kgtrace.run import resolve_checkpoint
-    from kgtrace.training.checkpoint import check_digests, load_checkpoint
+    from kgtrace.checkpoint import check_digests, load_checkpoint
 
     path = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(path, map_location=device)

@@ -47,7 +47,7 @@ from kgtrace.prover.rules import RuleSet, read_rules
 from kgtrace.prover.run import CONFIG_FILE, RULES_FILE, ProverConfig, read_config, write_prover_run
 from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
-from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
+from kgtrace.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
 from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
 

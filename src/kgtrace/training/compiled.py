@@ -46,7 +46,6 @@ true answers [B]. The entity-chunked loss runs its own backward passes and is no
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -56,8 +55,7 @@ from kgtrace.compile import CompiledCall
 from kgtrace.config import TrainConfig
 from kgtrace.training.loss import smoothed_label_values
 
-if TYPE_CHECKING:
-    from kgtrace.training.loop import Batches
+from kgtrace.training.batches import Batches
 
 __all__ = ["compiled_batch_loss", "kvsall_rows", "onevsall_rows", "step_inputs", "step_static", "train_call"]
 

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
-from tqdm import tqdm
 
+from kgtrace.checkpoint import check_digests, epoch_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from kgtrace.compile import logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
-from kgtrace.data.answers import AnswerIndex, reciprocal_queries
+from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, split_path
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
@@ -36,26 +34,11 @@ from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
-from kgtrace.system import keep_freed_memory
-from kgtrace.training.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
-                                         save_checkpoint)
-from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward, onevsall_ce
-
-@dataclass
-class TrainState:
-    """What one epoch reads and changes."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    shuffle: torch.Generator  # orders the queries; separate from the global RNG used by dropout
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps taken
-    best_mrr: float = -1.0
-    best_epoch: int = 0
-    bad_validations: int = 0
-
+from kgtrace.precision import precision_problems
+from kgtrace.system import keep_freed_memory, resolve_device
+from kgtrace.training.batches import Batches
+from kgtrace.training.sharded import sharded_epochs
+from kgtrace.training.step import TrainState, run_epoch
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -64,105 +47,6 @@ class TrainResult:
     best_epoch: int
     best_valid_mrr: float
     stopped_early: bool
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise KgtraceError("device=cuda: no CUDA device is visible. Fix: use --device cpu or --device auto")
-    return torch.device(name)
-
-
-# ----------------------------------------------------------------------------- batches
-
-
-@dataclass(frozen=True)
-class Batches:
-    """The training examples of one epoch: (anchor, relation) queries and their positives.
-
-    kvsall: one example per distinct query, positives from ``index``; 1vsall: one
-    example per (triple, direction), its single answer in ``answers``.
-    """
-
-    queries: Tensor  # [N, 2]
-    answers: Tensor | None  # [N] for 1vsall
-    index: AnswerIndex | None  # for kvsall
-
-    @classmethod
-    def build(cls, train: Tensor, num_relations: int, mode: str) -> "Batches":
-        if mode == "kvsall":
-            index = AnswerIndex.build(train, num_relations)
-            return cls(index.queries(), None, index)
-        queries, answers = reciprocal_queries(train, num_relations)
-        return cls(queries, answers, None)
-
-    def __len__(self) -> int:
-        return len(self.queries)
-
-
-def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainConfig, device: torch.device, *,
-               batch_rows: float | None = None) -> Tensor:
-    """Mean loss of the examples at ``pos`` (forward only; chunked KvsAll also runs backward).
-
-    batch_rows: the rows the mean is over (default len(pos)); a process of a distributed job
-    holding part of a batch passes a share of the whole batch's rows (see training.sharded).
-    """
-    if config.compile:
-        from kgtrace.training.compiled import compiled_batch_loss
-
-        return compiled_batch_loss(model, batches, pos, config, device, batch_rows=batch_rows)
-    queries = batches.queries[pos].to(device)
-    if batches.index is None:
-        return onevsall_ce(model.score_t(queries).float(), batches.answers[pos].to(device), batch_rows)
-    rows, cols = batches.index.pairs_at(pos)
-    rows, cols = rows.to(device), cols.to(device)
-    denominator = batch_rows * model.num_entities if batch_rows is not None else None
-    if config.entity_chunk:
-        return kvsall_bce_chunked_backward(model, queries, rows, cols, config.label_smoothing, config.entity_chunk,
-                                           denominator)
-    return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing, denominator=denominator)
-
-
-def backward_and_step(state: TrainState, loss: Tensor, sync: Callable[[], None] | None = None) -> None:
-    """The loss's backward pass (unless the chunked loss already ran it), ``sync`` (a distributed job's
-    gradient all-reduce), then one optimiser step."""
-    if loss.requires_grad:
-        state.scaler.scale(loss).backward()
-    if sync is not None:
-        sync()
-    state.scaler.step(state.optimizer)
-    state.scaler.update()
-    state.step += 1
-
-
-def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
-    """One pass over the shuffled examples; returns the mean batch loss."""
-    state.model.train()
-    order = torch.randperm(len(batches), generator=state.shuffle)
-    autocast = precision_context(config.precision, device)
-    total, count = torch.zeros((), device=device), 0
-    bar = tqdm(order.split(config.batch_size), desc=f"epoch {state.epoch + 1}/{config.epochs}",
-               leave=False, disable=not progress, unit="batch")
-    for pos in bar:
-        state.optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            loss = batch_loss(state.model, batches, pos, config, device)
-        backward_and_step(state, loss)
-        # Summed on the device: reading the loss every step would stall a GPU.
-        total, count = total + loss.detach().float(), count + 1
-        if progress and count % 10 == 0:
-            bar.set_postfix(loss=f"{float(total) / count:.4f}")
-    return float(total) / max(count, 1)
-
-
-def precision_context(precision: str, device: torch.device):
-    """Autocast for bf16/fp16; fp32 runs as is."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- state and checkpoints
@@ -369,8 +253,9 @@ def _quiet(*_: Any) -> None:
 
 def setup_device(config: TrainConfig) -> torch.device:
     device = resolve_device(config.device)
-    if config.precision == "fp16" and device.type != "cuda":
-        raise ConfigError(["precision='fp16': needs a CUDA device; use bf16 on the CPU"])
+    problems = precision_problems(config.precision, device)
+    if problems:
+        raise ConfigError(problems)
     if config.threads:
         torch.set_num_threads(config.threads)
     if device.type == "cpu":
@@ -433,8 +318,6 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     epoch = run_epoch
     if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
-        from kgtrace.training.sharded import sharded_epochs
-
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet
     stopped_early = False

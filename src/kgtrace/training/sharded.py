@@ -36,7 +36,9 @@ from tqdm import tqdm
 
 from kgtrace.config import TrainConfig
 from kgtrace.distributed import World
-from kgtrace.training.loop import Batches, TrainState, backward_and_step, batch_loss, precision_context
+from kgtrace.precision import precision_context
+from kgtrace.training.batches import Batches
+from kgtrace.training.step import TrainState, backward_and_step, batch_loss
 
 __all__ = ["BatchLoss", "all_reduce_gradients", "part_of_batch", "sharded_epochs"]
 
