@@ -8,6 +8,7 @@ from typing import Any
 
 from kgtrace.config import choice_problems
 from kgtrace.errors import ConfigError
+from kgtrace.prover.logic import EngineShapes
 
 __all__ = ["HYBRID_WEIGHTS", "MiningConfig", "ProverConfig"]
 
@@ -143,10 +144,8 @@ class ProverConfig:
         """Whether a triple's score adds an embedding logit (an embedding run's, or the link head's) to its proofs'."""
         return bool(self.embedding_run) or self.link_weight > 0
 
-    def shapes(self):
+    def shapes(self) -> EngineShapes:
         """The engine's EngineShapes (kgtrace.prover.logic): A, S, F, and a history of depth + 1 states."""
-        from kgtrace.prover.logic import EngineShapes
-
         return EngineShapes(self.max_atoms, self.max_states, self.max_facts, self.depth + 1)
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import math
 from torch import Tensor
 
 from kgtrace.prover.logic import Atom, atom_text, query_state, state_text
+from kgtrace.prover.policy import policy_proof
 from kgtrace.prover.reference import FACT, Proof, ReferenceEngine, best_proofs, search
 from kgtrace.prover.rules import format_rule
 from kgtrace.prover.run import ProverRun
@@ -17,8 +18,6 @@ __all__ = ["explain_proofs", "proof_lines"]
 def find_proof(run: ProverRun, triple: tuple[int, int, int]) -> Proof | None:
     """The proof the run scores a triple by: the best proof within depth (bfs), or the policy's (policy)."""
     if run.config.method == "policy":
-        from kgtrace.prover.policy import policy_proof
-
         return policy_proof(run, triple)
     engine = ReferenceEngine(run.dataset.train, run.rules, run.dataset.num_entities, run.config.shapes())
     return best_proofs(search(engine, query_state(triple), run.config.depth)).get(None)

@@ -31,6 +31,7 @@ from kgtrace.evaluation.evaluate import rank_queries, side_queries
 from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer, inverse_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS
+from kgtrace.prover.run import CONFIG_FILE, load_prover_run
 from kgtrace.prover.scorer import proof_part
 
 __all__ = ["ScoreTable", "WeightChoice", "choose_hybrid_weight", "choose_weight", "distinct_queries", "reciprocal_ranks",
@@ -144,8 +145,6 @@ def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tup
     Both files are written whole or not at all; prover.yaml last, so a run whose config holds the new
     weight also holds the curve that chose it.
     """
-    from kgtrace.prover.run import CONFIG_FILE, load_prover_run
-
     problems = [f"weight {w}: must be 0 or more" for w in weights if not w >= 0]
     if valid_triples < 0:
         problems.append(f"valid_triples={valid_triples}: must be 0 (all) or more")

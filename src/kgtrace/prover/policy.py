@@ -31,13 +31,18 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from kgtrace.checkpoint import check_digests, load_checkpoint
 from kgtrace.compile import CompiledCall
 from kgtrace.errors import KgtraceError
 from kgtrace.models.base import inverse_queries
-from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
+from kgtrace.prover.embedding import embedding_model
+from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Beams, beam_search, rollout
 from kgtrace.prover.logic import query_state
+from kgtrace.prover.reference import FACT, RULE, Derivation, Proof
+from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import Deriver, eager_deriver
+from kgtrace.run import resolve_checkpoint
 
 __all__ = ["MASKED", "PolicyScorer", "ProofPolicy", "init_from_run", "load_policy_scorer", "policy_proof"]
 
@@ -137,8 +142,6 @@ def init_from_run(policy: ProofPolicy, run_dir: str | Path, dataset) -> str:
 
     Tables of another width are mapped by a fixed random orthogonal projection. Returns a note.
     """
-    from kgtrace.prover.run import embedding_model
-
     model = embedding_model(str(run_dir), dataset, "cpu")
     if not (hasattr(model, "entity_embeddings") and hasattr(model, "relation_embeddings")):
         raise KgtraceError(f"init_from={run_dir}: its model has no entity_embeddings / relation_embeddings tables. "
@@ -259,9 +262,6 @@ def compiled_rollout(policy: ProofPolicy, engine: VectorEngine, max_steps: int, 
 def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, derive: Deriver | None,
                        checkpoint: str | Path | None, device: torch.device | str, compile: bool = False) -> PolicyScorer:
     """The policy of a run's checkpoint (best, last or a file) as a scorer (compile: its beam search compiled)."""
-    from kgtrace.run import resolve_checkpoint
-    from kgtrace.checkpoint import check_digests, load_checkpoint
-
     path = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(path, map_location=device)
     check_digests(state, dataset.entities.digest(), dataset.relations.digest(), path)
@@ -274,10 +274,6 @@ def load_policy_scorer(run_dir: Path, config, dataset, engine: VectorEngine, der
 
 def policy_proof(run, triple: tuple[int, int, int]):
     """The best proof the run's policy finds for ``triple`` (its beam search), as a reference Proof, or None."""
-    from kgtrace.prover.engine import unpad_states
-    from kgtrace.prover.reference import FACT, RULE, Derivation, Proof
-    from kgtrace.prover.scorer import HybridScorer
-
     scorer = run.model.prover if isinstance(run.model, HybridScorer) else run.model
     with torch.no_grad():
         beams = scorer.search(torch.tensor([triple]))

@@ -28,9 +28,14 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
-from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.config import ProverConfig
+from kgtrace.prover.embedding import embedding_model
+from kgtrace.prover.engine import VectorEngine
+from kgtrace.prover.link import LinkHead
+from kgtrace.prover.policy import load_policy_scorer
 from kgtrace.prover.rules import RuleSet, read_rules, write_rules
+from kgtrace.prover.scorer import BfsScorer, HybridScorer
+from kgtrace.prover.search import compiled_deriver
 
 CONFIG_FILE = "prover.yaml"
 RULES_FILE = "rules.txt"
@@ -94,9 +99,6 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
 
     compile: run the engine's step, and a policy's beam search, through torch.compile (None: as the run's config says).
     """
-    from kgtrace.prover.scorer import BfsScorer, HybridScorer
-    from kgtrace.prover.search import compiled_deriver
-
     run_dir = Path(run_dir)
     if not is_prover_run(run_dir):
         raise KgtraceError(f"{run_dir}: not a prover run (no {CONFIG_FILE}). Fix: pass the --out folder of kgtrace prove")
@@ -110,25 +112,10 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
     if config.method == "bfs":
         model: nn.Module = BfsScorer(engine, config.depth, derive)
     else:
-        from kgtrace.prover.policy import load_policy_scorer
-
         model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, config.compile)
     if config.embedding_run:
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
     elif config.link_weight:
-        from kgtrace.prover.link import LinkHead
-
         model = HybridScorer(model, LinkHead(model.policy), config.hybrid_weight)
     return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
 
-
-def embedding_model(run_dir: str, dataset: Dataset, device: torch.device | str) -> nn.Module:
-    """The best model of an embedding run over the same id maps as ``dataset``."""
-    from kgtrace.run import load_run
-
-    run = load_run(run_dir, device=device)
-    if (run.dataset.entities.digest(), run.dataset.relations.digest()) != (dataset.entities.digest(),
-                                                                           dataset.relations.digest()):
-        raise KgtraceError(f"embedding_run={run_dir}: its id maps differ from the prover's dataset, so scores would "
-                           "belong to other triples. Fix: use an embedding run trained on the same dataset")
-    return run.model
