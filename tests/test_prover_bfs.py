@@ -46,12 +46,13 @@ def test_ranks_with_realistic_ties():
     # pessimistic). Head side: only ann scores -> rank 1.
     test = torch.tensor([[ANN, GRANDPARENT, CAT]])
     metrics = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test]))
-    assert metrics["tail"]["realistic"]["mr"] == 1.5 and metrics["tail"]["optimistic"]["mr"] == 1.0
-    assert metrics["tail"]["pessimistic"]["mr"] == 2.0 and metrics["head"]["realistic"]["mr"] == 1.0
-    assert metrics["both"]["realistic"]["mrr"] == pytest.approx((1 / 1.5 + 1) / 2)
+    tail = metrics.sides["tail"]
+    assert tail.realistic.mr == 1.5 and tail.optimistic.mr == 1.0
+    assert tail.pessimistic.mr == 2.0 and metrics.sides["head"].realistic.mr == 1.0
+    assert metrics.both.realistic.mrr == pytest.approx((1 / 1.5 + 1) / 2)
     # With grandparent(ann, dan) known too, dan is filtered out and cat ranks first.
     filtered = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test, torch.tensor([[ANN, GRANDPARENT, DAN]])]))
-    assert filtered["tail"]["realistic"]["mr"] == 1.0
+    assert filtered.sides["tail"].realistic.mr == 1.0
 
 
 def test_score_hrt_of_a_head_query_is_its_score_t_column():
@@ -147,7 +148,7 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     loaded = load_prover_run(run)
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
     direct = evaluate(loaded.model, ds.test, known=known, candidates=Candidates(3))
-    assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct["both"]["realistic"]["mrr"])
+    assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct.both.realistic.mrr)
     assert metrics["candidates"] == 3 and 0 < metrics["both"]["realistic"]["mrr"] <= 1
     # explain: the best proof of a test triple the run proves, step by step.
     scores = loaded.model.score_hrt(ds.test[:30])

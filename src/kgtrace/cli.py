@@ -26,6 +26,7 @@ from kgtrace.io import check_json_out, check_outputs_spare_inputs
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
 
+    from kgtrace.evaluation.evaluate import Metrics
     from kgtrace.prover.config import ProverConfig
 
 TRAIN_HELP = {
@@ -278,7 +279,7 @@ def cmd_train(args: argparse.Namespace) -> int:
              if result.best_epoch else ""))
     metrics = evaluate_run(result.run_dir, "test", world=args.world)
     if args.world.is_main:
-        write_json(metrics, Path(result.run_dir) / "test_metrics.json")
+        write_json(metrics.to_dict(), Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0
 
@@ -361,13 +362,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
+    document = metrics.to_dict()
     if prover:
         from kgtrace.prover.scorer import prover_report
 
-        metrics["prover"] = prover_report(run.model)
-        print(f"prover: {json.dumps(metrics['prover'])}")
+        document["prover"] = prover_report(run.model)
+        print(f"prover: {json.dumps(document['prover'])}")
     if args.world.is_main:
-        write_outputs(args, run, ranks, metrics)
+        write_outputs(args, run, ranks, metrics, document)
     print_metrics(metrics, args.split)
     return 0
 
@@ -389,9 +391,11 @@ def restriction_of(dataset, rules: list[str]):
     return cand.explicit_restriction(dataset, cand.parse_restrict(rules))
 
 
-def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
+def write_outputs(args: argparse.Namespace, run, ranks, metrics: Metrics, document: dict) -> None:
+    """The files asked for: the metrics JSON (``document``: metrics.to_dict() and, for a prover, its report),
+    the per-query table, the histogram."""
     if args.out:
-        write_json(metrics, args.out)
+        write_json(document, args.out)
     if args.per_query:
         from kgtrace.evaluation.output import query_table, write_query_table
 
@@ -400,7 +404,7 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
         from kgtrace.plots import rank_histogram
 
         rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
-                       title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+                       title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}")
 
 
 # ----------------------------------------------------------------------------- report
@@ -1197,7 +1201,8 @@ def print_self_influence(ranking: dict) -> None:
               f"--{e['relation_name']}--> {e['tail_name']}")
 
 
-def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30, world: World = ONE) -> dict:
+def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30,
+                 world: World = ONE) -> Metrics:
     """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports.
 
     world: split the ranking over a distributed job's processes (the same metrics).
@@ -1217,12 +1222,17 @@ def write_json(data: dict, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def print_metrics(metrics: dict, split: str) -> None:
-    """A small table: filtered realistic MRR and Hits@k per side."""
-    print(f"filtered {split} metrics ({metrics['num_queries']} triples, realistic ties, candidates: "
-          f"{metrics['candidates']})")
-    print(f"{'side':<6} {'MRR':>7} {'MR':>8} {'H@1':>7} {'H@3':>7} {'H@10':>7}")
-    for side in (side for side in ("head", "tail", "both") if side in metrics):
-        m = metrics[side]["realistic"]
-        print(f"{side:<6} {m['mrr']:7.4f} {m['mr']:8.2f} {m['hits_at_1']:7.4f} {m['hits_at_3']:7.4f} "
-              f"{m['hits_at_10']:7.4f}")
+def candidates_label(metrics: Metrics) -> str:
+    """What each query was ranked against, as the metrics JSON names it: all, or the number of corruptions."""
+    return str(metrics.corruptions) if metrics.corruptions else "all"
+
+
+def print_metrics(metrics: Metrics, split: str) -> None:
+    """A small table: filtered realistic MRR, MR and Hits@k per side, one column per k computed."""
+    print(f"filtered {split} metrics ({metrics.num_queries} triples, realistic ties, candidates: "
+          f"{candidates_label(metrics)})")
+    print(f"{'side':<6} {'MRR':>7} {'MR':>8}" + "".join(f" {f'H@{k}':>7}" for k in metrics.ks))
+    rows = [(side, metrics.sides[side]) for side in ("head", "tail") if side in metrics.sides]
+    for side, m in [*rows, ("both", metrics.both)]:
+        r = m.realistic
+        print(f"{side:<6} {r.mrr:7.4f} {r.mr:8.2f}" + "".join(f" {r.hits_at[k]:7.4f}" for k in metrics.ks))

@@ -115,9 +115,9 @@ def _evaluate_step(run, redo: bool, log) -> bool:
     ranks = rank_queries(run.model, ds.test, known=ds.known_triples("test"))
     metrics = metrics_of(ranks)
     write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), ranks_path)
-    write_json(metrics, metrics_path)  # last: its presence says the step finished
-    m = metrics["both"]["realistic"]
-    log(f"evaluate: test MRR {m['mrr']:.4f}, Hits@1 {m['hits_at_1']:.4f}, Hits@10 {m['hits_at_10']:.4f} (realistic)")
+    write_json(metrics.to_dict(), metrics_path)  # last: its presence says the step finished
+    m = metrics.both.realistic
+    log(f"evaluate: test MRR {m.mrr:.4f}, Hits@1 {m.hits_at[1]:.4f}, Hits@10 {m.hits_at[10]:.4f} (realistic)")
     return True
 
 
