@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -324,6 +324,63 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
     return values
 
 
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """kgtrace evaluate's parsed options."""
+
+    sides: tuple[str, ...]  # "head" and/or "tail", in the order given
+    ks: tuple[int, ...]  # k of each Hits@k, each 1 or more
+    memory_budget: int  # bytes, 1 or more
+
+
+# The files kgtrace evaluate writes: option attribute, accepted suffixes, what is written, an example name.
+EVALUATE_OUTPUTS = (("out", (".json",), "the metrics JSON", "metrics.json"),
+                    ("per_query", (".tsv", ".parquet"), "the per-query table", "ranks.tsv"),
+                    ("histogram", (".png",), "the PNG histogram", "ranks.png"))
+
+
+def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
+    """Check every option of kgtrace evaluate before any work, its output files included (so that a refused
+    command writes nothing); ConfigError lists every bad one at once."""
+    problems = []
+    sides = tuple(x.strip() for x in args.modes.split(",") if x.strip())
+    if not sides or set(sides) - {"head", "tail"}:
+        problems.append(f"--modes {args.modes!r}: each side must be head or tail; fix: e.g. --modes head,tail")
+    items = [x.strip() for x in args.ks.split(",") if x.strip()]
+    if not items or not all(x.isdigit() and int(x) >= 1 for x in items):
+        problems.append(f"--ks {args.ks!r}: each k of Hits@k must be a whole number, 1 or more; fix: e.g. --ks 1,3,10")
+    if args.corruptions < 0:
+        problems.append(f"--corruptions {args.corruptions}: must be 0 (all entities) or more")
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        problems.append(f"--memory-budget {args.memory_budget!r}: not a size of 1 byte or more; "
+                        "fix: e.g. --memory-budget 2GB (or 512MB, or a byte count)")
+    problems += output_problems(args, EVALUATE_OUTPUTS)
+    if problems:
+        raise ConfigError(problems)
+    return EvaluateOptions(sides=sides, ks=tuple(int(x) for x in items), memory_budget=budget)
+
+
+def output_problems(args: argparse.Namespace, outputs: tuple) -> list[str]:
+    """Output files given as folders, or with a suffix that does not say what they hold."""
+    problems = []
+    for name, suffixes, what, example in outputs:
+        path = getattr(args, name)
+        option = "--" + name.replace("_", "-")
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            problems.append(f"{option} {path}: is a folder; fix: name a file for {what}, e.g. "
+                            f"{option} {Path(path) / example}")
+        elif Path(path).suffix.lower() not in suffixes:
+            problems.append(f"{option} {path}: {what} needs a file name ending in {' or '.join(suffixes)}; "
+                            f"fix: e.g. {option} {example}")
+    return problems
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.compile import logged_compilation
     from kgtrace.evaluation.evaluate import Candidates, metrics_of
@@ -332,15 +389,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.run import load_run
     from kgtrace.training.loop import resolve_device
 
-    sides = parse_list(args.modes, "--modes", allowed=("head", "tail"))
-    ks = parse_list(args.ks, "--ks", int)
-    problems = [f"--corruptions {args.corruptions}: must be 0 (all entities) or more"] if args.corruptions < 0 else []
-    try:
-        budget = parse_size(args.memory_budget)
-    except ValueError as e:
-        problems.append(str(e))
-    if problems:
-        raise ConfigError(problems)
+    options = evaluate_options(args)
+    sides, ks, budget = options.sides, options.ks, options.memory_budget
     device = resolve_device(args.device)
     prover = is_prover_run(args.run_dir)
     if prover and args.world.distributed:
