@@ -59,8 +59,8 @@ def evaluation(args: argparse.Namespace, dataset, model, device: torch.device) -
         for compiled in (False, True):
             times[compiled].append(sum(timed(run(compiled), device) for _ in range(args.evals)) / args.evals)
     queries = 2 * len(dataset.test)
-    return _summary(times, warmup, log, queries, "queries", same_mrr=eager_metrics["both"]["realistic"]["mrr"]
-                    == compiled_metrics["both"]["realistic"]["mrr"])
+    return _summary(times, warmup, log, queries, "queries", same_mrr=eager_metrics.both.realistic.mrr
+                    == compiled_metrics.both.realistic.mrr)
 
 
 def train_step(args: argparse.Namespace, dataset, model, device: torch.device) -> dict:

@@ -59,8 +59,8 @@ def run_ours(args: argparse.Namespace, train, test, model) -> dict:
     start = time.perf_counter()
     metrics = evaluate(model, test, known=torch.cat([train, test]), memory_budget=2 << 30,
                        candidates=Candidates(compile=args.compile))
-    return {"seconds": time.perf_counter() - start, "mrr": metrics["both"]["realistic"]["mrr"],
-            "hits_at_10": metrics["both"]["realistic"]["hits_at_10"]}
+    return {"seconds": time.perf_counter() - start, "mrr": metrics.both.realistic.mrr,
+            "hits_at_10": metrics.both.realistic.hits_at[10]}
 
 
 def run_pykeen(args: argparse.Namespace, train, test, model) -> dict:
@@ -95,7 +95,7 @@ def run_sampled(args: argparse.Namespace, train, test, model) -> dict:
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "queries": len(queries), "corruptions": args.corruptions,
             "candidates_per_second": len(queries) * (args.corruptions + 1) / seconds,
-            "mrr": metrics["both"]["realistic"]["mrr"], "memory_budget": "2GB"}
+            "mrr": metrics.both.realistic.mrr, "memory_budget": "2GB"}
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -69,8 +69,8 @@ def base_metrics(run_dir: Path) -> dict:
     from kgtrace.run import load_run
 
     run = load_run(run_dir, "last")
-    tail = evaluate(run.model, run.dataset.test, known=run.dataset.all_triples(), sides=("tail",))["tail"]["realistic"]
-    return {"test_tail_mrr": round(tail["mrr"], 4), "test_tail_hits_at_1": round(tail["hits_at_1"], 4),
+    tail = evaluate(run.model, run.dataset.test, known=run.dataset.all_triples(), sides=("tail",)).sides["tail"].realistic
+    return {"test_tail_mrr": round(tail.mrr, 4), "test_tail_hits_at_1": round(tail.hits_at[1], 4),
             "test_triples": len(run.dataset.test), "train_triples": len(run.dataset.train)}
 
 

@@ -94,13 +94,13 @@ def policy_tables(scorer: PolicyScorer, triples: torch.Tensor, num_relations: in
 def valid_mrr(rows: dict, ds) -> float:
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
     scorer = table_scorer(rows, ds)
-    return evaluate(scorer, VALID[0], known=known_valid)["both"]["realistic"]["mrr"]
+    return evaluate(scorer, VALID[0], known=known_valid).both.realistic.mrr
 
 
 def metrics(scorer, ds, corruptions: int) -> dict:
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
-    m = evaluate(scorer, TEST[0], known=known, candidates=Candidates(corruptions))["both"]["realistic"]
-    return {k: round(m[k], 4) for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10")}
+    m = evaluate(scorer, TEST[0], known=known, candidates=Candidates(corruptions)).both.realistic
+    return {"mrr": round(m.mrr, 4), **{f"hits_at_{k}": round(m.hits_at[k], 4) for k in (1, 3, 10)}}
 
 
 def proof_rates(rows: dict, ds, proved_above: float, corruptions: int = 100) -> dict:

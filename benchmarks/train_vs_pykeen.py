@@ -82,12 +82,12 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int) -> dict:
         metrics = kgtrace.evaluate(run.model, ds.test, known=torch.cat([ds.train, ds.valid, ds.test]))
         total = time.perf_counter() - start
         records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-    m = metrics["both"]["realistic"]
+    m = metrics.both.realistic
     train_seconds = sum(r["seconds"] for r in records)
     return {
         "seconds_per_epoch": train_seconds / epochs, "train_seconds": train_seconds, "total_seconds": total,
-        "test_mrr": m["mrr"], "test_hits_at_1": m["hits_at_1"], "test_hits_at_3": m["hits_at_3"],
-        "test_hits_at_10": m["hits_at_10"],
+        "test_mrr": m.mrr, "test_hits_at_1": m.hits_at[1], "test_hits_at_3": m.hits_at[3],
+        "test_hits_at_10": m.hits_at[10],
     }
 
 

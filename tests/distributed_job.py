@@ -2,14 +2,18 @@
 
     python distributed_job.py api RUN_DIR OUT.pt       TracIn and ranking through the Python API; rank 0 saves
     python distributed_job.py fail RANK ARG...         kgtrace ARG..., with process RANK failing mid-command
+    python distributed_job.py teardown ARG...          kgtrace ARG..., then exit 3 if its process group outlived it
 
 The processes learn who they are from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 """
 
+import gc
 import os
 import sys
+import weakref
 
 import torch
+import torch.distributed as dist
 
 from kgtrace.attribution import TracIn
 from kgtrace.cli import main
@@ -53,6 +57,27 @@ def fail(rank: str, argv: list[str]) -> int:
     return main(argv)
 
 
+def teardown(argv: list[str]) -> int:
+    """kgtrace ARGV; exit 3 instead if destroy_process_group left the group alive (its gloo threads then
+    die with the interpreter, which can abort the process: "terminate called without an active exception")."""
+    groups = []
+    init = dist.init_process_group
+
+    def recording(*args, **kwargs):
+        init(*args, **kwargs)
+        groups.append(weakref.ref(dist.group.WORLD))
+
+    dist.init_process_group = recording
+    code = main(argv)
+    gc.collect()
+    if not groups or any(ref() is not None for ref in groups):
+        print(f"rank {os.environ['RANK']}: the process group is still alive after kgtrace {argv[0]} "
+              f"(groups recorded: {len(groups)})", file=sys.stderr)
+        return 3
+    return code
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
-    raise SystemExit(api(*rest) if mode == "api" else fail(rest[0], rest[1:]))
+    modes = {"api": lambda: api(*rest), "fail": lambda: fail(rest[0], rest[1:]), "teardown": lambda: teardown(rest)}
+    raise SystemExit(modes[mode]())

@@ -219,6 +219,25 @@ def test_score_t_and_score_hrt_paths_agree():
         assert same(sampled(table, sq, known, 7, seed=2), sampled(HrtOnly(table), sq, known, 7, seed=2))
 
 
+@pytest.mark.parametrize("name, settings", [
+    ("conve", {"embedding_dim": 8, "embedding_height": 2, "output_channels": 4}),
+    ("complex", {"embedding_dim": 6}),
+])
+def test_score_hrt_path_scores_head_queries_as_score_t_does(name, settings):
+    # ConvE learns each inverse relation r + R apart from r: a head query (t, r + R, ?) answered by h
+    # must be scored as that query, not as the forward triple (h, r, t). Float64 keeps matmul (score_t)
+    # and per-triple (score_hrt) rounding apart from the float32 scores the ranker compares.
+    num_entities, num_relations = 60, 3
+    torch.manual_seed(3)
+    model = build_model(name, num_entities, num_relations, **settings).double().eval()
+    known_triples = random_triples(400, num_entities, num_relations, seed=7)
+    known = AnswerIndex.build(known_triples, num_relations)
+    for side in ("head", "tail"):
+        sq = side_queries(known_triples[:30], num_relations, side)
+        by_score_t = sampled(model, sq, known, 15, seed=4)
+        assert same(by_score_t, sampled(model, sq, known, 15, seed=4, budget=1)), side  # budget 1: score_hrt
+
+
 def test_enough_corruptions_equal_all_entity_ranking():
     num_entities, num_relations = 120, 3
     gen = torch.Generator().manual_seed(1)

@@ -92,6 +92,25 @@ def test_train_then_evaluate(tmp_path):
     assert refused.returncode == 2 and "not empty" in refused.stderr
 
 
+def test_evaluate_prints_a_column_per_k(tmp_path, capsys):
+    from kgtrace.config import TrainConfig
+    from kgtrace.training.loop import train
+
+    out = tmp_path / "run"
+    config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 8}, epochs=1,
+                         eval_every=1, threads=1, device="cpu")
+    train(config, out, progress=False, log=lambda *_: None)
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--ks", "1,5", "--out", str(tmp_path / "m.json"), "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("side"))
+    assert header.split() == ["side", "MRR", "MR", "H@1", "H@5"]
+    rows = [line.split() for line in lines if line.split()[:1] in (["head"], ["tail"], ["both"])]
+    assert [row[0] for row in rows] == ["head", "tail", "both"] and all(len(row) == 5 for row in rows)
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert float(rows[2][4]) == pytest.approx(metrics["both"]["realistic"]["hits_at_5"], abs=5e-5)
+
+
 def test_config_file_and_flags_layer(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("dataset: nations\nmodel: distmult\nepochs: 5\nlr: 0.01\nmodel_args:\n  embedding_dim: 8\n")

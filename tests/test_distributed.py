@@ -210,6 +210,15 @@ def test_evaluate_with_two_processes_equals_one(umls_run, tmp_path):
     assert (tmp_path / "two.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
 
 
+def test_a_command_frees_its_process_group(umls_run, tmp_path):
+    # Building the checkpoint's ConvE on the meta device imports torch._dynamo and with it
+    # torch.distributed.fsdp, whose ShardedGradScaler binds dist.group.WORLD as a default argument
+    # when imported. Imported mid-command, it kept the group (and its gloo threads) alive past
+    # destroy_process_group, to be torn down with the interpreter: rank 1 aborted now and then.
+    torchrun(str(JOB), "teardown", "evaluate", str(umls_run), "--memory-budget", BUDGET, "--device", "cpu",
+             "--out", str(tmp_path / "m.json"))
+
+
 def test_explain_with_two_processes_equals_one(umls_run, tmp_path):
     args = ["explain", str(umls_run), "--test", "6", "--top-k", "5", "--device", "cpu", "--no-progress"]
     torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two.json"))

@@ -1,11 +1,13 @@
 """Filtered evaluation end to end on a fixed scorer, checked against a naive loop."""
 
+import json
+
 import pytest
 import torch
 
 from kgtrace.errors import KgtraceError
 from scorers import TableScorer
-from kgtrace.evaluation.evaluate import evaluate
+from kgtrace.evaluation.evaluate import Candidates, evaluate
 
 
 def naive_realistic_ranks(scorer, triples, known):
@@ -35,11 +37,40 @@ def test_matches_naive_loop_with_ties_and_filtering():
     ranks = naive_realistic_ranks(scorer, triples, known)
     for budget in (6 * 16, 10**9):  # one query (6 entities x 16 bytes) per chunk, and all at once
         result = evaluate(scorer, triples, known=known, memory_budget=budget)
-        assert result["both"]["realistic"]["mr"] == pytest.approx(sum(ranks) / len(ranks))
-        assert result["both"]["realistic"]["mrr"] == pytest.approx(sum(1 / r for r in ranks) / len(ranks))
+        assert result.both.realistic.mr == pytest.approx(sum(ranks) / len(ranks))
+        assert result.both.realistic.mrr == pytest.approx(sum(1 / r for r in ranks) / len(ranks))
         tail = ranks[1::2]
-        assert result["tail"]["realistic"]["mr"] == pytest.approx(sum(tail) / len(tail))
-    assert result["num_queries"] == 4 and result["candidates"] == "all"
+        assert result.sides["tail"].realistic.mr == pytest.approx(sum(tail) / len(tail))
+    assert result.num_queries == 4 and result.corruptions == 0 and not result.restricted
+
+
+TIE_KEYS = ["mrr", "mr", "amr", "amri", "adjusted_mrr",
+            "hits_at_1", "adjusted_hits_at_1", "hits_at_5", "adjusted_hits_at_5"]
+
+
+def test_metrics_to_dict_is_the_json_shape_written_before():
+    # The shape kgtrace evaluate --out has always written: sides in the order ranked, then both, then the
+    # three counts; each side's tie policies in one order, each policy's metrics in one order.
+    gen = torch.Generator().manual_seed(1)
+    scorer = TableScorer(torch.randint(0, 3, (4, 8, 8), generator=gen).float())
+    triples = torch.tensor([[0, 0, 1], [2, 1, 3], [4, 0, 5]])
+    metrics = evaluate(scorer, triples, known=triples, sides=("tail", "head"), ks=(1, 5))
+    data = metrics.to_dict()
+    assert list(data) == ["tail", "head", "both", "num_queries", "candidates", "restricted"]
+    for side in ("tail", "head", "both"):
+        assert list(data[side]) == ["realistic", "optimistic", "pessimistic"]
+        for ties in ("realistic", "optimistic", "pessimistic"):
+            assert list(data[side][ties]) == TIE_KEYS
+            assert all(type(v) is float for v in data[side][ties].values())
+    assert (data["num_queries"], data["candidates"], data["restricted"]) == (3, "all", False)
+    assert metrics.ks == (1, 5)
+    assert data["both"]["realistic"]["hits_at_5"] == metrics.both.realistic.hits_at[5]
+    assert data["head"]["pessimistic"]["adjusted_hits_at_1"] == metrics.sides["head"].pessimistic.adjusted_hits_at[1]
+    assert data["tail"]["optimistic"]["amri"] == metrics.sides["tail"].optimistic.amri
+    assert json.loads(json.dumps(data)) == data
+    sampled = evaluate(scorer, triples, known=triples, sides=("tail",), candidates=Candidates(3, seed=2))
+    assert sampled.corruptions == 3 and sampled.to_dict()["candidates"] == 3 and "head" not in sampled.to_dict()
+    assert list(sampled.to_dict()["tail"]["realistic"])[-2:] == ["hits_at_10", "adjusted_hits_at_10"]  # default ks
 
 
 def test_nan_score_names_the_query():

@@ -13,7 +13,7 @@ import torch
 from kgtrace.cli import main
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.vocab import Vocab
-from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.evaluation.evaluate import Candidates, evaluate, rank_queries
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
@@ -46,12 +46,30 @@ def test_ranks_with_realistic_ties():
     # pessimistic). Head side: only ann scores -> rank 1.
     test = torch.tensor([[ANN, GRANDPARENT, CAT]])
     metrics = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test]))
-    assert metrics["tail"]["realistic"]["mr"] == 1.5 and metrics["tail"]["optimistic"]["mr"] == 1.0
-    assert metrics["tail"]["pessimistic"]["mr"] == 2.0 and metrics["head"]["realistic"]["mr"] == 1.0
-    assert metrics["both"]["realistic"]["mrr"] == pytest.approx((1 / 1.5 + 1) / 2)
+    tail = metrics.sides["tail"]
+    assert tail.realistic.mr == 1.5 and tail.optimistic.mr == 1.0
+    assert tail.pessimistic.mr == 2.0 and metrics.sides["head"].realistic.mr == 1.0
+    assert metrics.both.realistic.mrr == pytest.approx((1 / 1.5 + 1) / 2)
     # With grandparent(ann, dan) known too, dan is filtered out and cat ranks first.
     filtered = evaluate(tiny_scorer(), test, known=torch.cat([TRAIN, test, torch.tensor([[ANN, GRANDPARENT, DAN]])]))
-    assert filtered["tail"]["realistic"]["mr"] == 1.0
+    assert filtered.sides["tail"].realistic.mr == 1.0
+
+
+def test_score_hrt_of_a_head_query_is_its_score_t_column():
+    # Sampled ranking scores (anchor, r + R, h) by score_hrt when one query's [E] scores do not fit:
+    # the prover must read it as the head query of (h, r, anchor), as score_t does.
+    scorer = tiny_scorer()
+    queries = torch.tensor([[CAT, GRANDPARENT + 2], [BOB, PARENT + 2], [ANN, GRANDPARENT]])  # R = 2
+    rows = scorer.score_t(queries)  # [3, 4]
+    for entity in range(4):
+        hrt = torch.cat([queries, torch.full((3, 1), entity)], 1)
+        assert scorer.score_hrt(hrt).tolist() == pytest.approx(rows[:, entity].tolist()), entity
+    test = torch.tensor([[ANN, GRANDPARENT, CAT], [BOB, PARENT, DAN]])
+    known = torch.cat([TRAIN, test])
+    by_score_t = rank_queries(scorer, test, known=known, candidates=Candidates(3, seed=1)).counts
+    by_score_hrt = rank_queries(scorer, test, known=known, candidates=Candidates(3, seed=1), memory_budget=1).counts
+    for side in ("head", "tail"):
+        assert by_score_hrt[side].rank("realistic").tolist() == by_score_t[side].rank("realistic").tolist()
 
 
 def test_hybrid_adds_the_weighted_prover_score():
@@ -130,7 +148,7 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     loaded = load_prover_run(run)
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
     direct = evaluate(loaded.model, ds.test, known=known, candidates=Candidates(3))
-    assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct["both"]["realistic"]["mrr"])
+    assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct.both.realistic.mrr)
     assert metrics["candidates"] == 3 and 0 < metrics["both"]["realistic"]["mrr"] <= 1
     # explain: the best proof of a test triple the run proves, step by step.
     scores = loaded.model.score_hrt(ds.test[:30])

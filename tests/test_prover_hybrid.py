@@ -62,7 +62,7 @@ def test_table_ranks_equal_the_hybrid_scorers_ranks(hybrid_parts):
         reference = reciprocal_ranks(HybridScorer(prover, embedding, w), triples, known)
         table = reciprocal_ranks(logits.with_rows(logits.rows + w * proofs.rows), triples, known)
         assert torch.equal(table, reference)
-        mrr = evaluate(HybridScorer(prover, embedding, w), triples, known=known)["both"]["realistic"]["mrr"]
+        mrr = evaluate(HybridScorer(prover, embedding, w), triples, known=known).both.realistic.mrr
         assert choice.mrr[w] == pytest.approx(mrr, abs=1e-12)
     assert choice.queries == 2 * len(triples)
     assert choice.weight <= choice.best

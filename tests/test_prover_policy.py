@@ -219,6 +219,17 @@ def test_compiled_beam_search_equals_eager(tiny):
     assert stats.recompilations == 0 and stats.graph_breaks == 0
 
 
+def test_score_hrt_of_a_head_query_is_its_score_t_column(tiny):
+    # (anchor, r + R, h) is the head query of (h, r, anchor), as score_t reads it.
+    engine, policy = tiny
+    scorer = PolicyScorer(policy, engine, STEPS, width=2, batch_size=8)
+    queries = torch.tensor([[CAT, GRANDPARENT + R], [BOB, PARENT + R], [ANN, GRANDPARENT]])
+    rows = scorer.score_t(queries)  # [3, E]
+    for entity in range(E):
+        hrt = torch.cat([queries, torch.full((3, 1), entity)], 1)
+        assert torch.allclose(scorer.score_hrt(hrt), rows[:, entity], atol=1e-6), entity
+
+
 def test_a_training_query_without_its_own_fact_looks_like_a_test_query():
     # Proving grandparent(ann, cat) with that triple excluded must look to the policy exactly as proving it
     # where it was never a fact: else the policy (and its value) tell training queries, whose triple is a

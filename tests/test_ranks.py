@@ -28,18 +28,17 @@ def test_ties_and_filtered_entries_by_hand():
 
 def test_metrics_formulas():
     counts = RankCounts(torch.tensor([0, 1, 9]), torch.tensor([0, 0, 0]), torch.tensor([10, 10, 10]))
-    m = summarize(counts, ks=(1, 3))["realistic"]
+    m = summarize(counts, ks=(1, 3)).realistic
     ranks = [1, 2, 10]
-    assert m["mr"] == pytest.approx(sum(ranks) / 3)
-    assert m["mrr"] == pytest.approx(sum(1 / r for r in ranks) / 3)
-    assert m["hits_at_1"] == pytest.approx(1 / 3)
-    assert m["hits_at_3"] == pytest.approx(2 / 3)
+    assert m.mr == pytest.approx(sum(ranks) / 3)
+    assert m.mrr == pytest.approx(sum(1 / r for r in ranks) / 3)
+    assert m.hits_at == {1: pytest.approx(1 / 3), 3: pytest.approx(2 / 3)}
     expected_mr = 5.5  # (n + 1) / 2 with n = 10
-    assert m["amr"] == pytest.approx(m["mr"] / expected_mr)
-    assert m["amri"] == pytest.approx(1 - (m["mr"] - 1) / (expected_mr - 1))
+    assert m.amr == pytest.approx(m.mr / expected_mr)
+    assert m.amri == pytest.approx(1 - (m.mr - 1) / (expected_mr - 1))
     expected_mrr = sum(1 / k for k in range(1, 11)) / 10
-    assert m["adjusted_mrr"] == pytest.approx((m["mrr"] - expected_mrr) / (1 - expected_mrr))
-    assert m["adjusted_hits_at_3"] == pytest.approx((2 / 3 - 0.3) / 0.7)
+    assert m.adjusted_mrr == pytest.approx((m.mrr - expected_mrr) / (1 - expected_mrr))
+    assert m.adjusted_hits_at[3] == pytest.approx((2 / 3 - 0.3) / 0.7)
 
 
 def test_answer_index_lookup_both_directions():

@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from kgtrace.registry import model_names, spec_named
 if TYPE_CHECKING:  # torch is imported lazily: --help stays fast
     from torch import Tensor
 
+    from kgtrace.evaluation.evaluate import Metrics
     from kgtrace.prover.config import ProverConfig
 
 TRAIN_HELP = {
@@ -313,7 +314,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     metrics = evaluate_run(result.run_dir, "test", world=args.world)
     if args.world.is_main:
         with folder_lock(result.run_dir, "run folder"):
-            write_json(metrics, Path(result.run_dir) / "test_metrics.json")
+            write_json(metrics.to_dict(), Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0
 
@@ -358,21 +359,71 @@ def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
     return values
 
 
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """kgtrace evaluate's parsed options."""
+
+    sides: tuple[str, ...]  # "head" and/or "tail", in the order given
+    ks: tuple[int, ...]  # k of each Hits@k, each 1 or more
+    memory_budget: int  # bytes, 1 or more
+
+
+# The files kgtrace evaluate writes: option attribute, accepted suffixes, what is written, an example name.
+EVALUATE_OUTPUTS = (("out", (".json",), "the metrics JSON", "metrics.json"),
+                    ("per_query", (".tsv", ".parquet"), "the per-query table", "ranks.tsv"),
+                    ("histogram", (".png",), "the PNG histogram", "ranks.png"))
+
+
+def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
+    """Check every option of kgtrace evaluate before any work, its output files included (so that a refused
+    command writes nothing); ConfigError lists every bad one at once."""
+    problems = []
+    sides = tuple(x.strip() for x in args.modes.split(",") if x.strip())
+    if not sides or set(sides) - {"head", "tail"}:
+        problems.append(f"--modes {args.modes!r}: each side must be head or tail; fix: e.g. --modes head,tail")
+    items = [x.strip() for x in args.ks.split(",") if x.strip()]
+    if not items or not all(x.isdigit() and int(x) >= 1 for x in items):
+        problems.append(f"--ks {args.ks!r}: each k of Hits@k must be a whole number, 1 or more; fix: e.g. --ks 1,3,10")
+    if args.corruptions < 0:
+        problems.append(f"--corruptions {args.corruptions}: must be 0 (all entities) or more")
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        problems.append(f"--memory-budget {args.memory_budget!r}: not a size of 1 byte or more; "
+                        "fix: e.g. --memory-budget 2GB (or 512MB, or a byte count)")
+    problems += output_problems(args, EVALUATE_OUTPUTS)
+    if problems:
+        raise ConfigError(problems)
+    return EvaluateOptions(sides=sides, ks=tuple(int(x) for x in items), memory_budget=budget)
+
+
+def output_problems(args: argparse.Namespace, outputs: tuple) -> list[str]:
+    """Output files given as folders, or with a suffix that does not say what they hold."""
+    problems = []
+    for name, suffixes, what, example in outputs:
+        path = getattr(args, name)
+        option = "--" + name.replace("_", "-")
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            problems.append(f"{option} {path}: is a folder; fix: name a file for {what}, e.g. "
+                            f"{option} {Path(path) / example}")
+        elif Path(path).suffix.lower() not in suffixes:
+            problems.append(f"{option} {path}: {what} needs a file name ending in {' or '.join(suffixes)}; "
+                            f"fix: e.g. {option} {example}")
+    return problems
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.evaluate import Candidates
     from kgtrace.prover.run import is_prover_run, load_prover_run
     from kgtrace.run import load_run
     from kgtrace.system import resolve_device
 
-    sides = parse_list(args.modes, "--modes", allowed=("head", "tail"))
-    ks = parse_list(args.ks, "--ks", int)
-    problems = [f"--corruptions {args.corruptions}: must be 0 (all entities) or more"] if args.corruptions < 0 else []
-    try:
-        budget = parse_size(args.memory_budget)
-    except ValueError as e:
-        problems.append(str(e))
-    if problems:
-        raise ConfigError(problems)
+    options = evaluate_options(args)
+    sides, ks, budget = options.sides, options.ks, options.memory_budget
     device = resolve_device(args.device)
     prover = is_prover_run(args.run_dir)
     if prover and args.world.distributed:
@@ -414,13 +465,14 @@ def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sid
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
+    document = metrics.to_dict()
     if prover:
         from kgtrace.prover.scorer import prover_report
 
-        metrics["prover"] = prover_report(run.model)
-        print(f"prover: {json.dumps(metrics['prover'])}")
+        document["prover"] = prover_report(run.model)
+        print(f"prover: {json.dumps(document['prover'])}")
     if args.world.is_main:
-        write_outputs(args, run, ranks, metrics)
+        write_outputs(args, run, ranks, metrics, document)
     print_metrics(metrics, args.split)
     return 0
 
@@ -442,8 +494,9 @@ def restriction_of(dataset, rules: list[str]):
     return cand.explicit_restriction(dataset, cand.parse_restrict(rules))
 
 
-def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
-    """The per-query table and the histogram, then the metrics JSON (last: present only beside its companions)."""
+def write_outputs(args: argparse.Namespace, run, ranks, metrics: Metrics, document: dict) -> None:
+    """The per-query table and the histogram, then the metrics JSON (``document``: metrics.to_dict() and, for a
+    prover, its report), last: present only beside its companions."""
     from kgtrace.owned import retire
 
     if args.out:
@@ -456,9 +509,9 @@ def write_outputs(args: argparse.Namespace, run, ranks, metrics: dict) -> None:
         from kgtrace.plots import rank_histogram
 
         rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
-                       title=f"{run.path.name}: {args.split}, candidates {metrics['candidates']}")
+                       title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}")
     if args.out:
-        write_json(metrics, args.out)
+        write_json(document, args.out)
 
 
 # ----------------------------------------------------------------------------- report
@@ -1266,7 +1319,8 @@ def print_self_influence(ranking: dict) -> None:
               f"--{e['relation_name']}--> {e['tail_name']}")
 
 
-def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30, world: World = ONE) -> dict:
+def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30,
+                 world: World = ONE) -> Metrics:
     """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports.
 
     world: split the ranking over a distributed job's processes (the same metrics).
@@ -1286,12 +1340,17 @@ def write_json(data: dict, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def print_metrics(metrics: dict, split: str) -> None:
-    """A small table: filtered realistic MRR and Hits@k per side."""
-    print(f"filtered {split} metrics ({metrics['num_queries']} triples, realistic ties, candidates: "
-          f"{metrics['candidates']})")
-    print(f"{'side':<6} {'MRR':>7} {'MR':>8} {'H@1':>7} {'H@3':>7} {'H@10':>7}")
-    for side in (side for side in ("head", "tail", "both") if side in metrics):
-        m = metrics[side]["realistic"]
-        print(f"{side:<6} {m['mrr']:7.4f} {m['mr']:8.2f} {m['hits_at_1']:7.4f} {m['hits_at_3']:7.4f} "
-              f"{m['hits_at_10']:7.4f}")
+def candidates_label(metrics: Metrics) -> str:
+    """What each query was ranked against, as the metrics JSON names it: all, or the number of corruptions."""
+    return str(metrics.corruptions) if metrics.corruptions else "all"
+
+
+def print_metrics(metrics: Metrics, split: str) -> None:
+    """A small table: filtered realistic MRR, MR and Hits@k per side, one column per k computed."""
+    print(f"filtered {split} metrics ({metrics.num_queries} triples, realistic ties, candidates: "
+          f"{candidates_label(metrics)})")
+    print(f"{'side':<6} {'MRR':>7} {'MR':>8}" + "".join(f" {f'H@{k}':>7}" for k in metrics.ks))
+    rows = [(side, metrics.sides[side]) for side in ("head", "tail") if side in metrics.sides]
+    for side, m in [*rows, ("both", metrics.both)]:
+        r = m.realistic
+        print(f"{side:<6} {r.mrr:7.4f} {r.mr:8.2f}" + "".join(f" {r.hits_at[k]:7.4f}" for k in metrics.ks))

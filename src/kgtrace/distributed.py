@@ -232,8 +232,10 @@ def session(command: str) -> Iterator[World]:
     """Join torchrun's process group for the length of one command (a no-op world of one without torchrun).
 
     Only rank 0 prints: the others' standard output is discarded (errors still go to standard
-    error). On an exception the group is aborted, so that partners blocked in a collective fail
-    at once instead of waiting for the timeout.
+    error). On success every process waits at a barrier for the others to finish, then destroys
+    the group, which then holds no pending work and no threads at exit. On an exception the group
+    is aborted, so that partners blocked in a collective fail at once instead of waiting for the
+    timeout.
     """
     world = world_from_env()
     if not world.distributed:
@@ -256,11 +258,14 @@ def session(command: str) -> Iterator[World]:
         backend = "cpu:gloo,cuda:nccl"
     else:
         backend = "gloo"
+    _import_group_holders()
     dist.init_process_group(backend, rank=world.rank, world_size=world.size, timeout=timeout)
     quiet = open(os.devnull, "w") if not world.is_main else None  # noqa: SIM115 (closed below)
     try:
         with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext():
             yield world
+        # Rank 0 may still write outputs: no process closes its connections before all have finished.
+        world.barrier()
     except BaseException:
         _abort()
         raise
@@ -269,6 +274,20 @@ def session(command: str) -> Iterator[World]:
     finally:
         if quiet:
             quiet.close()
+
+
+def _import_group_holders() -> None:
+    """Import, while no process group exists, the torch modules that bind the default group when imported.
+
+    torch.distributed.fsdp's ShardedGradScaler takes ``process_group=dist.group.WORLD`` as a default
+    argument, evaluated at import. torch._dynamo imports it, and kgtrace imports torch._dynamo
+    mid-command (the first ``normal_`` on a meta tensor, as when a checkpoint's ConvE is built;
+    torch.compile). Imported with the group alive, it kept the group for good: destroy_process_group
+    could not free it, its gloo threads were torn down with the interpreter, and a process now and
+    then aborted at exit ("terminate called without an active exception", SIGABRT). Imported here,
+    the default is None. tests/test_distributed.py checks that a command frees its group.
+    """
+    import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
 
 
 def _abort() -> None:

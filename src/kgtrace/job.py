@@ -129,9 +129,9 @@ def _evaluate_step(run, redo: bool, log) -> bool:
     metrics = metrics_of(ranks)
     retire(metrics_path)  # first: an old JSON is never read beside new ranks
     write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), ranks_path)
-    atomic_write_text(metrics_path, json.dumps(metrics, indent=2) + "\n")  # last: its presence says the step finished
-    m = metrics["both"]["realistic"]
-    log(f"evaluate: test MRR {m['mrr']:.4f}, Hits@1 {m['hits_at_1']:.4f}, Hits@10 {m['hits_at_10']:.4f} (realistic)")
+    atomic_write_text(metrics_path, json.dumps(metrics.to_dict(), indent=2) + "\n")  # last: says the step finished
+    m = metrics.both.realistic
+    log(f"evaluate: test MRR {m.mrr:.4f}, Hits@1 {m.hits_at[1]:.4f}, Hits@10 {m.hits_at[10]:.4f} (realistic)")
     return True
 
 

@@ -43,7 +43,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import BYTES_PER_SCORE, SideQueries, check_finite
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
-from kgtrace.models.base import Scorer
+from kgtrace.models.base import Scorer, forward_triples
 
 __all__ = [
     "CandidateRestriction",
@@ -513,7 +513,7 @@ def _count_by_score_t(model: Scorer, queries: Tensor, answers: Tensor, tiles: It
 def _count_by_score_hrt(model: Scorer, queries: Tensor, answers: Tensor, tiles: Iterator[_Tile], batch: int,
                         sq: SideQueries, start: int) -> tuple[Tensor, Tensor]:
     """(greater [B], equal [B]) among the sampled entities, scoring whole triples in batches."""
-    true = model.score_hrt(_triples(queries, answers, model.num_relations)).float()  # [B]
+    true = model.score_hrt(_triples(model, queries, answers)).float()  # [B]
     check_finite(true.unsqueeze(1), sq, start)
     greater = torch.zeros(len(answers), dtype=torch.long, device=answers.device)
     equal = torch.zeros_like(greater)
@@ -522,7 +522,7 @@ def _count_by_score_hrt(model: Scorer, queries: Tensor, answers: Tensor, tiles: 
         sampled_rows, entities = tile.rows[r], tile.entities[r, c]
         for i in range(0, len(sampled_rows), batch):
             row = sampled_rows[i : i + batch]
-            triples = _triples(queries[row], entities[i : i + batch], model.num_relations)  # [p, 3]
+            triples = _triples(model, queries[row], entities[i : i + batch])  # [p, 3]
             scores = model.score_hrt(triples).float()  # [p]
             _check_sampled_finite(~torch.isfinite(scores), row, sq, start)
             greater.index_add_(0, row, (scores > true[row]).long())
@@ -530,13 +530,14 @@ def _count_by_score_hrt(model: Scorer, queries: Tensor, answers: Tensor, tiles: 
     return greater, equal
 
 
-def _triples(queries: Tensor, entities: Tensor, num_relations: int) -> Tensor:
-    """(anchor, relation-or-inverse) queries [P, 2] answered by entities [P] -> (h, r, t) [P, 3], r in [0, R)."""
-    anchor, relation = queries.unbind(1)
-    inverse = relation >= num_relations  # a head query (t, r + R, ?) answered by h is the triple (h, r, t)
-    head = torch.where(inverse, entities, anchor)
-    tail = torch.where(inverse, anchor, entities)
-    return torch.stack([head, torch.where(inverse, relation - num_relations, relation), tail], 1)
+def _triples(model: Scorer, queries: Tensor, entities: Tensor) -> Tensor:
+    """(anchor, relation-or-inverse) queries [P, 2] answered by entities [P] -> the triples [P, 3] score_hrt takes.
+
+    A scorer with score_t scores the query itself (its score_t column; ConvE learns r + R apart from r);
+    one without it takes (h, r, t), r in [0, R) only.
+    """
+    triples = torch.cat([queries, entities.unsqueeze(1)], 1)
+    return triples if hasattr(model, "score_t") else forward_triples(triples, model.num_relations)
 
 
 def _check_sampled_finite(bad: Tensor, rows: Tensor, sq: SideQueries, start: int) -> None:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import KgtraceError
-from kgtrace.evaluation.ranks import RankCounts, count_ranks, summarize
+from kgtrace.evaluation.ranks import RankCounts, SideMetrics, count_ranks, summarize
 from kgtrace.models.base import FactorisedScorer, Scorer
 
 if TYPE_CHECKING:
@@ -155,9 +155,6 @@ class Candidates:
     restriction: "CandidateRestriction | None" = None
     compile: bool = False
 
-    def describe(self) -> str | int:
-        return self.corruptions if self.corruptions else "all"
-
 
 @dataclass(frozen=True)
 class QueryRanks:
@@ -236,14 +233,39 @@ def model_device(model: Scorer) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> dict:
-    """The JSON-shaped metrics of per-query ranks; see :func:`evaluate`."""
-    result: dict = {side: summarize(c, ks) for side, c in ranks.counts.items()}
-    result["both"] = summarize(RankCounts.cat(list(ranks.counts.values())), ks)
-    result["num_queries"] = len(ranks.triples)
-    result["candidates"] = ranks.candidates.describe()
-    result["restricted"] = ranks.candidates.restriction is not None
-    return result
+@dataclass(frozen=True)
+class Metrics:
+    """Filtered rank metrics of one evaluation; :meth:`to_dict` is the JSON ``kgtrace evaluate --out`` writes."""
+
+    sides: dict[str, SideMetrics]  # "head" and/or "tail", in the order they were ranked
+    both: SideMetrics  # the queries of every side ranked, together
+    ks: tuple[int, ...]  # k of each Hits@k, in order, each once
+    num_queries: int  # triples ranked (each asks one query per side)
+    corruptions: int  # K sampled corruptions per query; 0: ranked against all entities
+    restricted: bool  # candidates restricted by node category
+
+    def to_dict(self) -> dict:
+        """{side: ..., "both": {"realistic"|"optimistic"|"pessimistic": {metric: value}}, "num_queries": n,
+        "candidates": "all" or K, "restricted": bool}, keys in that order."""
+        out: dict = {side: metrics.to_dict() for side, metrics in self.sides.items()}
+        out["both"] = self.both.to_dict()
+        out["num_queries"] = self.num_queries
+        out["candidates"] = self.corruptions or "all"
+        out["restricted"] = self.restricted
+        return out
+
+
+def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> Metrics:
+    """The metrics of per-query ranks; see :func:`evaluate`."""
+    ks = tuple(dict.fromkeys(ks))  # a k asked twice is one Hits@k, as one JSON key
+    return Metrics(
+        sides={side: summarize(counts, ks) for side, counts in ranks.counts.items()},
+        both=summarize(RankCounts.cat(list(ranks.counts.values())), ks),
+        ks=ks,
+        num_queries=len(ranks.triples),
+        corruptions=ranks.candidates.corruptions,
+        restricted=ranks.candidates.restriction is not None,
+    )
 
 
 def evaluate(
@@ -256,15 +278,14 @@ def evaluate(
     candidates: Candidates = Candidates(),
     memory_budget: int = 2 << 30,
     device: torch.device | str | None = None,
-) -> dict:
+) -> Metrics:
     """Filtered rank metrics of ``triples`` [n, 3].
 
     known: triples (or a prebuilt index) whose other answers are filtered out; the
     caller decides (train+valid+test for test, train+valid for validation); None
     ranks unfiltered. candidates: all entities (default), K sampled corruptions, a
-    type restriction, compiled or eager. Returns {"both"|"head"|"tail":
-    {"realistic"|"optimistic"|"pessimistic": {metric: value}}, "num_queries": n,
-    "candidates": "all" or K, "restricted": bool}.
+    type restriction, compiled or eager. Returns :class:`Metrics`, e.g.
+    ``evaluate(...).both.realistic.mrr``; ``.to_dict()`` for JSON.
     """
     ranks = rank_queries(model, triples, known=known, sides=sides, candidates=candidates,
                          memory_budget=memory_budget, device=device)

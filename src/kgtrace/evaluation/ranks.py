@@ -76,27 +76,58 @@ def harmonic(n: Tensor) -> Tensor:
     return torch.special.digamma(n + 1.0) + 0.5772156649015329
 
 
-def summarize(counts: RankCounts, ks: tuple[int, ...] = (1, 3, 10)) -> dict[str, dict[str, float]]:
-    """Metrics for each tie policy: {"realistic": {"mrr", "mr", "hits_at_k", "amr", "amri", ...}, ...}."""
+@dataclass(frozen=True)
+class TieMetrics:
+    """The metrics of some ranks under one tie policy. Hits are keyed by k, in the order asked."""
+
+    mrr: float  # mean reciprocal rank
+    mr: float  # mean rank
+    amr: float  # adjusted mean rank: mr over its expectation under random scores
+    amri: float  # adjusted mean rank index: 1 best, 0 random
+    adjusted_mrr: float  # mrr rescaled so that random scores give 0 and perfect ones 1
+    hits_at: dict[int, float]  # k -> fraction of ranks <= k
+    adjusted_hits_at: dict[int, float]  # k -> Hits@k rescaled like adjusted_mrr
+
+    def to_dict(self) -> dict[str, float]:
+        """{"mrr", "mr", "amr", "amri", "adjusted_mrr", then "hits_at_k", "adjusted_hits_at_k" per k}."""
+        out = {"mrr": self.mrr, "mr": self.mr, "amr": self.amr, "amri": self.amri, "adjusted_mrr": self.adjusted_mrr}
+        for k, hits in self.hits_at.items():
+            out[f"hits_at_{k}"] = hits
+            out[f"adjusted_hits_at_{k}"] = self.adjusted_hits_at[k]
+        return out
+
+
+@dataclass(frozen=True)
+class SideMetrics:
+    """The metrics of one side's ranks (or of both sides together) under each tie policy."""
+
+    realistic: TieMetrics
+    optimistic: TieMetrics
+    pessimistic: TieMetrics
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {ties: getattr(self, ties).to_dict() for ties in TIES}
+
+
+def summarize(counts: RankCounts, ks: tuple[int, ...] = (1, 3, 10)) -> SideMetrics:
+    """The metrics of rank counts [Q] under each tie policy, with Hits@k for each k of ``ks``."""
     n = counts.num_candidates.double()
     expected_rank = (n + 1.0) / 2.0
     expected_rr = harmonic(n) / n
-    out: dict[str, dict[str, float]] = {}
+    per_ties = {}
     for ties in TIES:
         ranks = counts.rank(ties)
+        # 0-dim float64 tensors, not Python floats: a division by zero gives nan or inf (e.g. adjusted
+        # Hits@k when every query has at most k candidates), as the metrics JSON has always had it.
         mr, mrr = ranks.mean(), (1.0 / ranks).mean()
         e_mr, e_mrr = expected_rank.mean(), expected_rr.mean()
-        metrics = {
-            "mrr": mrr,
-            "mr": mr,
-            "amr": mr / e_mr,
-            "amri": 1.0 - (mr - 1.0) / (e_mr - 1.0),
-            "adjusted_mrr": (mrr - e_mrr) / (1.0 - e_mrr),
-        }
+        hits, adjusted_hits = {}, {}
         for k in ks:
-            hits = (ranks <= k).double().mean()
+            hits_k = (ranks <= k).double().mean()
             e_hits = (torch.clamp(n, max=k) / n).mean()
-            metrics[f"hits_at_{k}"] = hits
-            metrics[f"adjusted_hits_at_{k}"] = (hits - e_hits) / (1.0 - e_hits)
-        out[ties] = {name: float(value) for name, value in metrics.items()}
-    return out
+            hits[k], adjusted_hits[k] = float(hits_k), float((hits_k - e_hits) / (1.0 - e_hits))
+        per_ties[ties] = TieMetrics(mrr=float(mrr), mr=float(mr), amr=float(mr / e_mr),
+                                    amri=float(1.0 - (mr - 1.0) / (e_mr - 1.0)),
+                                    adjusted_mrr=float((mrr - e_mrr) / (1.0 - e_mrr)),
+                                    hits_at=hits, adjusted_hits_at=adjusted_hits)
+    return SideMetrics(**per_ties)

@@ -20,8 +20,8 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.distributed import ONE, World, block_split
 from kgtrace.evaluation import candidates as cand
-from kgtrace.evaluation.evaluate import (BYTES_PER_SCORE, SIDES, Candidates, QueryRanks, SideQueries, eval_mode,
-                                         metrics_of, query_chunk_size, rank_queries, rank_side_with,
+from kgtrace.evaluation.evaluate import (BYTES_PER_SCORE, SIDES, Candidates, Metrics, QueryRanks, SideQueries,
+                                         eval_mode, metrics_of, query_chunk_size, rank_queries, rank_side_with,
                                          ranking_inputs, side_queries)
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models.base import Scorer
@@ -108,6 +108,6 @@ def rank_queries_sharded(
 
 
 def evaluate_sharded(model: Scorer, triples: Tensor, *, world: World = ONE, ks: tuple[int, ...] = (1, 3, 10),
-                     **kwargs) -> dict:
+                     **kwargs) -> Metrics:
     """:func:`~kgtrace.evaluation.evaluate.evaluate` split over ``world``'s processes (the same metrics, exactly)."""
     return metrics_of(rank_queries_sharded(model, triples, world=world, **kwargs), ks)

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["FactorisedScorer", "Scorer", "inverse_queries"]
+__all__ = ["FactorisedScorer", "Scorer", "forward_triples", "inverse_queries"]
 
 
 @runtime_checkable
@@ -35,7 +35,12 @@ class Scorer(Protocol):
     def score_hrt(self, hrt: Tensor) -> Tensor:
         """Score whole triples.
 
-        :param hrt: LongTensor [B, 3] of (head, relation, tail) ids, relation in [0, R).
+        :param hrt: LongTensor [B, 3] of (head, relation, tail) ids, relation in [0, R); a
+            scorer that has ``score_t`` also takes relation ids in [R, 2R): ``(t, r + R, h)``
+            is the head query ``(t, r + R, ?)`` answered by h, and its score is column h of
+            ``score_t([t, r + R])`` (for ConvE, which learns inverse relations apart, not
+            the score of (h, r, t)). A scorer without ``score_t`` gets [0, R) only (see
+            :func:`forward_triples`).
         :return: scores [B] (logits).
         """
         ...
@@ -95,3 +100,16 @@ def inverse_queries(rt: Tensor, num_relations: int) -> Tensor:
     :return: LongTensor [B, 2] of (tail, relation + R).
     """
     return torch.stack([rt[:, 1], rt[:, 0] + num_relations], dim=1)
+
+
+def forward_triples(hrt: Tensor, num_relations: int) -> Tensor:
+    """Write query-form triples with the relation as stated.
+
+    :param hrt: LongTensor [B, 3] of (anchor, relation-or-inverse, answer) ids, relation in [0, 2R).
+    :param num_relations: R.
+    :return: LongTensor [B, 3] of (head, relation, tail), relation in [0, R): (t, r + R, h) becomes (h, r, t).
+    """
+    anchor, relation, answer = hrt.unbind(1)
+    inverse = relation >= num_relations
+    return torch.stack([torch.where(inverse, answer, anchor), torch.where(inverse, relation - num_relations, relation),
+                        torch.where(inverse, anchor, answer)], dim=1)

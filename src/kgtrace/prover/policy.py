@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from kgtrace.checkpoint import check_digests, load_checkpoint
 from kgtrace.compile import CompiledCall
 from kgtrace.errors import KgtraceError
-from kgtrace.models.base import inverse_queries
+from kgtrace.models.base import forward_triples, inverse_queries
 from kgtrace.prover.embedding import embedding_model
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Beams, beam_search, rollout
@@ -206,8 +206,9 @@ class PolicyScorer(nn.Module):
 
     @torch.no_grad()
     def score_hrt(self, hrt: Tensor) -> Tensor:
+        """[B, 3] -> [B]: each ground query's beam score; (t, r + R, h) is searched as (h, r, t)."""
         parts = []
-        for part in hrt.cpu().split(self.batch_size):
+        for part in forward_triples(hrt.cpu(), self.num_relations).split(self.batch_size):
             beams = self.search(part)
             self.overflow += beams.overflow.sum(0).cpu()
             parts.append(beam_scores(beams, self.proof_score))
@@ -216,12 +217,9 @@ class PolicyScorer(nn.Module):
     @torch.no_grad()
     def score_t(self, hr: Tensor) -> Tensor:
         """Every entity as the answer of each (anchor, relation-or-inverse) query: one search per triple [B, E]."""
-        E, R = self.num_entities, self.num_relations
-        anchor, relation = hr.cpu().repeat_interleave(E, 0).unbind(1)  # [B E] each
-        entity = torch.arange(E).repeat(len(hr))
-        inverse = relation >= R
-        triples = torch.stack([torch.where(inverse, entity, anchor), torch.where(inverse, relation - R, relation),
-                               torch.where(inverse, anchor, entity)], 1)  # [B E, 3]
+        E = self.num_entities
+        entity = torch.arange(E).repeat(len(hr)).unsqueeze(1)
+        triples = torch.cat([hr.cpu().repeat_interleave(E, 0), entity], 1)  # [B E, 3] (anchor, relation, entity)
         return self.score_hrt(triples).view(len(hr), E).to(hr.device)
 
     def score_h(self, rt: Tensor) -> Tensor:

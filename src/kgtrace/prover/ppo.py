@@ -329,11 +329,11 @@ def ppo_update(state: PolicyState, config: ProverConfig, trajectory: Trajectory,
 def _validate(state: PolicyState, config: ProverConfig, dataset: Dataset, scorer: Scorer,
               known: AnswerIndex) -> dict:
     metrics = evaluate(scorer, dataset.valid[: config.eval_triples], known=known,
-                       candidates=Candidates(config.eval_corruptions, seed=config.seed))["both"]["realistic"]
-    improved = metrics["mrr"] > state.best_mrr
+                       candidates=Candidates(config.eval_corruptions, seed=config.seed)).both.realistic
+    improved = metrics.mrr > state.best_mrr
     if improved:
-        state.best_mrr, state.best_epoch = metrics["mrr"], state.epoch
-    return {"valid_mrr": metrics["mrr"], "valid_hits_at_1": metrics["hits_at_1"], "valid_improved": improved}
+        state.best_mrr, state.best_epoch = metrics.mrr, state.epoch
+    return {"valid_mrr": metrics.mrr, "valid_hits_at_1": metrics.hits_at[1], "valid_improved": improved}
 
 
 def _format(record: dict) -> str:

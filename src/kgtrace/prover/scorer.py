@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kgtrace.models.base import Scorer, inverse_queries
+from kgtrace.models.base import Scorer, forward_triples, inverse_queries
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import open_query_state, query_state
 from kgtrace.prover.search import Deriver, eager_deriver, vector_search
@@ -54,9 +54,10 @@ class BfsScorer(nn.Module):
 
     @torch.no_grad()
     def score_hrt(self, hrt: Tensor) -> Tensor:
-        """Best proof confidence of each triple [B, 3] (h, r, t): [B], 0 when unproved."""
+        """Best proof confidence of each triple [B, 3] (h, r, t): [B], 0 when unproved; (t, r + R, h) is (h, r, t)."""
+        ground = forward_triples(hrt.cpu(), self.num_relations)
         scores = [self._search([query_state(t) for t in part.tolist()], open_queries=False).log_confidence
-                  for part in hrt.cpu().split(self.query_chunk)]
+                  for part in ground.split(self.query_chunk)]
         return self._confidence(scores, len(hrt), hrt.device)
 
     @torch.no_grad()
@@ -101,6 +102,7 @@ class HybridScorer(nn.Module):
 
     @torch.no_grad()
     def score_hrt(self, hrt: Tensor) -> Tensor:
+        """[B, 3] -> [B]; relation ids in [R, 2R) ask head queries, as in score_t (both parts take them)."""
         proofs = proof_part(self.prover.score_hrt(hrt).float(), self.prover.proof_line).to(hrt.device)
         return self.embedding.score_hrt(hrt).float() + self.weight * proofs
 

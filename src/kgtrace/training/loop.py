@@ -352,14 +352,14 @@ def validate(state: TrainState, config: TrainConfig, dataset: Dataset, known: An
     """Filtered validation metrics (never filtered with test) and the early-stopping bookkeeping."""
     metrics = evaluate_sharded(state.model, dataset.valid, world=world, known=known,
                                candidates=Candidates(compile=config.compile),
-                               memory_budget=parse_size(config.memory_budget), device=device)["both"]["realistic"]
-    improved = metrics["mrr"] > state.best_mrr
+                               memory_budget=parse_size(config.memory_budget), device=device).both.realistic
+    improved = metrics.mrr > state.best_mrr
     if improved:
-        state.best_mrr, state.best_epoch, state.bad_validations = metrics["mrr"], state.epoch, 0
+        state.best_mrr, state.best_epoch, state.bad_validations = metrics.mrr, state.epoch, 0
     else:
         state.bad_validations += 1
-    return {"valid_mrr": metrics["mrr"], "valid_hits_at_1": metrics["hits_at_1"],
-            "valid_hits_at_10": metrics["hits_at_10"], "valid_improved": improved}
+    return {"valid_mrr": metrics.mrr, "valid_hits_at_1": metrics.hits_at[1],
+            "valid_hits_at_10": metrics.hits_at[10], "valid_improved": improved}
 
 
 def format_record(record: dict[str, Any]) -> str:
