@@ -45,7 +45,8 @@ from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
 from kgtrace.evaluation.candidates import sample_corruptions
-from kgtrace.evaluation.evaluate import Candidates, evaluate, side_queries
+from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.evaluation.sides import side_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS, PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.hybrid import ScoreTable, choose_weight, distinct_queries, reciprocal_ranks

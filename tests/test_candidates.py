@@ -20,7 +20,7 @@ from kgtrace.evaluation.candidates import (
     rank_side_sampled,
     sample_corruptions,
 )
-from kgtrace.evaluation.evaluate import SideQueries, rank_side, side_queries
+from kgtrace.evaluation.sides import SideQueries, rank_side, side_queries
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models import build_model
 from scorers import TableScorer

@@ -12,7 +12,7 @@ import torch
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, rank_side_compiled
-from kgtrace.evaluation.evaluate import SIDES, query_chunk_size, rank_side, side_queries
+from kgtrace.evaluation.sides import SIDES, query_chunk_size, rank_side, side_queries
 from kgtrace.models import ComplEx, ConvE, DistMult
 
 E, R, Q = 64, 3, 1021  # 1021 = 2 * 510 + 1: batch 510 leaves a last chunk of one query

@@ -27,7 +27,8 @@ from kgtrace.data.dataset import load_dataset
 from kgtrace.distributed import World, block_split, world_from_env
 from kgtrace.errors import ConfigError
 from kgtrace.evaluation import sharded
-from kgtrace.evaluation.evaluate import Candidates, SideQueries, rank_queries, rank_side_with, side_queries
+from kgtrace.evaluation.evaluate import Candidates, rank_queries, rank_side_with
+from kgtrace.evaluation.sides import SideQueries, side_queries
 from kgtrace.models import build_model
 from kgtrace.run import load_run
 from kgtrace.checkpoint import load_checkpoint

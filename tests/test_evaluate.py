@@ -84,7 +84,7 @@ def test_nan_score_names_the_query():
                                          ("conve", {"embedding_dim": 8, "embedding_height": 2, "output_channels": 3})])
 def test_entity_chunked_ranking_equals_whole_rows(name, kwargs):
     from kgtrace.data.answers import AnswerIndex
-    from kgtrace.evaluation.evaluate import rank_side, side_queries
+    from kgtrace.evaluation.sides import rank_side, side_queries
     from kgtrace.models import build_model
 
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ import torch
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.candidates import sample_corruptions
-from kgtrace.evaluation.evaluate import side_queries
+from kgtrace.evaluation.sides import side_queries
 from kgtrace.prover.engine import VectorEngine, pad_states, unpad_states
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.reference import ReferenceEngine, proof_depth

@@ -199,7 +199,7 @@ def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generat
     (``kgtrace evaluate --compile`` runs the same function on the test split)."""
     from kgtrace.data.answers import AnswerIndex
     from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
-    from kgtrace.evaluation.evaluate import query_chunk_size, side_queries
+    from kgtrace.evaluation.sides import query_chunk_size, side_queries
 
     ds, model = run.dataset, run.model.to(device).eval()
     sides = [side_queries(ds.valid, ds.num_relations, side) for side in ("head", "tail")]

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import BYTES_PER_SCORE, SideQueries, check_finite
+from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.models.base import Scorer, forward_triples
 

@@ -7,7 +7,7 @@ eagerly per chunk from the answer index (True = a known answer other than the tr
 excluded). The graph returns greater, equal, num_candidates and a non-finite flag [B]
 each; the flag is checked eagerly and raises the same error as the eager path.
 
-Ranks equal :func:`~kgtrace.evaluation.evaluate.rank_side` exactly whenever compiled
+Ranks equal :func:`~kgtrace.evaluation.sides.rank_side` exactly whenever compiled
 and eager scores are bitwise equal; where Inductor rounds a model's float arithmetic
 differently, a true answer within rounding of another candidate may rank differently.
 
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from kgtrace.compile import CompiledCall
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.evaluate import SideQueries, check_finite, query_chunk_size
+from kgtrace.evaluation.sides import SideQueries, check_finite, query_chunk_size
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models.base import Scorer
 

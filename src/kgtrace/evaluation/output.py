@@ -10,7 +10,8 @@ import torch
 
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import KgtraceError
-from kgtrace.evaluation.evaluate import QueryRanks, model_device, side_queries
+from kgtrace.evaluation.evaluate import QueryRanks, model_device
+from kgtrace.evaluation.sides import side_queries
 from kgtrace.io import atomic_path
 from kgtrace.models.base import Scorer
 

@@ -20,10 +20,11 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.distributed import ONE, World, block_split
 from kgtrace.evaluation import candidates as cand
-from kgtrace.evaluation.evaluate import (BYTES_PER_SCORE, SIDES, Candidates, Metrics, QueryRanks, SideQueries,
-                                         eval_mode, metrics_of, query_chunk_size, rank_queries, rank_side_with,
-                                         ranking_inputs, side_queries)
+from kgtrace.evaluation.compiled import balanced_batch, rank_side_compiled
+from kgtrace.evaluation.evaluate import (Candidates, Metrics, QueryRanks, eval_mode, metrics_of, rank_queries,
+                                         rank_side_with, ranking_inputs)
 from kgtrace.evaluation.ranks import RankCounts
+from kgtrace.evaluation.sides import BYTES_PER_SCORE, SIDES, SideQueries, query_chunk_size, side_queries
 from kgtrace.models.base import Scorer
 
 __all__ = ["evaluate_sharded", "queries_per_chunk", "rank_queries_sharded"]
@@ -44,8 +45,6 @@ def queries_per_chunk(model: Scorer, candidates: Candidates, memory_budget: int,
     if candidates.restriction is not None:
         return cand.restricted_queries_per_chunk(model.num_entities, memory_budget)
     if candidates.compile:
-        from kgtrace.evaluation.compiled import balanced_batch
-
         return balanced_batch(num_queries, query_chunk_size(model.num_entities, memory_budget))
     if model.num_entities * BYTES_PER_SCORE > memory_budget:
         return ENTITY_CHUNKED_QUERIES
@@ -59,8 +58,6 @@ def _rank_part(model: Scorer, part: SideQueries, known: AnswerIndex, candidates:
         empty = torch.zeros(0, dtype=torch.long)
         return RankCounts(empty, empty, empty)
     if candidates.compile and not candidates.corruptions and candidates.restriction is None:
-        from kgtrace.evaluation.compiled import rank_side_compiled
-
         # The whole side's batch, not one balanced for this part: the same compiled runs as one process.
         return rank_side_compiled(model, part, known, memory_budget=memory_budget, device=device, batch_size=chunk)
     return rank_side_with(model, part, known, candidates, memory_budget=memory_budget, device=device)

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import rank_queries, side_queries
+from kgtrace.evaluation.evaluate import rank_queries
+from kgtrace.evaluation.sides import side_queries
 from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer, inverse_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS
