@@ -1,7 +1,6 @@
 """Sampled filtered corruptions and category restrictions, checked by hand, against a reference
 sampler and against all-entity ranking."""
 
-import time
 
 import pytest
 import torch
@@ -292,22 +291,21 @@ def test_non_finite_score_names_the_query():
 
 @pytest.fixture
 def one_thread():
-    """Time on one thread: on a busy 2-core machine, 2 threads spin on every small op and run 10x slower."""
+    """One thread: on a busy 2-core machine, 2 threads spin on every small op and run 10x slower."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
 
 
-def test_scale_smoke_under_five_seconds(one_thread):
+def test_scale_smoke(one_thread):
+    """50k entities, 20k corruptions per query: every query gets K + 1 candidates (speed: benchmarks/)."""
     num_entities, num_relations, num_queries, k = 50_000, 10, 200, 20_000
     model = build_model("distmult", num_entities, num_relations, embedding_dim=8).eval()
     known_triples = random_triples(20_000, num_entities, num_relations, seed=7)
     known = AnswerIndex.build(known_triples, num_relations)
     sq = side_queries(known_triples[:num_queries], num_relations, "tail")
-    began = time.perf_counter()
     counts = rank_side_sampled(model, sq, known, num_corruptions=k, seed=0, memory_budget=256 << 20, device=CPU)
-    assert time.perf_counter() - began < 5.0
     assert counts.num_candidates.tolist() == [k + 1] * num_queries
     assert int(counts.greater.max()) <= k
 
