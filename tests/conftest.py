@@ -8,6 +8,22 @@ from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
 
+TINY_CONVE_ARGS = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}
+
+
+@pytest.fixture(scope="session")
+def tiny_conve(tmp_path_factory):
+    """The shared tiny ConvE run: Nations, width 16, two epochs, a checkpoint (and a validation) each.
+
+    Read it, never write into it: every test module that needs a small trained ConvE shares it.
+    """
+    out = tmp_path_factory.mktemp("tiny-conve") / "run"
+    config = TrainConfig(dataset="nations", model="conve", model_args=dict(TINY_CONVE_ARGS), epochs=2,
+                         checkpoint_every=1, eval_every=1, threads=1, device="cpu", seed=3, lr=0.01)
+    train(config, out, progress=False, log=lambda *_: None)
+    return out
+
+
 @pytest.fixture(scope="session")
 def full_run(tmp_path_factory):
     """A tiny ConvE run with every input of the report, written by the CLI commands that make them."""

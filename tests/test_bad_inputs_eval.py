@@ -6,19 +6,12 @@ from __future__ import annotations
 import pytest
 
 from badinput import refused
-from kgtrace.config import TrainConfig
-from kgtrace.training.loop import train
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A tiny ConvE on Nations with one checkpoint."""
-    out = tmp_path_factory.mktemp("bad-eval") / "run"
-    config = TrainConfig(dataset="nations", model="conve",
-                         model_args={"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}, epochs=1,
-                         checkpoint_every=1, eval_every=1, threads=1, device="cpu")
-    train(config, out, progress=False, log=lambda *_: None)
-    return out
+def run(tiny_conve):
+    """The shared tiny ConvE on Nations (conftest)."""
+    return tiny_conve
 
 
 @pytest.fixture

@@ -9,20 +9,13 @@ from kgtrace.attribution import TracIn, build_index
 from kgtrace.attribution import index as index_module
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
 from kgtrace.attribution.index import ProjectedIndex, Projector
-from kgtrace.config import TrainConfig
 from kgtrace.errors import KgtraceError
 from kgtrace.run import load_run
-from kgtrace.training.loop import train
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("conve")
-    config = TrainConfig(dataset="nations", model="conve",
-                         model_args={"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}, epochs=2,
-                         checkpoint_every=1, eval_every=0, threads=1, device="cpu", seed=3, lr=0.01)
-    train(config, out, progress=False, log=lambda *_: None)
-    return load_run(out)
+def run(tiny_conve):
+    return load_run(tiny_conve)
 
 
 def test_projection_is_unbiased_and_touches_only_the_linear_input():
