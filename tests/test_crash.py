@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import kgtrace
-from kgtrace.checkpoint import epoch_path, latest_checkpoint
+from kgtrace.checkpoint import latest_checkpoint
+from kgtrace.layout import RunLayout
 
 EPOCHS = 10
 TRAIN = ["--dataset", "nations", "--model", "conve", "--model-arg", "embedding_dim=16", "--model-arg",
@@ -73,7 +74,7 @@ def after_epoch(run: Path, epoch: int, what: str):
     """A test of whether a training process has written epoch ``epoch``'s checkpoint, or its metrics
     record (which comes before the checkpoint; a stale record of a killed process does not count)."""
     if what == "checkpoint":
-        return lambda: epoch_path(run / "checkpoints", epoch).exists()
+        return lambda: RunLayout(run).epoch_checkpoint(epoch).exists()
     metrics = run / "metrics.jsonl"
 
     def version():

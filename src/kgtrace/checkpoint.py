@@ -11,7 +11,6 @@ early_stopping ({"best_mrr", "best_epoch", "bad_validations"}).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,15 @@ import torch
 
 from kgtrace.errors import KgtraceError
 from kgtrace.io import atomic_open
+from kgtrace.layout import EPOCH_FILE, epoch_file
 
 FORMAT = "kgtrace-checkpoint"
 VERSION = 1
-EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt")
 
 
 def epoch_path(folder: Path, epoch: int) -> Path:
-    return folder / f"epoch-{epoch:04d}.pt"
+    """A checkpoints folder's file of ``epoch`` (kgtrace.layout names it)."""
+    return folder / epoch_file(epoch)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:

@@ -24,6 +24,7 @@ import torch
 from kgtrace.config import TrainConfig, read_yaml
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_write_text
+from kgtrace.layout import RunLayout
 from kgtrace.owned import contents, folder_lock, read_mark, retire
 
 __all__ = ["JobSettings", "run_job"]
@@ -82,7 +83,7 @@ def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: boo
         train(config, out, overwrite=overwrite, progress=progress, log=log)
         return True
     saved = _check_same_run(out, config)
-    latest = latest_checkpoint(out / "checkpoints")
+    latest = latest_checkpoint(RunLayout(out).checkpoints)
     done = 0 if latest is None else int(latest.stem.split("-")[1])
     if done >= config.epochs:
         log(f"train: reusing {out} ({done} epochs)")
@@ -99,10 +100,10 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     from kgtrace.training.loop import dataset_source
 
     mark = read_mark(out)
-    if mark is None or mark.kind != "run" or not (out / "config.yaml").is_file():
+    if mark is None or mark.kind != "run" or not RunLayout(out).config.is_file():
         raise KgtraceError(f"--out {out}: holds no run that kgtrace run wrote ({', '.join(contents(out)[:5])}), so it "
                            "is neither reused nor replaced. Fix: choose another --out")
-    saved = read_yaml(out / "config.yaml")
+    saved = read_yaml(RunLayout(out).config)
     wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
               if saved.get(key) != wanted[key]]
@@ -120,7 +121,7 @@ def _evaluate_step(run, redo: bool, log) -> bool:
     from kgtrace.evaluation.evaluate import metrics_of, rank_queries
     from kgtrace.evaluation.output import query_table, write_query_table
 
-    metrics_path, ranks_path = run.path / "test_metrics.json", run.path / "test_ranks.tsv"
+    metrics_path, ranks_path = RunLayout(run.path).test_metrics, RunLayout(run.path).test_ranks
     if not redo and metrics_path.is_file() and ranks_path.is_file():
         log("evaluate: reusing test_metrics.json and test_ranks.tsv")
         return False
@@ -139,7 +140,7 @@ def _explain_step(run, settings: JobSettings, redo: bool, progress: bool, log) -
     """TracIn explanations of well-predicted test triples and of the best new tails of a few test queries."""
     from kgtrace.attribution import TracIn, report
 
-    folder = run.path / "explain"
+    folder = RunLayout(run.path).explain
     test_path, predicted_path = folder / "test.json", folder / "predicted.json"
     if not redo and test_path.is_file() and predicted_path.is_file():
         log("explain: reusing explain/test.json and explain/predicted.json")
@@ -160,7 +161,7 @@ def _well_predicted(run, count: int) -> torch.Tensor:
     """``count`` test triples whose tail the model ranks best (realistic; ties: test order)."""
     import polars as pl
 
-    table = pl.read_csv(run.path / "test_ranks.tsv", separator="\t")
+    table = pl.read_csv(RunLayout(run.path).test_ranks, separator="\t")
     tails = table.filter(pl.col("side") == "tail").sort(["rank_realistic", "index"])
     rows = tails["index"].head(count).to_list()
     return run.dataset.test[torch.tensor(rows, dtype=torch.long)]
@@ -169,7 +170,7 @@ def _well_predicted(run, count: int) -> torch.Tensor:
 def _report_step(out: Path, redo: bool, log) -> Path:
     from kgtrace.report import write_report
 
-    path = out / "report.html"
+    path = RunLayout(out).report
     if not redo and path.is_file():
         log(f"report: reusing {path}")
         return path

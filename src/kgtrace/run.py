@@ -22,6 +22,7 @@ from kgtrace.config import TrainConfig, from_sources
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
+from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
 from kgtrace.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
                                          load_checkpoint)
@@ -55,9 +56,10 @@ def model_from_checkpoint(state: dict[str, Any], device: torch.device | str = "c
 
 def resolve_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
     """None or 'best' -> best.pt (else the latest epoch); 'last' -> the latest epoch; else a path."""
-    folder = run_dir / "checkpoints"
-    if checkpoint in (None, "best") and (folder / "best.pt").is_file():
-        return folder / "best.pt"
+    layout = RunLayout(run_dir)
+    folder = layout.checkpoints
+    if checkpoint in (None, "best") and layout.best_checkpoint.is_file():
+        return layout.best_checkpoint
     if checkpoint in (None, "best", "last"):
         latest = latest_checkpoint(folder)
         if latest is None:
@@ -69,7 +71,7 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
 
 def read_run_config(run_dir: Path) -> TrainConfig:
     """The run's config.yaml as a validated TrainConfig; every problem (e.g. a hand-edited key) named at once."""
-    path = run_dir / "config.yaml"
+    path = RunLayout(run_dir).config
     return from_sources(TrainConfig, path, {})
 
 
@@ -79,7 +81,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     checkpoint: None/'best' (best validation MRR, else latest), 'last', or a file.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    if not RunLayout(run_dir).config.is_file():
         raise KgtraceError(f"{run_dir}: not a kgtrace run (no config.yaml). Fix: pass the --out folder of kgtrace train")
     config = read_run_config(run_dir)
     dataset = load_pinned_dataset(run_dir, config.dataset)
@@ -87,4 +89,4 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     state = load_checkpoint(path)
     check_digests(state, dataset.entities.digest(), dataset.relations.digest(), path)
     model = model_from_checkpoint(state, device)
-    return Run(run_dir, config, dataset, model, path, list_checkpoints(run_dir / "checkpoints"))
+    return Run(run_dir, config, dataset, model, path, list_checkpoints(RunLayout(run_dir).checkpoints))

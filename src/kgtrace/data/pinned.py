@@ -21,8 +21,8 @@ from kgtrace.data.dataset import SPLITS, Dataset, load_dataset
 from kgtrace.data.vocab import read_vocab
 from kgtrace.errors import KgtraceError, UnknownLabel
 from kgtrace.io import atomic_write_text
+from kgtrace.layout import RunLayout
 
-PIN_FILE = "data.json"
 
 
 def split_digest(triples: Tensor) -> str:
@@ -34,13 +34,13 @@ def pin_splits(folder: str | os.PathLike, dataset: Dataset) -> None:
     """Write ``folder/data.json``: the dataset's source and each split's triple count and digest."""
     splits = {s: {"triples": len(getattr(dataset, s)), "sha256": split_digest(getattr(dataset, s))} for s in SPLITS}
     maps = {"entities": dataset.entities.digest(), "relations": dataset.relations.digest()}
-    atomic_write_text(Path(folder) / PIN_FILE,
+    atomic_write_text(RunLayout(folder).data,
                       json.dumps({"dataset": dataset.source, "id_maps": maps, "splits": splits}, indent=2) + "\n")
 
 
 def check_pinned(folder: str | os.PathLike, dataset: Dataset) -> None:
     """Refuse ``dataset`` if a split differs from the one pinned in ``folder`` (runs without data.json pass)."""
-    path = Path(folder) / PIN_FILE
+    path = RunLayout(folder).data
     if not path.is_file():
         return
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -67,8 +67,8 @@ def load_pinned_dataset(folder: str | os.PathLike, source: str) -> Dataset:
     refused when it no longer is the data the run was trained with."""
     folder = Path(folder)
     try:
-        dataset = load_dataset(source, entities=read_vocab(folder / "node_dict"),
-                               relations=read_vocab(folder / "rel_dict"))
+        dataset = load_dataset(source, entities=read_vocab(RunLayout(folder).node_dict),
+                               relations=read_vocab(RunLayout(folder).rel_dict))
     except UnknownLabel as e:  # a label the run never saw: its model has no embedding for it
         where = e.path if e.line is None else f"{e.path}:{e.line}"
         raise KgtraceError(

@@ -14,6 +14,7 @@ import polars as pl
 from kgtrace.config import read_yaml
 from kgtrace.errors import KgtraceError
 from kgtrace.io import atomic_path
+from kgtrace.layout import RunLayout
 
 __all__ = ["plot_summary", "summarize_runs", "write_summary"]
 
@@ -35,7 +36,7 @@ def summarize_runs(run_dirs: list[str | Path], metrics_file: str = "test_metrics
             problems.append(f"{run_dir}: no {' and no '.join(missing)}")
             continue
         try:
-            config = read_yaml(run_dir / "config.yaml")
+            config = read_yaml(RunLayout(run_dir).config)
             row = _settings(config)
         except (OSError, ValueError, KeyError, TypeError, KgtraceError) as e:  # not a config.yaml that train writes
             problems.append(f"{run_dir}: unreadable {run_dir / 'config.yaml'} ({type(e).__name__}: {e})")

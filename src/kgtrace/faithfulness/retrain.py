@@ -40,8 +40,8 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
 from kgtrace.errors import DataWarning
 from kgtrace.io import atomic_write_text
+from kgtrace.layout import RunLayout
 from kgtrace.run import Run, load_run
-from kgtrace.checkpoint import epoch_path
 
 __all__ = ["MODES", "Job", "job_key", "read_result", "reduced_dataset", "run_job", "run_jobs"]
 
@@ -153,8 +153,8 @@ def finetune(run: Run, data: Path, out: Path, job: Job) -> None:
     out.mkdir(parents=True)
     dataset = load_dataset(data, entities=run.dataset.entities, relations=run.dataset.relations)
     write_run_files(out, config, dataset)
-    shutil.copyfile(epoch_path(run.path / "checkpoints", job.start_epoch),
-                    epoch_path(out / "checkpoints", job.start_epoch))
+    shutil.copyfile(RunLayout(run.path).epoch_checkpoint(job.start_epoch),
+                    RunLayout(out).epoch_checkpoint(job.start_epoch))
     resume(out, progress=False, log=_quiet)
 
 

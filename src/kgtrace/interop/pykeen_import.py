@@ -39,9 +39,10 @@ from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
                                            pykeen_vocabs, read_source, split_triples)
 from kgtrace.io import atomic_folder, atomic_write_text
+from kgtrace.layout import RunLayout
 from kgtrace.models import build_model, spec_named
 from kgtrace.owned import check_out_folder, write_mark
-from kgtrace.checkpoint import epoch_path, save_checkpoint
+from kgtrace.checkpoint import save_checkpoint
 
 PROVENANCE = "pykeen_import.json"
 DATASET_FOLDER = "dataset"
@@ -449,18 +450,18 @@ def check_same_train(dataset: str, ours: Tensor, theirs: Tensor, num_entities: i
 def write_run(plan: Plan, folder: Path, sources: list[str | Path]) -> None:
     config = TrainConfig(dataset=plan.dataset, model=plan.name, model_args=plan.args, epochs=max(plan.series[-1].epoch, 1),
                          lr=plan.series[-1].lr, checkpoint_every=1, eval_every=0, seed=plan.seed).validate()
-    write_vocab(plan.entities, folder / "node_dict")
-    write_vocab(plan.relations, folder / "rel_dict")
-    write_yaml(config.to_dict(), folder / "config.yaml")
+    write_vocab(plan.entities, RunLayout(folder).node_dict)
+    write_vocab(plan.relations, RunLayout(folder).rel_dict)
+    write_yaml(config.to_dict(), RunLayout(folder).config)
     if plan.own_dataset is not None:
         save_dataset(plan.own_dataset, folder / DATASET_FOLDER)
     for snap in plan.series:
-        save_checkpoint(checkpoint(plan, snap, config), epoch_path(folder / "checkpoints", snap.epoch))
+        save_checkpoint(checkpoint(plan, snap, config), RunLayout(folder).epoch_checkpoint(snap.epoch))
     if plan.best is not None:
-        save_checkpoint(checkpoint(plan, plan.best, config), folder / "checkpoints" / "best.pt")
+        save_checkpoint(checkpoint(plan, plan.best, config), RunLayout(folder).best_checkpoint)
     if plan.losses:
         lrs = {s.epoch: s.lr for s in plan.series}
-        atomic_write_text(folder / "metrics.jsonl", (json.dumps({"epoch": i, "loss": loss, "lr": lrs.get(i)}) + "\n"
+        atomic_write_text(RunLayout(folder).metrics, (json.dumps({"epoch": i, "loss": loss, "lr": lrs.get(i)}) + "\n"
                                                      for i, loss in enumerate(plan.losses, 1)))
     atomic_write_text(folder / PROVENANCE, json.dumps(provenance(plan, sources), indent=2) + "\n")
 

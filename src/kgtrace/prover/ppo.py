@@ -36,6 +36,7 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.layout import RunLayout
 from kgtrace.models.base import Scorer
 from kgtrace.owned import folder_lock
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
@@ -47,15 +48,13 @@ from kgtrace.prover.rules import RuleSet, read_rules
 from kgtrace.prover.run import CONFIG_FILE, RULES_FILE, ProverConfig, read_config, write_prover_run
 from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
-from kgtrace.checkpoint import (check_digests, epoch_path, latest_checkpoint, load_checkpoint,
+from kgtrace.checkpoint import (check_digests, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
 from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
 
 __all__ = ["resume_policy", "train_policy"]
 
 #: What training a policy writes into its run folder.
-RUN_FILES = (CONFIG_FILE, RULES_FILE, "node_dict", "rel_dict", "metrics.jsonl", "compile_stats.json")
-
 
 @dataclass
 class PolicyState:
@@ -83,12 +82,12 @@ def train_policy(config: ProverConfig, dataset: Dataset, rules: RuleSet, out: st
     config = replace(config, method="policy").validate()
     out = write_prover_run(out, config, dataset, rules, notes=notes, overwrite=overwrite)
     with folder_lock(out, "prover run folder"):
-        (out / "checkpoints").mkdir(exist_ok=True)
+        RunLayout(out).checkpoints.mkdir(exist_ok=True)
         rules = read_rules(out / RULES_FILE, dataset.relations)  # as written (confidences to 6 digits), as resumes read them
         engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
         state = new_state(config, dataset, engine)
         start(state, config, dataset, log)
-        with logged_compilation(out / "compile_stats.json", config.compile, log):
+        with logged_compilation(RunLayout(out).compile_stats, config.compile, log):
             return fit(state, config, dataset, engine, out, progress, log)
 
 
@@ -108,8 +107,8 @@ def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> Polic
     rules = read_rules(out / RULES_FILE, dataset.relations)
     engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes())
     state = new_state(config, dataset, engine)
-    remove_stale_run_temporaries(out, log, RUN_FILES)
-    path = latest_checkpoint(out / "checkpoints")
+    remove_stale_run_temporaries(out, log, RunLayout(out).prover_files())
+    path = latest_checkpoint(RunLayout(out).checkpoints)
     if path is not None:
         saved = load_checkpoint(path)
         check_digests(saved, dataset.entities.digest(), dataset.relations.digest(), path)
@@ -118,7 +117,7 @@ def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> Polic
     else:  # killed before its first checkpoint: start afresh, as train_policy does
         start(state, config, dataset, log)
     write_yaml(config.to_dict(), out / CONFIG_FILE)
-    with logged_compilation(out / "compile_stats.json", config.compile, log):
+    with logged_compilation(RunLayout(out).compile_stats, config.compile, log):
         return fit(state, config, dataset, engine, out, progress, log)
 
 
@@ -192,11 +191,11 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
         if config.eval_every and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
             record.update(_validate(state, config, dataset, scorer, known_valid))
             if record["valid_improved"]:
-                save_checkpoint(state_dict(state, config, dataset), out / "checkpoints" / "best.pt")
-        with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                save_checkpoint(state_dict(state, config, dataset), RunLayout(out).best_checkpoint)
+        with open(RunLayout(out).metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs:
-            save_checkpoint(state_dict(state, config, dataset), epoch_path(out / "checkpoints", state.epoch))
+            save_checkpoint(state_dict(state, config, dataset), RunLayout(out).epoch_checkpoint(state.epoch))
         log(_format(record))
     return PolicyResult(out, state.epoch, state.best_epoch, state.best_mrr)
 

@@ -27,6 +27,7 @@ from kgtrace.data.dataset import Dataset, dataset_inputs
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.layout import PROVER_CONFIG, RULES, RunLayout
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.embedding import embedding_model
@@ -37,8 +38,8 @@ from kgtrace.prover.rules import RuleSet, read_rules, write_rules
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
 from kgtrace.prover.search import compiled_deriver
 
-CONFIG_FILE = "prover.yaml"
-RULES_FILE = "rules.txt"
+CONFIG_FILE = PROVER_CONFIG  # the names of kgtrace.layout, as this package spells them
+RULES_FILE = RULES
 
 
 @dataclass
@@ -75,8 +76,8 @@ def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, ru
 
 
 def write_run_files(out: Path, config: ProverConfig, dataset: Dataset, rules: RuleSet, notes: list[str] | None) -> None:
-    write_vocab(dataset.entities, out / "node_dict")
-    write_vocab(dataset.relations, out / "rel_dict")
+    write_vocab(dataset.entities, RunLayout(out).node_dict)
+    write_vocab(dataset.relations, RunLayout(out).rel_dict)
     pin_splits(out, dataset)
     write_rules(out / RULES_FILE, rules.rules, dataset.relations.labels,
                 notes if notes is not None else [rule.source for rule in rules.rules],

@@ -11,6 +11,7 @@ import yaml
 
 from kgtrace.errors import KgtraceError
 from kgtrace.io import atomic_write_text
+from kgtrace.layout import RunLayout
 from kgtrace.report import sections as s
 from kgtrace.report.html import missing, page
 
@@ -26,7 +27,7 @@ def _guarded(build: Callable[[], str], path: Path, command: str) -> str:
 def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
     """One section per explain/*.json, or one notice saying how to make one."""
     known = list(s.EXPLAIN_TITLES)  # test triples, then predictions, then other files by name
-    files = sorted((run_dir / "explain").glob("*.json"),
+    files = sorted(RunLayout(run_dir).explain.glob("*.json"),
                    key=lambda p: (known.index(p.stem) if p.stem in known else len(known), p.name))
     if not files:
         command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
@@ -68,8 +69,8 @@ def _read_quietly(path: Path, parse) -> dict:
 
 def _cards(run_dir: Path) -> list[tuple[str, str]]:
     """Summary figures for the page header: dataset, model, epochs, realistic test MRR and Hits@10."""
-    config = _read_quietly(run_dir / "config.yaml", yaml.safe_load)
-    both = _read_quietly(run_dir / "test_metrics.json", json.loads).get("both", {}).get("realistic", {})
+    config = _read_quietly(RunLayout(run_dir).config, yaml.safe_load)
+    both = _read_quietly(RunLayout(run_dir).test_metrics, json.loads).get("both", {}).get("realistic", {})
     cards = [(label, str(config[key])) for label, key in (("dataset", "dataset"), ("model", "model"),
                                                            ("epochs", "epochs")) if key in config]
     cards += [(label, f"{both[key]:.3f}") for label, key in (("test MRR", "mrr"), ("test Hits@10", "hits_at_10"))
@@ -83,11 +84,11 @@ def build_html(run_dir: str | Path, faithfulness: list[str | Path] = ()) -> str:
     folders = faithfulness_folders(run_dir, faithfulness)
     train = f"kgtrace train --out {run_dir}"
     sections = [
-        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), run_dir / "config.yaml", train), False),
-        ("training", "Training", _guarded(lambda: s.training_section(run_dir), run_dir / "metrics.jsonl", train), False),
-        ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), run_dir / "test_metrics.json",
+        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), RunLayout(run_dir).config, train), False),
+        ("training", "Training", _guarded(lambda: s.training_section(run_dir), RunLayout(run_dir).metrics, train), False),
+        ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), RunLayout(run_dir).test_metrics,
                                              f"kgtrace evaluate {run_dir} --out {run_dir / 'test_metrics.json'}"), False),
-        ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), run_dir / "test_ranks.tsv",
+        ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), RunLayout(run_dir).test_ranks,
                                              f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}"), False),
         *_explain_sections(run_dir),
         *_faithfulness_sections(folders),
@@ -106,7 +107,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, faithfulnes
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise KgtraceError(f"{run_dir}: no such run folder. Fix: give a folder written by kgtrace train")
-    target = run_dir / "report.html" if out is None else Path(out)
+    target = RunLayout(run_dir).report if out is None else Path(out)
     if target.suffix.lower() not in (".html", ".htm"):
         raise KgtraceError(f"--out {target}: a report is an HTML page. Fix: name it .html, e.g. --out report.html")
     atomic_write_text(target, build_html(run_dir, faithfulness))

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from kgtrace.layout import RunLayout
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.report.drawing import DRAWN, subgraph_png
 from kgtrace.report.html import esc, image, missing, number, table
@@ -52,7 +53,7 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def config_section(run_dir: Path) -> str:
     """config.yaml as a two-column table of settings."""
-    path = run_dir / "config.yaml"
+    path = RunLayout(run_dir).config
     if not path.is_file():
         return missing(f"{path.name} is missing", f"kgtrace train --out {run_dir}")
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -75,7 +76,7 @@ def _side_by_side(pairs: list[tuple[str, str]], columns: int) -> list[list[str]]
 
 def training_section(run_dir: Path) -> str:
     """The training curve re-plotted from metrics.jsonl, and the last epoch's figures."""
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         return missing(f"{path.name} is missing", f"kgtrace train --out {run_dir}")
     records = read_records(path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kgtrace.checkpoint import check_digests, epoch_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from kgtrace.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
 from kgtrace.compile import logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
 from kgtrace.data.answers import AnswerIndex
@@ -32,6 +32,7 @@ from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.io import atomic_open, remove_stale_temporaries
+from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
 from kgtrace.precision import precision_problems
@@ -110,7 +111,7 @@ RESUME_HINT = ("pass --resume to continue that run",)
 
 def check_resumable(out: Path) -> None:
     """Refuse to resume a folder that holds no run (before anything is written into it)."""
-    if not (out / "config.yaml").is_file():
+    if not RunLayout(out).config.is_file():
         raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop --resume to start a new run")
 
 
@@ -123,7 +124,7 @@ def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
     Any other setting may be given again with the run's own value (the training command
     repeated with --resume); a different value is refused.
     """
-    saved = read_yaml(out / "config.yaml")
+    saved = read_yaml(RunLayout(out).config)
     given = {k: v for k, v in overrides.items() if v is not None}
     if "dataset" in given:
         given["dataset"] = dataset_source(given["dataset"])  # as training recorded it
@@ -158,7 +159,7 @@ def check_splits(dataset: Dataset, config: TrainConfig) -> None:
 
 
 def append_metrics(out: Path, record: dict[str, Any]) -> None:
-    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+    with open(RunLayout(out).metrics, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
 
@@ -169,7 +170,7 @@ def truncate_metrics(out: Path, epoch: int) -> None:
     leaves: it is dropped, as the record of an epoch after the checkpoint. A bad line before the
     last is no kill's doing and is refused (DataError naming the file and line).
     """
-    path = out / "metrics.jsonl"
+    path = RunLayout(out).metrics
     if not path.is_file():
         return
     lines = path.read_bytes().split(b"\n")
@@ -228,7 +229,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
 
         world.on_main(make_run_dir)
         state = new_state(config, dataset, device)
-        with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+        with logged_compilation(RunLayout(out).compile_stats, config.compile and world.is_main, log):
             return fit(state, config, dataset, out, device, progress, log, world)
 
 
@@ -243,7 +244,7 @@ def resume(out: str | Path, *, progress: bool = True, log=print, world: World = 
         dataset = load_run_dataset(out, config)
         state = new_state(config, dataset, device)
         resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
-        with logged_compilation(out / "compile_stats.json", config.compile and world.is_main, log):
+        with logged_compilation(RunLayout(out).compile_stats, config.compile and world.is_main, log):
             return fit(state, config, dataset, out, device, progress, log, world)
 
 
@@ -269,24 +270,23 @@ def load_run_dataset(out: Path, config: TrainConfig) -> Dataset:
 
 
 def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
-    write_vocab(dataset.entities, out / "node_dict")
-    write_vocab(dataset.relations, out / "rel_dict")
+    write_vocab(dataset.entities, RunLayout(out).node_dict)
+    write_vocab(dataset.relations, RunLayout(out).rel_dict)
     pin_splits(out, dataset)
-    write_yaml(config.to_dict(), out / "config.yaml")
-    (out / "checkpoints").mkdir(exist_ok=True)
+    write_yaml(config.to_dict(), RunLayout(out).config)
+    RunLayout(out).checkpoints.mkdir(exist_ok=True)
 
 
 #: What training writes into the run folder (checkpoints/ holds nothing else but training's files).
-RUN_FILES = ("config.yaml", "node_dict", "rel_dict", "metrics.jsonl", "training_curve.png", "compile_stats.json",
-             "test_metrics.json")
-
-
-def remove_stale_run_temporaries(out: Path, log, run_files: tuple[str, ...] = RUN_FILES) -> None:
-    """Remove what killed writes of a run left: checkpoints/'s temporary files, and the run folder's for ``run_files``.
+def remove_stale_run_temporaries(out: Path, log, run_files: tuple[str, ...] | None = None) -> None:
+    """Remove what killed writes of a run left: checkpoints/'s temporary files, and the run folder's for ``run_files``
+    (default: the files training writes there).
 
     The run folder's others may be those of a live ``kgtrace explain`` writing beside the run; they stay.
     """
-    removed = remove_stale_temporaries(out / "checkpoints") + remove_stale_temporaries(out, run_files)
+    layout = RunLayout(out)
+    removed = remove_stale_temporaries(layout.checkpoints) + remove_stale_temporaries(
+        out, layout.training_files() if run_files is None else run_files)
     if removed:
         log(f"{out}: removed {len(removed)} temporary file(s) left by killed writes")
 
@@ -294,7 +294,7 @@ def remove_stale_run_temporaries(out: Path, log, run_files: tuple[str, ...] = RU
 def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writes: bool = True) -> None:
     if writes:  # only this process trains the run (train and resume lock it): no other write is under way
         remove_stale_run_temporaries(out, log)
-    path = latest_checkpoint(out / "checkpoints")
+    path = latest_checkpoint(RunLayout(out).checkpoints)
     if path is None:
         log(f"{out}: no checkpoint yet; starting from epoch 0")
         if writes:
@@ -333,13 +333,13 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
             record.update(validate(state, config, dataset, known_valid, device, world))
             stopped_early = bool(config.patience) and state.bad_validations >= config.patience
             if record["valid_improved"] and world.is_main:
-                save_checkpoint(state_dict(state, config, dataset, lr), out / "checkpoints" / "best.pt")
+                save_checkpoint(state_dict(state, config, dataset, lr), RunLayout(out).best_checkpoint)
         last = state.epoch == config.epochs or stopped_early
         if world.is_main:
             # The record first: a kill between the two leaves a record that resume truncates, never a gap.
             append_metrics(out, record)
             if state.epoch % config.checkpoint_every == 0 or last:
-                save_checkpoint(state_dict(state, config, dataset, lr), epoch_path(out / "checkpoints", state.epoch))
+                save_checkpoint(state_dict(state, config, dataset, lr), RunLayout(out).epoch_checkpoint(state.epoch))
         log(format_record(record))
     if world.is_main:
         plot_training_curve(out)
@@ -373,5 +373,5 @@ def plot_training_curve(out: Path) -> None:
     """training_curve.png: loss per epoch, validation MRR on a second axis."""
     from kgtrace.plots import training_curve
 
-    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if ln]
-    training_curve(records, out / "training_curve.png")
+    records = [json.loads(ln) for ln in RunLayout(out).metrics.read_text(encoding="utf-8").splitlines() if ln]
+    training_curve(records, RunLayout(out).training_curve)

@@ -1,0 +1,113 @@
+"""The files of a run folder, named once: every module that reads or writes a run asks here.
+
+    .kgtrace, .kgtrace.lock   kgtrace's marker and the writer's lock (kgtrace.owned)
+    config.yaml               the resolved TrainConfig (a prover run: prover.yaml and rules.txt)
+    node_dict, rel_dict       the id maps the run was trained with (label<TAB>id)
+    data.json                 each split's digest and the id maps' (kgtrace.data.pinned)
+    checkpoints/              epoch-NNNN.pt every checkpoint_every epochs, and best.pt
+    metrics.jsonl             one record per epoch
+    training_curve.png        loss and validation MRR per epoch
+    compile_stats.json        the compile counters of a compiled run
+    test_metrics.json         filtered test metrics of the best checkpoint (kgtrace train, kgtrace run)
+    test_ranks.tsv            each test query's ranks and true score (kgtrace run)
+    explain/                  test.json and predicted.json, each with its TSV (kgtrace run)
+    report.html               the run on one page (kgtrace run, kgtrace report)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt")
+PROVER_CONFIG = "prover.yaml"  # a prover run's config (kgtrace.prover.run), in place of config.yaml
+RULES = "rules.txt"  # a prover run's rules
+
+
+def epoch_file(epoch: int) -> str:
+    """The name of the checkpoint after ``epoch`` epochs: epoch-NNNN.pt."""
+    return f"epoch-{epoch:04d}.pt"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of the run folder ``root`` (an embedding run's, or a prover run's)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def prover_config(self) -> Path:
+        return self.root / PROVER_CONFIG
+
+    @property
+    def rules(self) -> Path:
+        return self.root / RULES
+
+    @property
+    def node_dict(self) -> Path:
+        return self.root / "node_dict"
+
+    @property
+    def rel_dict(self) -> Path:
+        return self.root / "rel_dict"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        return self.checkpoints / "best.pt"
+
+    def epoch_checkpoint(self, epoch: int) -> Path:
+        return self.checkpoints / epoch_file(epoch)
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def training_curve(self) -> Path:
+        return self.root / "training_curve.png"
+
+    @property
+    def compile_stats(self) -> Path:
+        return self.root / "compile_stats.json"
+
+    @property
+    def test_metrics(self) -> Path:
+        return self.root / "test_metrics.json"
+
+    @property
+    def test_ranks(self) -> Path:
+        return self.root / "test_ranks.tsv"
+
+    @property
+    def explain(self) -> Path:
+        return self.root / "explain"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    def training_files(self) -> tuple[str, ...]:
+        """The names of the files training writes at the folder's top (its temporaries are cleaned on resume)."""
+        return tuple(p.name for p in (self.config, self.node_dict, self.rel_dict, self.data, self.metrics,
+                                      self.training_curve, self.compile_stats, self.test_metrics))
+
+    def prover_files(self) -> tuple[str, ...]:
+        """The names of the files a prover run's training writes at the folder's top."""
+        return tuple(p.name for p in (self.prover_config, self.rules, self.node_dict, self.rel_dict, self.data,
+                                      self.metrics, self.compile_stats))
