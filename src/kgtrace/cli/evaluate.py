@@ -18,6 +18,7 @@ from kgtrace.io import check_json_out, check_outputs_spare_inputs
 if TYPE_CHECKING:
     from kgtrace.evaluation.evaluate import Metrics
 
+
 def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")

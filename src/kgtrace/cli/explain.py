@@ -14,6 +14,7 @@ from kgtrace.io import check_json_out, check_outputs_spare_inputs
 if TYPE_CHECKING:
     from torch import Tensor
 
+
 def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
     what = p.add_mutually_exclusive_group(required=True)

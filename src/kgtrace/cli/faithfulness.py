@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kgtrace.errors import ConfigError, KgtraceError
 
+
 FAITHFULNESS_EPILOG = """\
 Predictions explained: the run's test triples that its last checkpoint ranks first (tail side,
 filtered), all of them or --sample N of them drawn at random; or the triples of --triples FILE.

@@ -7,6 +7,7 @@ import argparse
 from kgtrace.cli.common import RawHelpFormatter, model_args
 from kgtrace.registry import model_names, spec_named
 
+
 IMPORT_PYKEEN_EPILOG = """\
 SOURCE forms (any mix; folders are searched): a pipeline folder written by save_to_directory (its
 training_triples/ gives the id maps and training triples, results.json the losses); training-loop

@@ -14,6 +14,7 @@ from kgtrace.errors import KgtraceError
 if TYPE_CHECKING:
     from kgtrace.prover.config import ProverConfig
 
+
 def add_rules_args(p: argparse.ArgumentParser) -> None:
     actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
     mine = actions.add_parser("mine", formatter_class=HelpFormatter,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+
 def add_doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
                    help="a run folder written by kgtrace train (default: a small ConvE trained for one epoch on UMLS "

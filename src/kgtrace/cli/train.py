@@ -11,6 +11,7 @@ from kgtrace.cli.common import model_args, print_metrics, train_help, write_json
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
 
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="umls", help=train_help("dataset"))
     p.add_argument("--out", help="run folder (default: runs/DATASET-MODEL); an existing one is reused step by step")
