@@ -31,6 +31,30 @@ def test_train_help_shows_config_defaults(capsys):
     assert "label smoothing of the 1-N BCE loss (default: 0.1)" in text
 
 
+def test_train_options_take_their_help_from_the_config_fields():
+    """One place for a training option's help: the TrainConfig field's metadata (no second table in the CLI)."""
+    from dataclasses import fields
+
+    from kgtrace.config import TrainConfig, help_of
+
+    assert all(f.metadata.get("help") for f in fields(TrainConfig))
+    assert help_of(TrainConfig, "model").startswith("model: conve | ")
+    train = next(p for p in _parsers(build_parser()) if p.prog == "kgtrace train")
+    helps = {action.dest: action.help for action in train._actions}
+    assert helps["lr"].startswith(help_of(TrainConfig, "lr"))
+
+
+def test_compile_default_is_cuda_only_unless_asked():
+    import torch
+
+    from kgtrace.compile import compile_default
+
+    assert compile_default(torch.device("cpu"), None) is False
+    assert compile_default(torch.device("cuda"), None) is True
+    assert compile_default(torch.device("cuda"), False) is False
+    assert compile_default(torch.device("cpu"), True) is True
+
+
 def _parsers(parser):
     """The parser and every subcommand's, nested ones included (prove bfs, rules mine, ...)."""
     yield parser

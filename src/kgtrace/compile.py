@@ -339,3 +339,9 @@ def logged_compilation(path: str | Path, enabled: bool, log: Callable[[str], obj
                 log(line)
             if compiled.calls:
                 compiled.write(path)
+
+
+def compile_default(device: torch.device, asked: bool | None) -> bool:
+    """Whether to compile when the user chose nothing (``asked`` None): on CUDA only, where it pays off
+    (on a CPU it costs seconds of compiling for no gain); otherwise as asked."""
+    return device.type == "cuda" if asked is None else asked

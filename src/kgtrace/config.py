@@ -25,30 +25,42 @@ TRAINING_MODES = ("kvsall", "1vsall")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def option(default: Any, help: str) -> Any:
+    """A config field with its default and its help (the command line's, read back by :func:`help_of`)."""
+    return field(default=default, metadata={"help": help})
+
+
+def help_of(cls: type, name: str) -> str:
+    """The help text of field ``name`` of config dataclass ``cls`` ({models}: the registered model names)."""
+    text = next(f for f in fields(cls) if f.name == name).metadata["help"]
+    return text.replace("{models}", " | ".join(model_names()))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that determines a training run."""
 
-    dataset: str = "umls"  # bundled name (umls, kinships, nations) or a dataset folder
-    model: str = "conve"  # a registered model's name (kgtrace.registry.model_names())
-    model_args: dict[str, Any] = field(default_factory=dict)  # constructor keywords of the model
-    epochs: int = 100
-    batch_size: int = 128
-    lr: float = 1e-3  # Adam learning rate
-    lr_decay: float = 1.0  # multiply the learning rate by this after every epoch (1.0: constant)
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    training: str = "kvsall"  # kvsall: all known answers of a query are positives; 1vsall: one per triple
-    entity_chunk: int = 0  # >0: compute the KvsAll loss over entity chunks of this size (bounded memory)
-    seed: int = 0
-    device: str = "auto"  # auto picks cuda when available
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler; CUDA only)
-    checkpoint_every: int = 5  # epochs between checkpoints (the last epoch is always saved)
-    eval_every: int = 5  # epochs between validation runs (0: never)
-    patience: int = 0  # stop after this many validations without improvement (0: never stop early)
-    threads: int = 0  # torch CPU threads (0: torch's default)
-    memory_budget: str = "2GB"  # for validation ranking
-    compile: bool = False  # training step and validation ranking through torch.compile (same results as eager)
+    dataset: str = option("umls", "bundled dataset (umls, kinships, nations) or a dataset folder")
+    model: str = option("conve", "model: {models}")  # {models}: the registered names (help_of fills them in)
+    model_args: dict[str, Any] = field(default_factory=dict, metadata={"help": "constructor keywords of the model"})
+    epochs: int = option(100, "number of epochs")
+    batch_size: int = option(128, "queries per optimizer step")
+    lr: float = option(1e-3, "Adam learning rate")
+    lr_decay: float = option(1.0, "multiply the learning rate by this after each epoch (1.0: constant)")
+    weight_decay: float = option(0.0, "Adam weight decay")
+    label_smoothing: float = option(0.1, "label smoothing of the 1-N BCE loss")
+    training: str = option("kvsall", "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)")
+    entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
+    seed: int = option(0, "random seed (weights, query order, dropout)")
+    device: str = option("auto", "auto (CUDA when available), cpu or cuda")
+    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast with a gradient scaler, CUDA only)")
+    checkpoint_every: int = option(5, "save a checkpoint every K epochs (the last epoch is always saved)")
+    eval_every: int = option(5, "validate every K epochs (0: never)")
+    patience: int = option(0, "stop after this many validations without improvement (0: never)")
+    threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    memory_budget: str = option("2GB", "memory for ranking during validation, e.g. 2GB")
+    compile: bool = option(False, "run the training step and validation ranking through torch.compile (same results "
+                                  "as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs eagerly")
 
     def validate(self) -> "TrainConfig":
         """Return self, or raise ConfigError listing every invalid setting (wrong types first, all at once)."""

@@ -230,6 +230,15 @@ def parse_restrict(texts: list[str]) -> dict[tuple[str, str], set[str]]:
 # ----------------------------------------------------------------------------- ranking among allowed entities
 
 
+def restriction_of(dataset, rules: list[str]) -> CandidateRestriction | None:
+    """None (no rules), the inferred restriction (``["typed"]``), or the explicit ``RELATION:side=CATS`` rules."""
+    if not rules:
+        return None
+    if rules == ["typed"]:
+        return infer_restriction(dataset)
+    return explicit_restriction(dataset, parse_restrict(rules))
+
+
 def restricted_queries_per_chunk(num_entities: int, memory_budget: int) -> int:
     """Queries ranked at once by :func:`rank_side_restricted`: their [B, E] scores plus the [B, E] bool mask."""
     return max(1, min(MAX_QUERIES_PER_CHUNK, memory_budget // (num_entities * (BYTES_PER_SCORE + 1))))

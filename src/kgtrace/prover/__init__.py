@@ -7,5 +7,6 @@ env        the functional environment, rollouts, beams policy     the learned po
 ppo        PPO training (kgtrace prove train)          scorer     BFS and hybrid scorers
 run        prover run folders                          explain    proofs step by step
 hybrid     a hybrid's weight chosen on validation (kgtrace prove weigh)
+setup      a run's dataset, rules and config from keyword settings (kgtrace prove)
 link       NTP-lambda's link head: ComplEx on the policy's own embeddings, trained beside PPO
 """

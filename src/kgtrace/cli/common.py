@@ -1,0 +1,123 @@
+"""What the command modules share: the help formatters, option parsing, output files and the metrics table.
+
+Torch-free at import (the command modules import it at the top; ``kgtrace --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from kgtrace.config import TrainConfig, help_of
+from kgtrace.distributed import World
+from kgtrace.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kgtrace.evaluation.evaluate import Metrics
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after each option's help, except where it would mislead or repeat.
+
+    Left out when the help already states its default, when the default is None (the value
+    then comes from a config file or the option's own help), and for on/off flags, whose
+    stored default is the opposite of what the flag does (--no-progress would read "default: True").
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        flag = action.nargs == 0 and isinstance(action.const, bool)  # store_true / store_false (not --x/--no-x)
+        if action.default in (None, argparse.SUPPRESS) or flag or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class RawHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter with the epilog printed as written (lists and paths keep their lines)."""
+
+
+def train_help(name: str) -> str:
+    """The help of a training option: the TrainConfig field's own (kgtrace.config), written once."""
+    return help_of(TrainConfig, name)
+
+
+def parse_list(text: str, key: str, convert=str, allowed: tuple = ()) -> tuple:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        values = tuple(convert(x) for x in items)
+    except ValueError:
+        raise ConfigError([f"{key} {text!r}: write comma-separated values, e.g. 1,3,10"]) from None
+    bad = [v for v in values if allowed and v not in allowed]
+    if not values or bad:
+        raise ConfigError([f"{key} {text!r}: each value must be one of {', '.join(map(str, allowed))}"])
+    return values
+
+
+def model_args(pairs: list[str]) -> dict[str, Any]:
+    parsed, problems = {}, []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            problems.append(f"--model-arg {pair!r}: write KEY=VALUE, e.g. embedding_dim=200")
+            continue
+        parsed[key.strip()] = yaml.safe_load(value)
+    if problems:
+        raise ConfigError(problems)
+    return parsed
+
+
+def output_problems(args: argparse.Namespace, outputs: tuple) -> list[str]:
+    """Output files given as folders, or with a suffix that does not say what they hold."""
+    problems = []
+    for name, suffixes, what, example in outputs:
+        path = getattr(args, name)
+        option = "--" + name.replace("_", "-")
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            problems.append(f"{option} {path}: is a folder; fix: name a file for {what}, e.g. "
+                            f"{option} {Path(path) / example}")
+        elif Path(path).suffix.lower() not in suffixes:
+            problems.append(f"{option} {path}: {what} needs a file name ending in {' or '.join(suffixes)}; "
+                            f"fix: e.g. {option} {example}")
+    return problems
+
+
+def output_lock(path: str | Path | None, world: World):
+    """The lock of a result file rank 0 writes (nothing to hold without one, or in the other processes)."""
+    from kgtrace.owned import file_lock
+
+    return file_lock(path) if path and world.is_main else contextlib.nullcontext()
+
+
+def compile_stats_path(out: str | Path | None, default: Path) -> Path:
+    """Where a command's compile counters go: beside its JSON output (OUT.compile_stats.json)."""
+    out = Path(out) if out else default
+    return out.with_name(out.stem + ".compile_stats.json")
+
+
+def write_json(data: dict, path: str | Path) -> None:
+    from kgtrace.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def candidates_label(metrics: Metrics) -> str:
+    """What each query was ranked against, as the metrics JSON names it: all, or the number of corruptions."""
+    return str(metrics.corruptions) if metrics.corruptions else "all"
+
+
+def print_metrics(metrics: Metrics, split: str) -> None:
+    """A small table: filtered realistic MRR, MR and Hits@k per side, one column per k computed."""
+    print(f"filtered {split} metrics ({metrics.num_queries} triples, realistic ties, candidates: "
+          f"{candidates_label(metrics)})")
+    print(f"{'side':<6} {'MRR':>7} {'MR':>8}" + "".join(f" {f'H@{k}':>7}" for k in metrics.ks))
+    rows = [(side, metrics.sides[side]) for side in ("head", "tail") if side in metrics.sides]
+    for side, m in [*rows, ("both", metrics.both)]:
+        r = m.realistic
+        print(f"{side:<6} {r.mrr:7.4f} {r.mr:8.2f}" + "".join(f" {r.hits_at[k]:7.4f}" for k in metrics.ks))

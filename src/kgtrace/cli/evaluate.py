@@ -1,0 +1,266 @@
+"""kgtrace evaluate, predict, score and summarize."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kgtrace.cli.common import (candidates_label, compile_stats_path, output_lock, output_problems, print_metrics,
+                                write_json)
+from kgtrace.config import parse_size
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.io import check_json_out, check_outputs_spare_inputs
+
+if TYPE_CHECKING:
+    from kgtrace.evaluation.evaluate import Metrics
+
+
+def add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
+    p.add_argument("--split", choices=("test", "valid"), default="test",
+                   help="which split to rank (test is filtered by train+valid+test, valid by train+valid)")
+    p.add_argument("--corruptions", type=int, default=0, metavar="K",
+                   help="rank against K sampled filtered corruptions per query instead of all entities (0: all)")
+    p.add_argument("--modes", default="head,tail", help="sides to rank: head, tail or head,tail")
+    p.add_argument("--restrict", action="append", default=[], metavar="RULE",
+                   help="restrict candidates by node category: 'typed' infers each relation's domain and range "
+                        "from training, or RELATION:tail=CAT1|CAT2 (repeatable)")
+    p.add_argument("--ks", default="1,3,10", help="k of Hits@k, comma-separated")
+    p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled corruptions")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="rank all entities through torch.compile with static buffers (default: on CUDA only; "
+                        "on a CPU it costs seconds of compiling for no gain). A failed compilation is an error, "
+                        "never a silent fallback")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="rank eagerly")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+    p.add_argument("--per-query", metavar="FILE", help="write each query's ranks and true score (.tsv or .parquet)")
+    p.add_argument("--histogram", metavar="FILE.png", help="write a histogram of the realistic ranks")
+    p.add_argument("--out", help="write the metrics as JSON to this file")
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """kgtrace evaluate's parsed options."""
+
+    sides: tuple[str, ...]  # "head" and/or "tail", in the order given
+    ks: tuple[int, ...]  # k of each Hits@k, each 1 or more
+    memory_budget: int  # bytes, 1 or more
+
+
+# The files kgtrace evaluate writes: option attribute, accepted suffixes, what is written, an example name.
+EVALUATE_OUTPUTS = (("out", (".json",), "the metrics JSON", "metrics.json"),
+                    ("per_query", (".tsv", ".parquet"), "the per-query table", "ranks.tsv"),
+                    ("histogram", (".png",), "the PNG histogram", "ranks.png"))
+
+
+def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
+    """Check every option of kgtrace evaluate before any work, its output files included (so that a refused
+    command writes nothing); ConfigError lists every bad one at once."""
+    problems = []
+    sides = tuple(x.strip() for x in args.modes.split(",") if x.strip())
+    if not sides or set(sides) - {"head", "tail"}:
+        problems.append(f"--modes {args.modes!r}: each side must be head or tail; fix: e.g. --modes head,tail")
+    items = [x.strip() for x in args.ks.split(",") if x.strip()]
+    if not items or not all(x.isdigit() and int(x) >= 1 for x in items):
+        problems.append(f"--ks {args.ks!r}: each k of Hits@k must be a whole number, 1 or more; fix: e.g. --ks 1,3,10")
+    if args.corruptions < 0:
+        problems.append(f"--corruptions {args.corruptions}: must be 0 (all entities) or more")
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        problems.append(f"--memory-budget {args.memory_budget!r}: not a size of 1 byte or more; "
+                        "fix: e.g. --memory-budget 2GB (or 512MB, or a byte count)")
+    problems += output_problems(args, EVALUATE_OUTPUTS)
+    if problems:
+        raise ConfigError(problems)
+    return EvaluateOptions(sides=sides, ks=tuple(int(x) for x in items), memory_budget=budget)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from kgtrace.compile import compile_default
+    from kgtrace.evaluation.candidates import restriction_of
+    from kgtrace.evaluation.evaluate import Candidates
+    from kgtrace.prover.run import is_prover_run, load_prover_run
+    from kgtrace.run import load_run
+    from kgtrace.system import resolve_device
+
+    options = evaluate_options(args)
+    sides, ks, budget = options.sides, options.ks, options.memory_budget
+    device = resolve_device(args.device)
+    prover = is_prover_run(args.run_dir)
+    if prover and args.world.distributed:
+        raise KgtraceError(f"{args.run_dir}: a prover run is evaluated in one process (its overflow counts are "
+                           "per process). Fix: run this command without torchrun")
+    # A prover run compiles its engine's step and its policy's beam search (--compile, or its own setting);
+    # ranking itself runs eagerly.
+    run = (load_prover_run(args.run_dir, args.checkpoint, device, compile=args.compile) if prover
+           else load_run(args.run_dir, args.checkpoint, device=device))
+    ds = run.dataset
+    if not len(getattr(ds, args.split)):
+        raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
+                           "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
+    candidates = Candidates(corruptions=args.corruptions, seed=args.seed,
+                            restriction=restriction_of(ds, args.restrict),
+                            compile=not prover and compile_default(device, args.compile))
+    with output_lock(args.out, args.world):
+        return evaluate_loaded(args, run, prover, candidates, sides, ks, budget)
+
+
+
+def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sides: tuple, ks: tuple,
+                    budget: int) -> int:
+    """Rank the loaded run as evaluate's options say, write and print the metrics."""
+    from kgtrace.compile import logged_compilation
+    from kgtrace.evaluation.evaluate import metrics_of
+    from kgtrace.evaluation.sharded import rank_queries_sharded
+
+    ds = run.dataset
+    compile_ = candidates.compile
+    known = ds.known_triples(args.split)
+    with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
+                            (compile_ or (prover and run.config.compile)) and args.world.is_main):
+        ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
+                                     candidates=candidates, memory_budget=budget)
+    metrics = metrics_of(ranks, ks)
+    document = metrics.to_dict()
+    if prover:
+        from kgtrace.prover.scorer import prover_report
+
+        document["prover"] = prover_report(run.model)
+        print(f"prover: {json.dumps(document['prover'])}")
+    if args.world.is_main:
+        write_outputs(args, run, ranks, metrics, document)
+    print_metrics(metrics, args.split)
+    return 0
+
+
+
+def write_outputs(args: argparse.Namespace, run, ranks, metrics: Metrics, document: dict) -> None:
+    """The per-query table and the histogram, then the metrics JSON (``document``: metrics.to_dict() and, for a
+    prover, its report), last: present only beside its companions."""
+    from kgtrace.owned import retire
+
+    if args.out:
+        retire(args.out)  # first: the old JSON is never read beside new companions
+    if args.per_query:
+        from kgtrace.evaluation.output import query_table, write_query_table
+
+        write_query_table(query_table(ranks, run.model, run.dataset.entities, run.dataset.relations), args.per_query)
+    if args.histogram:
+        from kgtrace.plots import rank_histogram
+
+        rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
+                       title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}")
+    if args.out:
+        write_json(document, args.out)
+
+
+
+def add_predict_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--relation", required=True, metavar="REL",
+                   help="the query's relation: label or id; for KGX data also the predicate (biolink:treats) or "
+                        "its description with qualifiers, when that names one relation")
+    anchor = p.add_mutually_exclusive_group(required=True)
+    anchor.add_argument("--head", metavar="HEAD", help="rank tails of (HEAD, REL, ?) (label or id)")
+    anchor.add_argument("--tail", metavar="TAIL", help="rank heads of (?, REL, TAIL) (label or id)")
+    p.add_argument("--top-n", type=int, default=20, help="candidates to list")
+    p.add_argument("--new-only", action="store_true", help="hide candidates whose triple is in train, valid or test")
+    p.add_argument("--category", help="only candidates of this node category (from the dataset's node categories)")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
+    p.add_argument("--out", metavar="FILE.json", help="also write the candidates as JSON, with a TSV beside it")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.predict import predict, write_table
+    from kgtrace.run import load_run
+    from kgtrace.system import resolve_device
+
+    if args.out:
+        check_json_out(args.out)
+    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
+                    new_only=args.new_only, category=args.category)
+    q = found.query
+    print(f"({q['head'] or '?'}, {q['relation']}, {q['tail'] or '?'}): best {found.table.height} {q['side']}s"
+          f"{' (new only)' if args.new_only else ''}")
+    print(f"{'rank':>4}  {'score':>9}  {'known':<5}  candidate")
+    for row in found.table.iter_rows(named=True):
+        where = ",".join(s for s in ("train", "valid", "test") if row[f"in_{s}"]) or "-"
+        name = f"  ({row['name']})" if row["name"] != row["label"] else ""
+        print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {row['label']}{name}")
+    if args.out:
+        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q})}")
+    return 0
+
+
+def add_score_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train")
+    p.add_argument("--triples", required=True, metavar="FILE",
+                   help="labelled triples to score, head<TAB>relation<TAB>tail per line")
+    p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
+    p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    p.add_argument("--out", metavar="FILE.json", help="JSON to write, with a TSV beside it (default: print only)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.predict import score_triples, write_table
+    from kgtrace.run import load_run
+    from kgtrace.system import resolve_device
+
+    try:
+        budget = parse_size(args.memory_budget)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+    if args.out:
+        check_json_out(args.out)
+        check_outputs_spare_inputs([args.out, Path(args.out).with_suffix(".tsv")], [args.triples])
+    run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    scored = score_triples(run, args.triples, memory_budget=budget)
+    for skip in scored.skipped[:10]:
+        print(f"{args.triples}:{skip['line']}: skipped: {skip['problem']}", file=sys.stderr)
+    if len(scored.skipped) > 10:
+        print(f"... {len(scored.skipped) - 10} more skipped lines (all of them in the JSON with --out)", file=sys.stderr)
+    print(f"{'line':>6}  {'score':>9}  {'h-rank':>7}  {'t-rank':>7}  {'known':<5}  triple")
+    for row in scored.table.head(50).iter_rows(named=True):
+        print(f"{row['line']:>6}  {row['score']:9.4f}  {row['head_rank']:7g}  {row['tail_rank']:7g}  "
+              f"{'yes' if row['known'] else 'no':<5}  {row['head_name']} --{row['relation_name']}--> {row['tail_name']}")
+    if scored.table.height > 50:
+        print(f"(showing 50 of {scored.table.height} scored triples; use --out for all of them)")
+    print(f"scored {scored.table.height} triples, skipped {len(scored.skipped)} lines with unknown labels")
+    if args.out:
+        print(f"wrote {args.out} and {write_table(scored.table, args.out, {'skipped': scored.skipped})}")
+    return 0
+
+
+
+def add_summarize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders with config.yaml and a metrics JSON")
+    p.add_argument("--out", required=True, metavar="FILE.tsv", help="the table: one row per run")
+    p.add_argument("--plot", metavar="FILE.png", help="also a plot of test MRR per dataset and model")
+    p.add_argument("--metrics", default="test_metrics.json",
+                   help="each run's metrics file, as kgtrace evaluate --out or kgtrace train wrote it")
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from kgtrace.evaluation.summary import plot_summary, summarize_runs, write_summary
+
+    table = summarize_runs(args.run_dirs, args.metrics)
+    write_summary(table, args.out)
+    if args.plot:
+        plot_summary(table, args.plot)
+    print(table)
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+

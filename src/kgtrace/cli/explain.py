@@ -1,0 +1,256 @@
+"""kgtrace explain (TracIn, or a prover run's proofs) and index."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kgtrace.cli.common import compile_stats_path, output_lock, parse_list, write_json
+from kgtrace.config import PRECISIONS
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.io import check_json_out, check_outputs_spare_inputs
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def add_explain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--triple", nargs=3, metavar=("HEAD", "REL", "TAIL"),
+                      help="explain one triple, given by labels or integer ids")
+    what.add_argument("--triples", metavar="FILE",
+                      help="explain every triple of a labelled file, head<TAB>relation<TAB>tail per line")
+    what.add_argument("--test", type=int, metavar="N", help="explain the first N triples of the run's test split")
+    what.add_argument("--predict", nargs=2, metavar=("HEAD", "REL"),
+                      help="explain the model's best new tails of (HEAD, REL, ?) (see --top-n)")
+    what.add_argument("--self", dest="self_influence", action="store_true",
+                      help="rank every training triple by self-influence, highest (most suspicious) first")
+    p.add_argument("--top-n", type=int, default=10, help="with --predict: how many new tails to explain")
+    p.add_argument("--top-k", type=int, default=10,
+                   help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
+    p.add_argument("--params", default="last",
+                   help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")
+    p.add_argument("--checkpoints", default="all",
+                   help="epoch checkpoints summed over, each weighed by its learning rate: all or EPOCH,EPOCH")
+    p.add_argument("--checkpoint", default="best",
+                   help="checkpoint of the model that scores and ranks the triples: best, last or a file")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
+    p.add_argument("--index", metavar="FOLDER",
+                   help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
+    p.add_argument("--chunk-size", type=int, metavar="N",
+                   help="training triples per chunk of the pass (bounds memory; default: 4096, less for gradients "
+                        "materialised per triple)")
+    p.add_argument("--save-every", type=float, default=30.0, metavar="SECONDS",
+                   help="how often a long pass saves its progress to OUT.json.state (or FOLDER.state with "
+                        "--out-dir), which rerunning the same command resumes from (0: after every chunk)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="compute per-triple gradients through torch.compile (same influences up to rounding; counters "
+                        "in OUT.compile_stats.json). A failed compilation is an error, never a silent fallback")
+    p.add_argument("--out", metavar="FILE.json",
+                   help="JSON to write; a TSV with every row goes beside it (default: RUN_DIR/explain.json, "
+                        "or RUN_DIR/self_influence.json with --self)")
+    p.add_argument("--out-dir", metavar="FOLDER",
+                   help="instead of one combined file, write one JSON + TSV per explained triple into FOLDER")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to compute (auto: CUDA when available)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kgtrace.attribution import TracIn
+    from kgtrace.compile import logged_compilation
+    from kgtrace.prover.run import is_prover_run
+    from kgtrace.run import load_run
+    from kgtrace.system import resolve_device
+
+    if is_prover_run(args.run_dir):
+        if args.world.distributed:
+            raise KgtraceError(f"{args.run_dir}: a prover run's proofs are found in one process. "
+                               "Fix: run this command without torchrun")
+        return explain_prover_run(args)
+    check_explain_options(args)
+    options = tracin_options(args)  # parsed before the run loads: a bad --params fails at once
+    out = Path(args.out) if args.out else Path(args.run_dir) / (
+        "self_influence.json" if args.self_influence else "explain.json")
+    check_json_out(out)
+    outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
+    check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, args.checkpoint, device=device)
+    compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
+                                  else compile_stats_path(out, out), args.compile and args.world.is_main)
+    with output_lock(args.out_dir or out, args.world):  # also keeps a second process off the saved state
+        if args.self_influence:
+            return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)
+        return explain_test_triples(args, run, device, options, compiled, out)
+
+
+def check_explain_options(args: argparse.Namespace) -> None:
+    """Every conflict among explain's options, raised at once."""
+    counts = {"top-k": args.top_k, "top-n": args.top_n, "chunk-size": args.chunk_size}
+    problems = [f"--{key} {value}: must be at least 1" for key, value in counts.items() if value is not None and value < 1]
+    if not args.save_every >= 0:  # also NaN
+        problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
+    if args.out_dir and (args.self_influence or args.out):
+        problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
+    if args.index and args.self_influence:
+        problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
+    if args.index and args.world.distributed:
+        problems.append("--index: queries of a projected index run in one process; fix: run it without torchrun")
+    if problems:
+        raise ConfigError(problems)
+
+
+def tracin_options(args: argparse.Namespace) -> dict:
+    """TracIn's keyword arguments from explain's --params, --checkpoints, --precision and --compile."""
+    params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
+    checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
+    return {"params": params, "checkpoints": checkpoints, "precision": args.precision, "compile": args.compile,
+            "chunk_size": args.chunk_size, "world": args.world}
+
+
+def explain_state(args: argparse.Namespace, out: Path) -> Path:
+    """Where a long pass saves its progress now and then; rerunning the same command resumes from it."""
+    return Path(str(args.out_dir or out) + ".state")
+
+
+def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out: Path) -> int:
+    from kgtrace.attribution import report
+
+    with compiled:
+        ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress,
+                                                state=explain_state(args, out), save_every=args.save_every)
+    if not args.world.is_main:
+        return 0
+    print_self_influence(ranking)
+    print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
+    return 0
+
+
+def explain_test_triples(args: argparse.Namespace, run, device, options: dict, compiled, out: Path) -> int:
+    from kgtrace.attribution import TracIn, report
+
+    test = explain_targets(args, run)
+    if args.index:
+        from kgtrace.attribution.index import ProjectedIndex
+
+        finder = ProjectedIndex(args.index, run, device=device)
+        found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
+    else:
+        tracin = TracIn(run, device=device, **options)
+        with compiled:
+            found = tracin.top_k(test, args.top_k, progress=args.progress, state=explain_state(args, out),
+                                 save_every=args.save_every)
+        epochs = [c.epoch for c in tracin.checkpoints]
+    if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
+        return 0
+    items = report.explain_triples(run, test, found, epochs)
+    print_explanations(items)
+    if args.out_dir:
+        for i, item in enumerate(items):
+            report.write_explanations([item], Path(args.out_dir) / f"triple-{i:04d}.json")
+        print(f"wrote {len(items)} explanations (JSON + TSV each) into {args.out_dir}")
+    else:
+        print(f"wrote {out} and {report.write_explanations(items, out)}")
+    return 0
+
+
+def explain_prover_run(args: argparse.Namespace) -> int:
+    """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
+    from kgtrace.prover.explain import explain_proofs, proof_lines
+    from kgtrace.prover.run import load_prover_run
+    from kgtrace.system import resolve_device
+
+    if args.self_influence or args.predict or args.index or args.out_dir:
+        raise ConfigError(["a prover run explains triples by their proofs; fix: use --triple, --triples or --test "
+                           "(--self, --predict, --index and --out-dir are for embedding runs)"])
+    out = Path(args.out) if args.out else Path(args.run_dir) / "explain.json"
+    check_json_out(out)
+    run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
+    items = explain_proofs(run, explain_targets(args, run))
+    for line in proof_lines(items):
+        print(line)
+    write_json({"proofs": items}, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def explain_targets(args: argparse.Namespace, run) -> Tensor:
+    """The test triples [n, 3] that --triple, --triples, --test or --predict name."""
+    from kgtrace.attribution import report
+    from kgtrace.data.lookup import parse_triple
+
+    if args.triple:
+        return parse_triple(run.dataset, *args.triple).view(1, 3)
+    if args.predict:
+        return report.predicted_triples(run, *args.predict, args.top_n)
+    if args.test is not None:
+        if args.test < 1 or not len(run.dataset.test):
+            raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])
+        return run.dataset.test[: args.test]
+    from kgtrace.data.lookup import encode_named_triples
+
+    test = encode_named_triples(run.dataset, args.triples)
+    if len(test) == 0:
+        raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+    return test
+
+
+
+def add_index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
+    p.add_argument("--out", metavar="FOLDER", help="index folder to write (default: RUN_DIR/tracin-index); "
+                                                    "an interrupted build in it resumes")
+    p.add_argument("--dim", type=int, default=1024,
+                   help="numbers per training gradient and checkpoint (error falls as 1/sqrt(dim))")
+    p.add_argument("--params", default="last", help="parameters: last, all, or NAME,NAME (as kgtrace explain)")
+    p.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="storage type of the index")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random projection")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to compute")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from kgtrace.attribution.index import build_index
+    from kgtrace.run import load_run
+    from kgtrace.system import resolve_device
+
+    params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, device=device)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "tracin-index"
+    index = build_index(run, out, params=params, dim=args.dim, seed=args.seed, dtype=args.dtype, device=device,
+                        progress=args.progress)
+    meta = index.meta
+    print(f"indexed {meta.num_train} training triples x {len(meta.checkpoints)} checkpoints at dim {meta.dim} "
+          f"({', '.join(meta.params)}) in {meta.seconds:.1f} s into {out}; "
+          f"query with: kgtrace explain {args.run_dir} --index {out} --triple HEAD REL TAIL")
+    return 0
+
+
+
+def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> None:
+    """Per test triple (the first ``triples``): names, score and ranks, then the strongest proponents and opponents."""
+    if len(items) > triples:
+        print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
+    for item in items[:triples]:
+        t = item["test"]
+        print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f}   "
+              f"filtered rank: tail {item['rank']['tail']:g}, head {item['rank']['head']:g}")
+        for kind in ("proponents", "opponents"):
+            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}):")
+            for e in item[kind][:shown]:
+                print(f"    {e['influence']:+.4e}  #{e['train_index']:<6} {e['head_name']} --{e['relation_name']}--> "
+                      f"{e['tail_name']}")
+
+
+def print_self_influence(ranking: dict) -> None:
+    print(f"most self-influential training triples (of {len(ranking['all'])}; all of them in the TSV):")
+    for rank, e in enumerate(ranking["top"], 1):
+        print(f"  {rank:>3}. {e['self_influence']:.4e}  #{e['train_index']:<6} {e['head_name']} "
+              f"--{e['relation_name']}--> {e['tail_name']}")
+
+

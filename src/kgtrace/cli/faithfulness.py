@@ -1,0 +1,101 @@
+"""kgtrace faithfulness: are the explanations true?"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kgtrace.errors import ConfigError, KgtraceError
+
+
+FAITHFULNESS_EPILOG = """\
+Predictions explained: the run's test triples that its last checkpoint ranks first (tail side,
+filtered), all of them or --sample N of them drawn at random; or the triples of --triples FILE.
+For each prediction, method and k, the method's top k training triples are removed and the model
+is trained again (--mode retrain: from scratch with the run's config and seed; --mode finetune:
+from the checkpoint of --finetune-from, default the latest at or before half the epochs, for the
+remaining epochs). Measured against the run's last checkpoint: score drop, filtered tail-rank
+change, PD (fraction whose probability, softmax over all tails, drops), TC (fraction no longer
+top-1) and the MRR drop of the set. Finished trainings are kept in --out, so a rerun resumes;
+running both modes into one --out also reports how far fine-tuning agrees with retraining.
+"""
+
+
+def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.faithfulness.methods import METHODS
+
+    p.epilog = FAITHFULNESS_EPILOG
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--triples", metavar="FILE", help="explain these labelled triples (head<TAB>relation<TAB>tail) "
+                                                        "instead of the rank-first test triples")
+    what.add_argument("--sample", type=int, metavar="N", help="explain N of the rank-first test triples, drawn at "
+                                                              "random; unset: all of them")
+    p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
+    p.add_argument("--methods", default=",".join(m for m in METHODS if m != "proof"),
+                   help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run)")
+    p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
+                                                       "method removes the facts of its proof of each prediction")
+    p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
+    p.add_argument("--mode", choices=("retrain", "finetune"), default="retrain",
+                   help="train again from scratch, or continue an early checkpoint without the removed triples")
+    p.add_argument("--finetune-from", type=int, metavar="EPOCH",
+                   help="with --mode finetune: the checkpoint to continue; unset: the latest at or before half "
+                        "the epochs")
+    p.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, each in its own process")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per training process")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random and neighbourhood methods and of --sample")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the trainings run")
+    p.add_argument("--keep-runs", action="store_true", help="keep every trained run under OUT/runs/ to inspect it")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
+
+
+def cmd_faithfulness(args: argparse.Namespace) -> int:
+    from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
+    from kgtrace.run import load_run
+
+    problems = []
+    try:
+        ks = tuple(int(x) for x in args.k.split(",") if x.strip())
+    except ValueError:
+        problems.append(f"--k {args.k!r}: write whole numbers separated by commas, e.g. 1,5,10")
+        ks = (1,)  # a placeholder, so that the other settings are still checked
+    methods = tuple(x.strip() for x in args.methods.split(",") if x.strip())
+    settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
+                                    sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
+                                    device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run)
+    try:
+        settings.validate()
+    except ConfigError as e:
+        problems += e.problems
+    if problems:
+        raise ConfigError(problems)
+    triples = None
+    if args.triples:
+        from kgtrace.data.lookup import encode_named_triples
+
+        triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
+        if len(triples) == 0:
+            raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+    summary = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,
+                                 progress=args.progress)
+    print_faithfulness(summary)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "faithfulness"
+    print(f"wrote {out / 'faithfulness.tsv'}, {out / 'faithfulness.json'}, {out / 'cells.tsv'} and "
+          f"{out / 'faithfulness.png'}" + (f" and {out / 'agreement.tsv'}" if summary["agreement"] else ""))
+    return 0
+
+
+def print_faithfulness(summary: dict) -> None:
+    """The table: per variant, method and k, PD, TC, mean score drop and rank change, MRR drop."""
+    print(f"{'variant':<20} {'method':<14} {'k':>3} {'n':>4} {'PD %':>6} {'TC %':>6} {'score drop':>10} "
+          f"{'rank +':>7} {'MRR drop':>8}")
+    for row in summary["table"]:
+        print(f"{row['variant']:<20} {row['method']:<14} {row['k']:>3} {row['n']:>4} {100 * row['pd']:6.1f} "
+              f"{100 * row['tc']:6.1f} {row['score_drop']:10.4f} {row['rank_change']:7.2f} {row['mrr_drop']:8.4f}")
+    for row in summary["agreement"]:
+        if row["method"] == "all":
+            print(f"{row['cheap']} against retrain over {row['n']} removals: PD agrees {100 * row['pd_agreement']:.1f}%, "
+                  f"TC {100 * row['tc_agreement']:.1f}%, score drops correlate {row['score_drop_pearson']:.3f}")
+
+
