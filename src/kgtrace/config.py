@@ -59,8 +59,9 @@ class TrainConfig:
     patience: int = option(0, "stop after this many validations without improvement (0: never)")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     memory_budget: str = option("2GB", "memory for ranking during validation, e.g. 2GB")
-    compile: bool = option(False, "run the training step and validation ranking through torch.compile (same results "
-                                  "as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs eagerly")
+    compile: bool | None = option(None, "run the training step and validation ranking through torch.compile (same "
+                                        "results as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs "
+                                        "eagerly; unset: on CUDA yes, on a CPU no (kgtrace.compile.compile_default)")
 
     def validate(self) -> "TrainConfig":
         """Return self, or raise ConfigError listing every invalid setting (wrong types first, all at once)."""
@@ -91,8 +92,8 @@ class TrainConfig:
         if self.entity_chunk and self.precision == "fp16":
             problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which the fp16 "
                             "gradient scaler cannot scale; use precision bf16 or fp32, or entity_chunk 0")
-        if not isinstance(self.compile, bool):
-            problems.append(f"compile={self.compile!r}: must be true or false")
+        if self.compile is not None and not isinstance(self.compile, bool):
+            problems.append(f"compile={self.compile!r}: must be true or false (or unset: on CUDA only)")
         elif self.compile and self.entity_chunk:
             problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which are not compiled; "
                             "set entity_chunk 0 or compile false")
@@ -109,9 +110,11 @@ class TrainConfig:
 
 
 # What a YAML value of each annotated type may be; an int is a float too (lr: 1), a bool is neither.
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict[str, Any]": (dict,)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "bool | None": (bool, type(None)),
+          "dict[str, Any]": (dict,)}
 _EXAMPLES = {"int": "a whole number, e.g. 10", "float": "a number, e.g. 0.001", "str": "text",
-             "bool": "true or false", "dict[str, Any]": "a mapping, e.g. {embedding_dim: 200}"}
+             "bool": "true or false", "bool | None": "true or false (or unset)",
+             "dict[str, Any]": "a mapping, e.g. {embedding_dim: 200}"}
 
 
 def type_problems(config: Any) -> list[str]:

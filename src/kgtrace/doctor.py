@@ -43,7 +43,20 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from kgtrace.attribution import TracIn
+from kgtrace.attribution.compiled import ENTRY_POINTS, entry_points_for
+from kgtrace.attribution.grads import ScoreHRT
 from kgtrace.compile import CompiledCall
+from kgtrace.config import TrainConfig, parse_size
+from kgtrace.data.answers import AnswerIndex
+from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
+from kgtrace.evaluation.sides import query_chunk_size, side_queries
+from kgtrace.precision import precision_context
+from kgtrace.run import load_run
+from kgtrace.system import resolve_device
+from kgtrace.training.batches import Batches
+from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
+from kgtrace.training.loop import train
 
 __all__ = ["Check", "Probe", "cuda_graph_problems", "doctor", "format_table", "run_probes"]
 
@@ -197,9 +210,6 @@ def _number(x: float) -> str:
 def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generator) -> Probe:
     """The compiled ranking of the validation split, as ``kgtrace train --compile`` validates
     (``kgtrace evaluate --compile`` runs the same function on the test split)."""
-    from kgtrace.data.answers import AnswerIndex
-    from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
-    from kgtrace.evaluation.sides import query_chunk_size, side_queries
 
     ds, model = run.dataset, run.model.to(device).eval()
     sides = [side_queries(ds.valid, ds.num_relations, side) for side in ("head", "tail")]
@@ -222,9 +232,6 @@ def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generat
 
 def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
     """The training step at the run's batch size and at the epoch's remainder, as ``kgtrace train --compile``."""
-    from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
-    from kgtrace.precision import precision_context
-    from kgtrace.training.batches import Batches
 
     config, ds = run.config, run.dataset
     batches = Batches.build(ds.train, ds.num_relations, config.training)
@@ -270,16 +277,12 @@ def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]
 
 def tracin_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
     """TracIn's compiled gradient functions for the run's model, as ``kgtrace explain --compile`` (params last)."""
-    from kgtrace.attribution import TracIn
-    from kgtrace.attribution.compiled import entry_points_for
 
     tracin = TracIn(run, device=device, compile=True)
     return [_tracin_probe(tracin, name, gen) for name in entry_points_for(tracin.model, tracin.path, tracin.names)]
 
 
 def _tracin_probe(tracin, name: str, gen: torch.Generator) -> Probe:
-    from kgtrace.attribution.compiled import ENTRY_POINTS
-    from kgtrace.attribution.grads import ScoreHRT
 
     fn, key, _ = ENTRY_POINTS[name]
     model, train = tracin.model, tracin.train
@@ -305,9 +308,6 @@ def _row_sizes(batch: int) -> tuple[int, ...]:
 
 def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -> list[Check]:
     """Check every compiled entry point of the run in ``run_dir`` (None: a tiny ConvE on UMLS); see the module doc."""
-    from kgtrace.config import parse_size
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
 
     where = torch.device(resolve_device(device))
     with tempfile.TemporaryDirectory(prefix="kgtrace-doctor-") as scratch:
@@ -324,8 +324,6 @@ def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -
 
 def tiny_run(out: Path, device: torch.device, log) -> Path:
     """A small ConvE trained for one epoch on UMLS (eagerly), with one epoch checkpoint."""
-    from kgtrace.config import TrainConfig
-    from kgtrace.training.loop import train
 
     config = TrainConfig(dataset="umls", model="conve", model_args=dict(TINY_CONVE), epochs=1, eval_every=0,
                          checkpoint_every=1, device=device.type)

@@ -21,11 +21,19 @@ from pathlib import Path
 
 import torch
 
+from kgtrace.attribution import TracIn, report
+from kgtrace.checkpoint import latest_checkpoint
 from kgtrace.config import TrainConfig, read_yaml
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.evaluation.evaluate import metrics_of, rank_queries
+from kgtrace.evaluation.output import query_table, write_query_table
 from kgtrace.io import atomic_write_text
 from kgtrace.layout import RunLayout
 from kgtrace.owned import contents, folder_lock, read_mark, retire
+from kgtrace.report import write_report
+from kgtrace.run import load_run
+from kgtrace.system import resolve_device
+from kgtrace.training.loop import dataset_source, resume, train
 
 __all__ = ["JobSettings", "run_job"]
 
@@ -60,8 +68,6 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
     """Train, evaluate, explain and report into ``out``, reusing finished steps; returns report.html's path."""
     out = Path(out)
     redo = _train_step(settings, out, overwrite, progress, log)
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
 
     with folder_lock(out, "run folder"):
         run = load_run(out, device=resolve_device("auto"))
@@ -75,8 +81,6 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
 
 def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: bool, log) -> bool:
     """Train, resume or reuse the run; True when weights changed."""
-    from kgtrace.checkpoint import latest_checkpoint
-    from kgtrace.training.loop import resume, train
 
     config = settings.config()
     if overwrite or not contents(out):
@@ -97,8 +101,6 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     """The saved config of the run in ``out``; refused when kgtrace did not write it, when it was trained on
     other data, with another model or seed, or for more epochs than asked. Reusing the run for fewer epochs
     would report a model other than the one asked for."""
-    from kgtrace.training.loop import dataset_source
-
     mark = read_mark(out)
     if mark is None or mark.kind != "run" or not RunLayout(out).config.is_file():
         raise KgtraceError(f"--out {out}: holds no run that kgtrace run wrote ({', '.join(contents(out)[:5])}), so it "
@@ -118,8 +120,6 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
 
 def _evaluate_step(run, redo: bool, log) -> bool:
     """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
-    from kgtrace.evaluation.evaluate import metrics_of, rank_queries
-    from kgtrace.evaluation.output import query_table, write_query_table
 
     metrics_path, ranks_path = RunLayout(run.path).test_metrics, RunLayout(run.path).test_ranks
     if not redo and metrics_path.is_file() and ranks_path.is_file():
@@ -138,8 +138,6 @@ def _evaluate_step(run, redo: bool, log) -> bool:
 
 def _explain_step(run, settings: JobSettings, redo: bool, progress: bool, log) -> bool:
     """TracIn explanations of well-predicted test triples and of the best new tails of a few test queries."""
-    from kgtrace.attribution import TracIn, report
-
     folder = RunLayout(run.path).explain
     test_path, predicted_path = folder / "test.json", folder / "predicted.json"
     if not redo and test_path.is_file() and predicted_path.is_file():
@@ -168,8 +166,6 @@ def _well_predicted(run, count: int) -> torch.Tensor:
 
 
 def _report_step(out: Path, redo: bool, log) -> Path:
-    from kgtrace.report import write_report
-
     path = RunLayout(out).report
     if not redo and path.is_file():
         log(f"report: reusing {path}")

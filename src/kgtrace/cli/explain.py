@@ -46,9 +46,10 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=float, default=30.0, metavar="SECONDS",
                    help="how often a long pass saves its progress to OUT.json.state (or FOLDER.state with "
                         "--out-dir), which rerunning the same command resumes from (0: after every chunk)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compute per-triple gradients through torch.compile (same influences up to rounding; counters "
-                        "in OUT.compile_stats.json). A failed compilation is an error, never a silent fallback")
+                        "in OUT.compile_stats.json; default: on CUDA only). A failed compilation is an error, never "
+                        "a silent fallback")
     p.add_argument("--out", metavar="FILE.json",
                    help="JSON to write; a TSV with every row goes beside it (default: RUN_DIR/explain.json, "
                         "or RUN_DIR/self_influence.json with --self)")
@@ -61,7 +62,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.attribution import TracIn
-    from kgtrace.compile import logged_compilation
+    from kgtrace.compile import compile_default, logged_compilation
     from kgtrace.prover.run import is_prover_run
     from kgtrace.run import load_run
     from kgtrace.system import resolve_device
@@ -79,9 +80,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
     check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
     device = resolve_device(args.device)
+    options["compile"] = compile_default(device, args.compile)
     run = load_run(args.run_dir, args.checkpoint, device=device)
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
-                                  else compile_stats_path(out, out), args.compile and args.world.is_main)
+                                  else compile_stats_path(out, out), options["compile"] and args.world.is_main)
     with output_lock(args.out_dir or out, args.world):  # also keeps a second process off the saved state
         if args.self_influence:
             return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)

@@ -168,7 +168,8 @@ def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None
                    help="derived states kept per step (0: all); more are counted as overflow")
     p.add_argument("--max-facts", type=int, default=defaults.max_facts,
                    help="facts read per goal (0: the most any goal with a constant matches)")
-    p.add_argument("--compile", action="store_true", help="run the engine's step through torch.compile")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the engine's step through torch.compile (default: on CUDA only)")
     p.add_argument("--embedding-run", default="", metavar="RUN",
                    help="hybrid: add this embedding run's logit to --hybrid-weight x the prover's score")
     p.add_argument("--hybrid-weight", type=float, default=defaults.hybrid_weight,
@@ -182,12 +183,15 @@ def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None
 
 def prover_config(args: argparse.Namespace, method: str, **settings: Any):
     """prover_setup (kgtrace.prover.setup) with the prove options: (config, rules, notes, dataset)."""
+    from kgtrace.compile import compile_default
     from kgtrace.prover.setup import prover_setup
+    from kgtrace.system import resolve_device
 
     return prover_setup(args.dataset, method, rules_file=None if args.mine else args.rules,
                         mining=mining_config(args) if args.mine else None, embedding_run=args.embedding_run,
                         depth=args.depth, max_atoms=args.max_atoms, max_states=args.max_states,
-                        max_facts=args.max_facts, compile=args.compile, hybrid_weight=args.hybrid_weight, **settings)
+                        max_facts=args.max_facts, compile=compile_default(resolve_device("auto"), args.compile),
+                        hybrid_weight=args.hybrid_weight, **settings)
 
 
 def cmd_prove(args: argparse.Namespace) -> int:

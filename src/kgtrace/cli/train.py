@@ -91,9 +91,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     for f in fields(TrainConfig):
         if f.name == "model_args":
             continue
-        if str(f.type) == "bool":
+        if str(f.type) in ("bool", "bool | None"):
+            default = getattr(defaults, f.name)  # None: the field's help says what unset means
             p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=None,
-                           help=f"{train_help(f.name)} (default: {str(getattr(defaults, f.name)).lower()})")
+                           help=train_help(f.name) + ("" if default is None else f" (default: {str(default).lower()})"))
             continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,

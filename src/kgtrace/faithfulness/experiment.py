@@ -41,10 +41,12 @@ from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness import metrics
 from kgtrace.faithfulness.methods import METHODS, MethodInputs
 from kgtrace.faithfulness.metrics import Measures
+from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
-from kgtrace.faithfulness.retrain import MODES, Job, job_key, read_result, run_jobs, variant
+from kgtrace.faithfulness.retrain import Job, MODES, job_key, read_result, run_jobs, variant
 from kgtrace.io import atomic_write_text
 from kgtrace.owned import contents, file_digest, folder_lock
+from kgtrace.plots import save_figure
 from kgtrace.run import Run, load_run
 
 __all__ = ["FaithfulnessSettings", "check_faithfulness"]
@@ -388,8 +390,6 @@ def write_outputs(out: Path, summary: dict) -> None:
     """faithfulness.json, the TSV tables and the plot, each written atomically."""
     import polars as pl
 
-    from kgtrace.faithfulness.plot import faithfulness_figure
-    from kgtrace.plots import save_figure
 
     atomic_write_text(out / "faithfulness.json", json.dumps(summary, indent=1) + "\n")
     for name, rows in (("faithfulness.tsv", summary["table"]), ("cells.tsv", summary["cells"]),

@@ -32,7 +32,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kgtrace.attribution import TracIn
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.prover.explain import find_proof
+from kgtrace.prover.reference import FACT
+from kgtrace.prover.run import load_prover_run
 from kgtrace.run import Run
 
 __all__ = ["METHODS", "Method", "MethodInputs"]
@@ -59,8 +63,6 @@ def tracin_all(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = Met
 
 
 def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) -> list[Tensor]:
-    from kgtrace.attribution import TracIn
-
     found = TracIn(run, params=params).top_k(predictions, k, progress=progress)
     return [item.proponents.clone() for item in found]
 
@@ -83,9 +85,6 @@ def neighbourhood(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = 
 
 
 def proof_facts(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
-    from kgtrace.prover.explain import find_proof
-    from kgtrace.prover.reference import FACT
-    from kgtrace.prover.run import load_prover_run
 
     if inputs.prover_run is None:
         raise ConfigError(["methods=proof: needs a prover run; fix: pass --prover-run DIR (a kgtrace prove --out folder)"])

@@ -39,9 +39,11 @@ from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
 from kgtrace.errors import DataWarning
+from kgtrace.faithfulness.predictions import measure
 from kgtrace.io import atomic_write_text
 from kgtrace.layout import RunLayout
 from kgtrace.run import Run, load_run
+from kgtrace.training.loop import resume, train, write_run_files
 
 __all__ = ["MODES", "Job", "job_key", "read_result", "reduced_dataset", "run_job", "run_jobs"]
 
@@ -95,8 +97,6 @@ def read_result(path: str | Path) -> dict | None:
 
 def run_job(job: Job) -> str:
     """Train without ``job.removed``, measure the predictions, write ``job.result``; returns its path."""
-    from kgtrace.faithfulness.predictions import measure
-
     torch.set_num_threads(job.threads)
     run = _load(job.run_dir)
     start = time.perf_counter()
@@ -140,15 +140,11 @@ def _quiet(*_args) -> None:
 
 
 def retrain(run: Run, data: Path, out: Path, job: Job) -> None:
-    from kgtrace.training.loop import train
-
     train(_config(run, data, job), out, progress=False, log=_quiet)
 
 
 def finetune(run: Run, data: Path, out: Path, job: Job) -> None:
     """Continue the run's checkpoint of ``job.start_epoch`` on the reduced data (training's own resume)."""
-    from kgtrace.training.loop import resume, write_run_files
-
     config = _config(run, data, job)
     out.mkdir(parents=True)
     dataset = load_dataset(data, entities=run.dataset.entities, relations=run.dataset.relations)

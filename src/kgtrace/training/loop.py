@@ -11,6 +11,7 @@ checkpoint, so a resumed run ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from contextlib import ExitStack
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from kgtrace.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
-from kgtrace.compile import logged_compilation
+from kgtrace.compile import compile_default, logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, split_path
@@ -218,6 +219,8 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     inputs = (*dataset_inputs(config.dataset), *inputs)
     world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=RESUME_HINT))
     device = setup_device(config)
+    if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, eagerly
+        config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk)
     dataset = load_dataset(config.dataset)
     check_splits(dataset, config)
     with ExitStack() as held:
