@@ -106,7 +106,14 @@ def test_train_overwrite_with_its_config_file_inside(tmp_path):
 
 
 def test_train_into_a_users_non_empty_folder(data):
-    refused(train_args("nations", data), watch=data, mentions=[str(data), "not empty", "notes.txt"])
+    err = refused(train_args("nations", data), watch=data, mentions=[str(data), "not empty", "notes.txt"])
+    assert "--resume" not in err and "--overwrite" not in err  # neither would help with a user's folder
+
+
+def test_train_into_an_existing_run(trained):
+    run, dataset = trained
+    refused(train_args(dataset, run), watch=run.parent,
+            mentions=["not empty", "pass --resume to continue that run", "pass --overwrite to replace it"])
 
 
 def test_train_overwrite_replaces_its_own_run(tmp_path):

@@ -217,7 +217,8 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
     inputs = (*dataset_inputs(config.dataset), *inputs)
-    world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=RESUME_HINT))
+    hints = RESUME_HINT if RunLayout(out).config.is_file() else ()
+    world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=hints))
     device = setup_device(config)
     if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, eagerly
         config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk)
