@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.errors import KgtraceError
+from kgtrace.io import atomic_write_text
 
 __all__ = ["CompileLog", "CompileStats", "CompiledCall", "compile_log", "logged_compilation"]
 
@@ -296,8 +297,6 @@ class CompileLog:
 
     def write(self, path: str | Path) -> Path:
         """Write the entries as JSON, atomically; returns the path."""
-        from kgtrace.io import atomic_write_text
-
         data = {"torch": torch.__version__, "entry_points": self.entries()}
         atomic_write_text(path, json.dumps(data, indent=2) + "\n")
         return Path(path)

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from kgtrace.errors import ConfigError
+from kgtrace.io import atomic_write_text
 from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -189,6 +190,4 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:
-    from kgtrace.io import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.layout import RunLayout
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.report.drawing import DRAWN, subgraph_png
@@ -263,8 +264,6 @@ def _cells(row: dict, columns: tuple) -> list[str]:
 
 def faithfulness_section(folder: Path) -> str:
     """The table of a faithfulness check (kgtrace faithfulness --out FOLDER), its plot, and the agreement table."""
-    from kgtrace.faithfulness.plot import faithfulness_figure
-
     data = json.loads((folder / "faithfulness.json").read_text(encoding="utf-8"))
     settings = data["settings"]
     facts = (f"{len(data['predictions']['triples'])} predictions ({esc(data['predictions']['how'])}); methods "
