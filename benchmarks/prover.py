@@ -228,7 +228,8 @@ def run_dataset(name: str, args, work: Path) -> dict:
                           beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy,
                           init_from=str(conve_dir) if args.init_from_conve else "",
                           entity_embeddings=args.init_from_conve or args.link_weight > 0, link_weight=args.link_weight,
-                          link_epochs=args.link_epochs, embedding_dim=args.embedding_dim)
+                          link_epochs=args.link_epochs if args.link_weight > 0 else 0,  # passes of a head there is
+                          embedding_dim=args.embedding_dim)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
     train_seconds = time.perf_counter() - started
     run = load_prover_run(trained.run_dir)
@@ -305,7 +306,8 @@ def main() -> None:
     parser.add_argument("--link-weight", type=float, default=0.0,
                         help="train the policy with NTP-lambda's link head (kgtrace.prover.link) at this loss weight, "
                              "and report it alone and with the policy's proofs (policy_link); 0: no head")
-    parser.add_argument("--link-epochs", type=int, default=30, help="passes of the link head alone before PPO")
+    parser.add_argument("--link-epochs", type=int, default=30,
+                        help="passes of the link head alone before PPO (with --link-weight > 0)")
     parser.add_argument("--embedding-dim", type=int, default=ProverConfig.embedding_dim,
                         help="width of the policy's embeddings (the link head's ComplEx has half as many complex ones)")
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
