@@ -102,10 +102,11 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     other data, with another model or seed, or for more epochs than asked. Reusing the run for fewer epochs
     would report a model other than the one asked for."""
     mark = read_mark(out)
-    if mark is None or mark.kind != "run" or not RunLayout(out).config.is_file():
+    config_file = RunLayout(out).config
+    if mark is None or mark.kind != "run" or not config_file.is_file():
         raise KgtraceError(f"--out {out}: holds no run that kgtrace run wrote ({', '.join(contents(out)[:5])}), so it "
                            "is neither reused nor replaced. Fix: choose another --out")
-    saved = read_yaml(RunLayout(out).config)
+    saved = read_yaml(config_file)
     wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
               if saved.get(key) != wanted[key]]
@@ -121,7 +122,8 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
 def _evaluate_step(run, redo: bool, log) -> bool:
     """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
 
-    metrics_path, ranks_path = RunLayout(run.path).test_metrics, RunLayout(run.path).test_ranks
+    layout = RunLayout(run.path)
+    metrics_path, ranks_path = layout.test_metrics, layout.test_ranks
     if not redo and metrics_path.is_file() and ranks_path.is_file():
         log("evaluate: reusing test_metrics.json and test_ranks.tsv")
         return False

@@ -25,7 +25,6 @@ that a killed build resumes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -40,6 +39,7 @@ from tqdm.auto import tqdm
 from kgtrace.attribution.factors import Factors, Outer, dot
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.attribution.tracin import TracIn
+from kgtrace.data.pinned import split_digest
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run
@@ -97,7 +97,7 @@ class IndexMeta:
 
 
 def _train_digest(tracin: TracIn) -> str:
-    return hashlib.sha256(tracin.train.cpu().numpy().tobytes()).hexdigest()
+    return split_digest(tracin.train)
 
 
 def build_index(run: Run, folder: str | Path, params: str | list[str] = "last", dim: int = 1024, seed: int = 0,

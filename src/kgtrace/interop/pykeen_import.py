@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.config import TrainConfig, write_yaml
-from kgtrace.data.dataset import BUNDLED, Dataset, load_dataset, save_dataset
+from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, save_dataset
 from kgtrace.data.vocab import Vocab, write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.interop import pykeen as layout
@@ -88,7 +88,7 @@ def import_pykeen(sources: list[str | Path], out: str | Path, *, dataset: str | 
                   overwrite: bool = False) -> ImportReport:
     """Write the PyKEEN model in ``sources`` as a kgtrace run in ``out``; see the module docstring."""
     out = Path(out)
-    check_out_folder(out, kind="run", overwrite=overwrite, inputs=[*sources, dataset if dataset not in BUNDLED else None])
+    check_out_folder(out, kind="run", overwrite=overwrite, inputs=[*sources, *(dataset_inputs(dataset) if dataset else [])])
     if lr is not None and not lr > 0:
         raise ConfigError([f"lr={lr}: must be positive, e.g. 0.001"])
     plan = make_plan(read_source(sources), out, dataset, model, dict(model_args or {}), lr, trust_pickle)
@@ -450,18 +450,19 @@ def check_same_train(dataset: str, ours: Tensor, theirs: Tensor, num_entities: i
 def write_run(plan: Plan, folder: Path, sources: list[str | Path]) -> None:
     config = TrainConfig(dataset=plan.dataset, model=plan.name, model_args=plan.args, epochs=max(plan.series[-1].epoch, 1),
                          lr=plan.series[-1].lr, checkpoint_every=1, eval_every=0, seed=plan.seed).validate()
-    write_vocab(plan.entities, RunLayout(folder).node_dict)
-    write_vocab(plan.relations, RunLayout(folder).rel_dict)
-    write_yaml(config.to_dict(), RunLayout(folder).config)
+    layout = RunLayout(folder)
+    write_vocab(plan.entities, layout.node_dict)
+    write_vocab(plan.relations, layout.rel_dict)
+    write_yaml(config.to_dict(), layout.config)
     if plan.own_dataset is not None:
         save_dataset(plan.own_dataset, folder / DATASET_FOLDER)
     for snap in plan.series:
-        save_checkpoint(checkpoint(plan, snap, config), RunLayout(folder).epoch_checkpoint(snap.epoch))
+        save_checkpoint(checkpoint(plan, snap, config), layout.epoch_checkpoint(snap.epoch))
     if plan.best is not None:
-        save_checkpoint(checkpoint(plan, plan.best, config), RunLayout(folder).best_checkpoint)
+        save_checkpoint(checkpoint(plan, plan.best, config), layout.best_checkpoint)
     if plan.losses:
         lrs = {s.epoch: s.lr for s in plan.series}
-        atomic_write_text(RunLayout(folder).metrics, (json.dumps({"epoch": i, "loss": loss, "lr": lrs.get(i)}) + "\n"
+        atomic_write_text(layout.metrics, (json.dumps({"epoch": i, "loss": loss, "lr": lrs.get(i)}) + "\n"
                                                      for i, loss in enumerate(plan.losses, 1)))
     atomic_write_text(folder / PROVENANCE, json.dumps(provenance(plan, sources), indent=2) + "\n")
 

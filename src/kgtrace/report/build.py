@@ -69,8 +69,9 @@ def _read_quietly(path: Path, parse) -> dict:
 
 def _cards(run_dir: Path) -> list[tuple[str, str]]:
     """Summary figures for the page header: dataset, model, epochs, realistic test MRR and Hits@10."""
-    config = _read_quietly(RunLayout(run_dir).config, yaml.safe_load)
-    both = _read_quietly(RunLayout(run_dir).test_metrics, json.loads).get("both", {}).get("realistic", {})
+    layout = RunLayout(run_dir)
+    config = _read_quietly(layout.config, yaml.safe_load)
+    both = _read_quietly(layout.test_metrics, json.loads).get("both", {}).get("realistic", {})
     cards = [(label, str(config[key])) for label, key in (("dataset", "dataset"), ("model", "model"),
                                                            ("epochs", "epochs")) if key in config]
     cards += [(label, f"{both[key]:.3f}") for label, key in (("test MRR", "mrr"), ("test Hits@10", "hits_at_10"))
@@ -82,14 +83,14 @@ def build_html(run_dir: str | Path, faithfulness: list[str | Path] = ()) -> str:
     """The report page of ``run_dir`` as a string; ``faithfulness``: check folders outside the run folder to show too."""
     run_dir = Path(run_dir)
     folders = faithfulness_folders(run_dir, faithfulness)
-    train = f"kgtrace train --out {run_dir}"
+    train, layout = f"kgtrace train --out {run_dir}", RunLayout(run_dir)
     sections = [
-        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), RunLayout(run_dir).config, train), False),
-        ("training", "Training", _guarded(lambda: s.training_section(run_dir), RunLayout(run_dir).metrics, train), False),
-        ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), RunLayout(run_dir).test_metrics,
-                                             f"kgtrace evaluate {run_dir} --out {run_dir / 'test_metrics.json'}"), False),
-        ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), RunLayout(run_dir).test_ranks,
-                                             f"kgtrace evaluate {run_dir} --per-query {run_dir / 'test_ranks.tsv'}"), False),
+        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), layout.config, train), False),
+        ("training", "Training", _guarded(lambda: s.training_section(run_dir), layout.metrics, train), False),
+        ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), layout.test_metrics,
+                                             f"kgtrace evaluate {run_dir} --out {layout.test_metrics}"), False),
+        ("ranks", "Rank histogram", _guarded(lambda: s.ranks_section(run_dir), layout.test_ranks,
+                                             f"kgtrace evaluate {run_dir} --per-query {layout.test_ranks}"), False),
         *_explain_sections(run_dir),
         *_faithfulness_sections(folders),
     ]

@@ -147,9 +147,9 @@ def dataset_source(name: str) -> str:
 
 
 def check_splits(dataset: Dataset, config: TrainConfig) -> None:
-    """Refuse, before the first epoch, a split a run would need but that holds no triple."""
-    needed = {"train": "training has nothing to learn from",
-              "test": "kgtrace train and kgtrace run rank the test split after training"}
+    """Refuse, before the first epoch, a split a run would need but that holds no triple (an empty train
+    split is already refused by load_dataset)."""
+    needed = {"test": "kgtrace train and kgtrace run rank the test split after training"}
     if config.eval_every:
         needed["valid"] = "validation every eval_every epochs ranks it (--eval-every 0 turns validation off)"
     empty = [f"{split_path(dataset, split)}: no triples (empty, or a header line only); {why}"
@@ -274,11 +274,12 @@ def load_run_dataset(out: Path, config: TrainConfig) -> Dataset:
 
 
 def write_run_files(out: Path, config: TrainConfig, dataset: Dataset) -> None:
-    write_vocab(dataset.entities, RunLayout(out).node_dict)
-    write_vocab(dataset.relations, RunLayout(out).rel_dict)
+    layout = RunLayout(out)
+    write_vocab(dataset.entities, layout.node_dict)
+    write_vocab(dataset.relations, layout.rel_dict)
     pin_splits(out, dataset)
-    write_yaml(config.to_dict(), RunLayout(out).config)
-    RunLayout(out).checkpoints.mkdir(exist_ok=True)
+    write_yaml(config.to_dict(), layout.config)
+    layout.checkpoints.mkdir(exist_ok=True)
 
 
 #: What training writes into the run folder (checkpoints/ holds nothing else but training's files).
@@ -318,6 +319,7 @@ def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writ
 
 def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, device: torch.device,
         progress: bool, log, world: World = ONE) -> TrainResult:
+    layout = RunLayout(out)
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     epoch = run_epoch
@@ -337,13 +339,13 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
             record.update(validate(state, config, dataset, known_valid, device, world))
             stopped_early = bool(config.patience) and state.bad_validations >= config.patience
             if record["valid_improved"] and world.is_main:
-                save_checkpoint(state_dict(state, config, dataset, lr), RunLayout(out).best_checkpoint)
+                save_checkpoint(state_dict(state, config, dataset, lr), layout.best_checkpoint)
         last = state.epoch == config.epochs or stopped_early
         if world.is_main:
             # The record first: a kill between the two leaves a record that resume truncates, never a gap.
             append_metrics(out, record)
             if state.epoch % config.checkpoint_every == 0 or last:
-                save_checkpoint(state_dict(state, config, dataset, lr), RunLayout(out).epoch_checkpoint(state.epoch))
+                save_checkpoint(state_dict(state, config, dataset, lr), layout.epoch_checkpoint(state.epoch))
         log(format_record(record))
     if world.is_main:
         plot_training_curve(out)
@@ -377,5 +379,6 @@ def plot_training_curve(out: Path) -> None:
     """training_curve.png: loss per epoch, validation MRR on a second axis."""
     from kgtrace.plots import training_curve
 
-    records = [json.loads(ln) for ln in RunLayout(out).metrics.read_text(encoding="utf-8").splitlines() if ln]
-    training_curve(records, RunLayout(out).training_curve)
+    layout = RunLayout(out)
+    records = [json.loads(ln) for ln in layout.metrics.read_text(encoding="utf-8").splitlines() if ln]
+    training_curve(records, layout.training_curve)
