@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kgtrace.data.dataset import BUNDLED, Dataset, load_dataset, save_dataset
+from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
+from kgtrace.data.registry import BUNDLED
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import DataError, DataWarning, KgtraceError
 

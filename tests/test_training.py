@@ -231,3 +231,24 @@ def test_resume_removes_the_temporary_files_of_killed_writes(tmp_path):
     left = {p.name for p in (out / "checkpoints").iterdir()}
     assert not left & set(STALE) and set(NOT_STALE) <= left
     assert not (out / ".metrics.jsonl.q1w2e3r4.tmp").exists() and (out / ".explain.json.q1w2e3r4.tmp").exists()
+
+
+def test_a_deadline_pauses_at_an_epoch_and_resume_ends_as_one_run(tmp_path):
+    """A deadline already past pauses after the first epoch (checkpointed, though checkpoint_every is 3, and
+    not validated out of turn); resuming ends with the weights, metrics and best epoch of one uninterrupted run."""
+    config = small_config(epochs=4, eval_every=2, checkpoint_every=3)
+    paused = train(config, tmp_path / "paused", progress=False, log=lambda *_: None, deadline=time.monotonic())
+    assert paused.stopped_at_deadline and paused.epochs_completed == 1
+    assert (tmp_path / "paused" / "checkpoints" / "epoch-0001.pt").is_file()
+    again = resume(tmp_path / "paused", progress=False, log=lambda *_: None, deadline=time.monotonic())
+    assert again.stopped_at_deadline and again.epochs_completed == 2
+    done = resume(tmp_path / "paused", progress=False, log=lambda *_: None)
+    whole = train(config, tmp_path / "whole", progress=False, log=lambda *_: None)
+    assert not done.stopped_at_deadline and (done.epochs_completed, done.best_epoch) == (4, whole.best_epoch)
+    assert_same_weights(weights(tmp_path / "paused/checkpoints/epoch-0004.pt"),
+                        weights(tmp_path / "whole/checkpoints/epoch-0004.pt"))
+    records = [json.loads(ln) for ln in (tmp_path / "paused" / "metrics.jsonl").read_text().splitlines()]
+    wholes = [json.loads(ln) for ln in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    assert [r.get("valid_mrr") for r in records] == [r.get("valid_mrr") for r in wholes]
+    assert {"valid_head_mrr", "valid_tail_mrr"} <= set(records[1])

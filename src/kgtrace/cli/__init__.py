@@ -1,7 +1,7 @@
 """The ``kgtrace`` command: one subcommand, one function; the work lives in the packages.
 
 One module per family of commands (train: run, prepare, train; evaluate: evaluate, predict, score,
-summarize; explain: explain, index; faithfulness; prove: rules, prove; interop: import-pykeen,
+summarize; datasets; explain: explain, index; faithfulness; prove: rules, prove; interop: import-pykeen,
 export-pykeen; report: doctor, report), each its options (``add_*_args``) and thin commands
 (``cmd_*``: parse, one call into the library, print); :mod:`kgtrace.cli.common` holds what they share.
 
@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kgtrace.cli import evaluate, explain, faithfulness, interop, prove, report, train
+from kgtrace.cli import datasets, evaluate, explain, faithfulness, interop, prove, report, train
 from kgtrace.cli.common import HelpFormatter, RawHelpFormatter
 from kgtrace.distributed import StoppedByPeer, session
 from kgtrace.errors import DataWarning, KgtraceError
@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, add, function, summary in (
         ("run", train.add_run_args, train.cmd_run,
          "the whole path: train, evaluate, explain and write report.html into one run folder (reuses finished steps)"),
+        ("datasets", datasets.add_datasets_args, datasets.cmd_datasets,
+         "the datasets known by name (bundled, or fetched on first use into a cache), and where each one is"),
         ("prepare", train.add_prepare_args, train.cmd_prepare,
          "write a dataset folder from labelled triples or KGX files"),
         ("train", train.add_train_args, train.cmd_train,

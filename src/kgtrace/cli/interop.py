@@ -30,7 +30,7 @@ def add_import_pykeen_args(p: argparse.ArgumentParser) -> None:
                    help="PyKEEN pipeline folder, checkpoint folder or checkpoint file (see below)")
     p.add_argument("--out", required=True, help="run folder to write (must not exist or be empty)")
     p.add_argument("--dataset", metavar="umls|PATH",
-                   help="bundled dataset or dataset folder with the valid and test splits (default: none; the run "
+                   help="registered dataset or dataset folder with the valid and test splits (default: none; the run "
                         "keeps PyKEEN's training triples only)")
     p.add_argument("--model", choices=[name for name in model_names() if spec_named(name).pykeen],
                    help="the PyKEEN model class, when the weights cannot tell (default: from the weights)")

@@ -14,8 +14,10 @@ A valid or test triple whose entity never occurs in train is left out with a
 So is one whose relation never occurs in train, unless the id map lists that relation: that
 is how ``kgtrace prepare --split predicate`` holds a predicate out of train.
 
-The bundled benchmarks (:data:`BUNDLED`) load from package data, offline. A bundled name
-takes precedence over a folder of the same name; write ``./umls`` for the folder.
+The dataset registry (:mod:`kgtrace.data.registry`) names the rest: the bundled benchmarks
+(:data:`~kgtrace.data.registry.BUNDLED`) load from package data, offline; remote ones (``fb15k237``, ``wn18rr``) are
+fetched into a cache on first use. A registered name takes precedence over a folder of the same
+name; write ``./umls`` for the folder.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ from kgtrace.data.names import (
     write_edge_map,
     write_names,
 )
+from kgtrace.data.registry import DATASETS, cache_folder, fetch
 from kgtrace.data.splits import seen_mask
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_labeled_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
 from kgtrace.errors import DataError, DataWarning, KgtraceError
 
-BUNDLED = ("umls", "kinships", "nations")
 SPLITS = ("train", "valid", "test")
 SPLIT_SUFFIXES = (".txt", ".tsv", ".txt.gz", ".tsv.gz")
 MAP_FILES = (
@@ -116,14 +118,16 @@ class Dataset:
 def load_dataset(
     name_or_path: str | os.PathLike, *, entities: Vocab | None = None, relations: Vocab | None = None
 ) -> Dataset:
-    """Load a bundled dataset by name, or a dataset folder.
+    """Load a registered dataset by name (bundled, or fetched into the cache), or a dataset folder.
 
     ``entities`` / ``relations`` override the id maps (reloading a run keeps its ids); a
     triple whose label they lack is a DataError naming the file and line. Valid/test triples
     unseen in train are left out with a warning (module doc); an empty train split is a DataError.
     """
-    if str(name_or_path) in BUNDLED:
-        return _load_bundled(str(name_or_path), entities, relations)
+    entry = DATASETS.get(str(name_or_path))
+    if entry is not None:
+        load = _load_bundled if entry.bundled else _load_remote
+        return load(entry.name, entities, relations)
     folder = Path(name_or_path)
     if folder.is_file():
         raise DataError(folder, None, "this is a file, not a dataset folder",
@@ -131,8 +135,9 @@ def load_dataset(
                         f"with `kgtrace prepare --triples {folder} --out FOLDER`")
     if not folder.is_dir():
         raise KgtraceError(
-            f"{str(name_or_path)!r} is neither a bundled dataset nor a folder. "
-            f"Fix: use one of {', '.join(BUNDLED)}, or the path of a folder holding train.txt, valid.txt, test.txt"
+            f"{str(name_or_path)!r} is neither a registered dataset nor a folder. "
+            f"Fix: use one of {', '.join(DATASETS)} (kgtrace datasets lists them), or the path of a folder holding "
+            "train.txt, valid.txt, test.txt"
         )
     folder = folder.resolve()
     splits = {split: _split_file(folder, split) for split in SPLITS}
@@ -167,6 +172,12 @@ def _load_bundled(name: str, entities: Vocab | None, relations: Vocab | None) ->
         # as_file gives a real path even when the package is installed zipped.
         splits = {split: stack.enter_context(resources.as_file(root / f"{split}.txt")) for split in SPLITS}
         return _load(name, name, None, splits, entities, relations)
+
+
+def _load_remote(name: str, entities: Vocab | None, relations: Vocab | None) -> Dataset:
+    folder = fetch(name)
+    splits = {split: _split_file(folder, split) for split in SPLITS}
+    return _load(name, name, folder, splits, entities, relations)
 
 
 def _load(
@@ -257,14 +268,15 @@ def _split_file(folder: Path, split: str) -> Path:
 
 
 def dataset_inputs(source: str) -> list[str]:
-    """The folder a dataset is read from ([] for a bundled one): --overwrite never replaces a folder holding it."""
-    return [] if str(source) in BUNDLED else [str(source)]
+    """The folder a dataset is read from ([] for a registered one): --overwrite never replaces a folder holding it."""
+    return [] if str(source) in DATASETS else [str(source)]
 
 
 def split_path(ds: Dataset, split: str) -> str:
-    """Where a split of ``ds`` was read from: its file in a dataset folder, or 'BUNDLED:split'."""
-    folder = Path(ds.source)
-    if ds.source in BUNDLED or not folder.is_dir():
+    """Where a split of ``ds`` was read from: its file in a dataset folder or the cache, or 'BUNDLED:split'."""
+    entry = DATASETS.get(ds.source)
+    folder = cache_folder(ds.source) if entry and not entry.bundled else Path(ds.source)
+    if (entry and entry.bundled) or not folder.is_dir():
         return f"{ds.source}:{split}"
     return str(_split_file(folder, split))
 

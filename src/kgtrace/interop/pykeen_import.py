@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.config import TrainConfig, write_yaml
-from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, save_dataset
+from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, save_dataset
+from kgtrace.data.registry import DATASETS
 from kgtrace.data.vocab import Vocab, write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.interop import pykeen as layout
@@ -408,7 +409,7 @@ def evaluation_data(dataset: str | None, entities: Vocab, relations: Vocab, sour
     remapped = load_dataset(dataset, entities=entities, relations=relations)
     if train is not None:
         check_same_train(dataset, remapped.train, train, len(entities), len(relations))
-    return (dataset if dataset in BUNDLED else str(Path(dataset).resolve())), None
+    return (dataset if dataset in DATASETS else str(Path(dataset).resolve())), None
 
 
 def check_labels(dataset: str, entities: Vocab, relations: Vocab) -> None:

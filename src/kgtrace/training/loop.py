@@ -25,7 +25,8 @@ from kgtrace.checkpoint import check_digests, latest_checkpoint, load_checkpoint
 from kgtrace.compile import compile_default, logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.data.dataset import BUNDLED, Dataset, dataset_inputs, load_dataset, split_path
+from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, split_path
+from kgtrace.data.registry import DATASETS
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
@@ -49,6 +50,7 @@ class TrainResult:
     best_epoch: int
     best_valid_mrr: float
     stopped_early: bool
+    stopped_at_deadline: bool = False  # paused by ``deadline``: resume continues exactly where it stopped
 
 
 # ----------------------------------------------------------------------------- state and checkpoints
@@ -140,10 +142,10 @@ def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
 
 
 def dataset_source(name: str) -> str:
-    """Bundled names stay as they are (they win over a folder of the same name); folders are recorded
-    as absolute paths."""
+    """Registered names (umls, fb15k237, ...) stay as they are (they win over a folder of the same
+    name); folders are recorded as absolute paths."""
     path = Path(name)
-    return str(path.resolve()) if name not in BUNDLED and path.exists() else name
+    return str(path.resolve()) if name not in DATASETS and path.exists() else name
 
 
 def check_splits(dataset: Dataset, config: TrainConfig) -> None:
@@ -206,13 +208,16 @@ def _metrics_record(line: bytes) -> dict[str, Any] | None:
 
 
 def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, progress: bool = True,
-          log=print, world: World = ONE, inputs: tuple[str | Path, ...] = ()) -> TrainResult:
+          log=print, world: World = ONE, inputs: tuple[str | Path, ...] = (),
+          deadline: float | None = None) -> TrainResult:
     """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
 
     overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.owned); never a folder
     holding the dataset or one of ``inputs`` (other files the run is made from, e.g. its config file).
     world: the processes of a distributed job (every one calls train alike; see training.sharded);
     only rank 0 writes into ``out``, holding its lock, and logs.
+    deadline: a ``time.monotonic()`` value; the first epoch that ends after it is checkpointed and
+    training pauses there (``resume`` goes on with the same result as one uninterrupted run).
     """
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
@@ -234,11 +239,13 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
         world.on_main(make_run_dir)
         state = new_state(config, dataset, device)
         with logged_compilation(RunLayout(out).compile_stats, config.compile and world.is_main, log):
-            return fit(state, config, dataset, out, device, progress, log, world)
+            return fit(state, config, dataset, out, device, progress, log, world, deadline)
 
 
-def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, **overrides: Any) -> TrainResult:
-    """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock."""
+def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, deadline: float | None = None,
+           **overrides: Any) -> TrainResult:
+    """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock;
+    ``deadline`` as in :func:`train`."""
     out = Path(out)
     check_resumable(out)
     with ExitStack() as held:
@@ -249,7 +256,7 @@ def resume(out: str | Path, *, progress: bool = True, log=print, world: World = 
         state = new_state(config, dataset, device)
         resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
         with logged_compilation(RunLayout(out).compile_stats, config.compile and world.is_main, log):
-            return fit(state, config, dataset, out, device, progress, log, world)
+            return fit(state, config, dataset, out, device, progress, log, world, deadline)
 
 
 def _quiet(*_: Any) -> None:
@@ -318,7 +325,7 @@ def resume_from_latest(state: TrainState, out: Path, dataset: Dataset, log, writ
 
 
 def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, device: torch.device,
-        progress: bool, log, world: World = ONE) -> TrainResult:
+        progress: bool, log, world: World = ONE, deadline: float | None = None) -> TrainResult:
     layout = RunLayout(out)
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
@@ -326,8 +333,8 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
     if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet
-    stopped_early = False
-    while state.epoch < config.epochs and not stopped_early:
+    stopped_early = paused = False
+    while state.epoch < config.epochs and not stopped_early and not paused:
         lr = state.optimizer.param_groups[0]["lr"]
         start = time.perf_counter()
         loss = epoch(state, batches, config, device, progress)
@@ -341,31 +348,37 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
             if record["valid_improved"] and world.is_main:
                 save_checkpoint(state_dict(state, config, dataset, lr), layout.best_checkpoint)
         last = state.epoch == config.epochs or stopped_early
+        # Every process takes the same decision (rank 0's clock), or the others would wait for it forever.
+        paused = not last and deadline is not None and bool(world.broadcast_object(time.monotonic() > deadline))
         if world.is_main:
             # The record first: a kill between the two leaves a record that resume truncates, never a gap.
             append_metrics(out, record)
-            if state.epoch % config.checkpoint_every == 0 or last:
+            if state.epoch % config.checkpoint_every == 0 or last or paused:
                 save_checkpoint(state_dict(state, config, dataset, lr), layout.epoch_checkpoint(state.epoch))
         log(format_record(record))
     if world.is_main:
         plot_training_curve(out)
     world.barrier()  # the others may read the run (e.g. to evaluate it) once rank 0 has written it
-    return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early)
+    if paused:
+        log(f"paused after epoch {state.epoch} (deadline); continue with kgtrace train --resume {out}")
+    return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early, paused)
 
 
 def validate(state: TrainState, config: TrainConfig, dataset: Dataset, known: AnswerIndex,
              device: torch.device, world: World = ONE) -> dict[str, Any]:
     """Filtered validation metrics (never filtered with test) and the early-stopping bookkeeping."""
-    metrics = evaluate_sharded(state.model, dataset.valid, world=world, known=known,
-                               candidates=Candidates(compile=config.compile),
-                               memory_budget=parse_size(config.memory_budget), device=device).both.realistic
+    result = evaluate_sharded(state.model, dataset.valid, world=world, known=known,
+                              candidates=Candidates(compile=config.compile),
+                              memory_budget=parse_size(config.memory_budget), device=device)
+    metrics = result.both.realistic
     improved = metrics.mrr > state.best_mrr
     if improved:
         state.best_mrr, state.best_epoch, state.bad_validations = metrics.mrr, state.epoch, 0
     else:
         state.bad_validations += 1
     return {"valid_mrr": metrics.mrr, "valid_hits_at_1": metrics.hits_at[1],
-            "valid_hits_at_10": metrics.hits_at[10], "valid_improved": improved}
+            "valid_hits_at_10": metrics.hits_at[10], "valid_improved": improved,
+            **{f"valid_{side}_mrr": m.realistic.mrr for side, m in result.sides.items()}}
 
 
 def format_record(record: dict[str, Any]) -> str:

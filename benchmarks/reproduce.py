@@ -1,0 +1,163 @@
+"""Reproduce published link-prediction results: one named recipe per (model, dataset); prints JSON.
+
+    python benchmarks/reproduce.py --list
+    python benchmarks/reproduce.py conve-paper-fb15k237 [--device auto] [--threads 1] [--hours 2.5]
+
+A recipe is the published training setup, as kgtrace settings. The script trains it into
+``benchmarks/runs/NAME`` with validation-MRR early stopping, ranks the test split with the best
+checkpoint (filtered, head, tail and both; realistic ties) and writes
+``benchmarks/results/NAME.json``: the recipe, the command, the machine, the epochs and wall time,
+the validation curve per epoch, and the test metrics against the published MRR.
+
+Runs are resumable: with ``--hours`` training pauses at the first epoch boundary after that
+budget (checkpointed), the result file records the best checkpoint so far with
+``"status": "paused"``, and running the same command again continues the same run, with the same
+result as one uninterrupted run. A kill loses at most the epochs since the last checkpoint.
+
+Remote datasets come through kgtrace's dataset registry; offline, point it at a mirror:
+``KGTRACE_DATASETS_MIRROR=../shared/datasets/benchmarks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A published setup: kgtrace TrainConfig settings, and the filtered test MRR it reached there."""
+
+    name: str
+    dataset: str
+    settings: dict[str, Any]
+    published_mrr: float  # the target: filtered test MRR, head and tail
+    source: str
+    goal_mrr: float | None = None  # a better published figure to aim for, where there is one
+    notes: str = ""
+    model_args: dict[str, Any] = field(default_factory=dict)
+
+
+# Dettmers et al. 2018, section 5.1 and the authors' main.py: Adam lr .003, batch 128, label
+# smoothing .1, dropouts .2 (input) .2 (feature map) .3 (hidden), embedding 200 (10 x 20), 1-N
+# scoring with reciprocal relations (KvsAll), BCE. They report the best validation epoch.
+CONVE_PAPER = {"model": "conve", "lr": 0.003, "batch_size": 128, "label_smoothing": 0.1, "training": "kvsall",
+               "epochs": 1000, "eval_every": 5, "patience": 6}
+
+RECIPES = {r.name: r for r in (
+    Recipe("conve-paper-fb15k237", "fb15k237", CONVE_PAPER, 0.325, "Dettmers et al. 2018, table 3", goal_mrr=0.339),
+    Recipe("conve-paper-wn18rr", "wn18rr", CONVE_PAPER, 0.43, "Dettmers et al. 2018, table 3", goal_mrr=0.442),
+)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", nargs="?", choices=sorted(RECIPES), help="the recipe to run")
+    p.add_argument("--list", action="store_true", help="print the recipes as JSON and exit")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--precision", default="fp32", help="fp32, or bf16 autocast (recorded in the result)")
+    p.add_argument("--hours", type=float, default=None, help="pause training after this long (resume: run again)")
+    p.add_argument("--runs", type=Path, default=HERE / "runs", help="where the run folders go")
+    p.add_argument("--results", type=Path, default=HERE / "results", help="where NAME.json goes")
+    p.add_argument("--name", default=None, help="run and result name (default: the recipe's; e.g. for a bf16 twin)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list or not args.recipe:
+        print(json.dumps({name: recipe_json(r) for name, r in RECIPES.items()}, indent=1))
+        return 0
+    recipe = RECIPES[args.recipe]
+    name = args.name or recipe.name
+    run_dir = args.runs / name
+    started = time.monotonic()
+    deadline = started + args.hours * 3600 if args.hours else None
+    result = train_or_resume(recipe, args, run_dir, deadline)
+    record_session(run_dir, started, result.epochs_completed)
+    summary = summarize(recipe, args, run_dir, paused=result.stopped_at_deadline)
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / f"{name}.json"
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: summary[k] for k in ("recipe", "status", "epochs", "best_epoch", "test", "target")}, indent=1))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, deadline: float | None):
+    from kgtrace.config import TrainConfig
+    from kgtrace.layout import RunLayout
+    from kgtrace.training.loop import resume, train
+
+    if RunLayout(run_dir).config.is_file():
+        return resume(run_dir, progress=False, deadline=deadline, device=args.device, threads=args.threads)
+    config = TrainConfig(dataset=recipe.dataset, device=args.device, threads=args.threads,
+                         precision=args.precision, model_args=dict(recipe.model_args), **recipe.settings)
+    return train(config, run_dir, progress=False, deadline=deadline)
+
+
+def record_session(run_dir: Path, started: float, epochs: int) -> None:
+    """One line per invocation in the run folder: the wall time of the whole reproduction sums them."""
+    with open(run_dir / "reproduce_sessions.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"seconds": time.monotonic() - started, "epochs_reached": epochs,
+                            "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+
+
+def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, paused: bool) -> dict[str, Any]:
+    import torch
+
+    from kgtrace.config import read_yaml
+    from kgtrace.evaluation.run import evaluate_run
+    from kgtrace.layout import RunLayout
+
+    layout = RunLayout(run_dir)
+    records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line.strip()]
+    sessions = [json.loads(line) for line in (run_dir / "reproduce_sessions.jsonl").read_text().splitlines()]
+    config = read_yaml(layout.config)
+    metrics = evaluate_run(run_dir).to_dict()
+    realistic = {side: metrics[side]["realistic"] for side in ("head", "tail", "both")}
+    curve = [{k: r[k] for k in ("epoch", "loss", "seconds", "valid_mrr", "valid_head_mrr", "valid_tail_mrr")
+              if k in r} for r in records]
+    validated = [r for r in records if "valid_mrr" in r]
+    best = max(validated, key=lambda r: r["valid_mrr"]) if validated else None
+    mrr = realistic["both"]["mrr"]
+    return {
+        "recipe": recipe.name,
+        "recipe_settings": recipe_json(recipe),
+        "status": "paused" if paused else "finished",
+        "command": " ".join(["python", "benchmarks/reproduce.py", *sys.argv[1:]]),
+        "config": config,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "device": config.get("device")},
+        "epochs": records[-1]["epoch"] if records else 0,
+        "best_epoch": best["epoch"] if best else None,
+        "wall_seconds": sum(s["seconds"] for s in sessions),
+        "train_seconds": sum(r["seconds"] for r in records),
+        "curve": curve,
+        "test": realistic,
+        "test_all_ties": {side: metrics[side] for side in ("head", "tail", "both")},
+        "target": {"published_mrr": recipe.published_mrr, "goal_mrr": recipe.goal_mrr, "mrr": mrr,
+                   "reached": mrr >= recipe.published_mrr,
+                   "goal_reached": recipe.goal_mrr is not None and mrr >= recipe.goal_mrr},
+    }
+
+
+def recipe_json(recipe: Recipe) -> dict[str, Any]:
+    return {"dataset": recipe.dataset, "settings": recipe.settings, "model_args": recipe.model_args,
+            "published_mrr": recipe.published_mrr, "goal_mrr": recipe.goal_mrr, "source": recipe.source,
+            "notes": recipe.notes}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

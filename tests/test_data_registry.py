@@ -1,0 +1,158 @@
+"""The dataset registry: remote datasets by name, fetched from a mirror into a cache, checked, reused.
+
+Each test builds a tiny archive of the same layout as the ConvE authors' (train/valid/test.txt with
+CRLF line ends at the top of a .tar.gz) and registers it as a temporary entry; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kgtrace.cli import main
+from kgtrace.data import registry
+from kgtrace.data.dataset import load_dataset
+from kgtrace.data.registry import DATASETS, DatasetEntry, cached, fetch
+from kgtrace.errors import KgtraceError
+
+SPLITS = {
+    "train": "a\tr\tb\r\nb\tr\tc\r\nc\ts\ta\r\n",
+    "valid": "a\tr\tc\r\n",
+    "test": "b\ts\tc\r\n",
+}
+
+
+def make_archive(folder: Path, name: str = "Tiny.tar.gz", nested: str = "", kind: str = "tar") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as z:
+            for split, text in SPLITS.items():
+                z.writestr(f"{nested}{split}.txt", text)
+        return path
+    with tarfile.open(path, "w:gz") as tar:
+        for split, text in SPLITS.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{nested}{split}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A registered remote dataset 'tiny' whose archive sits in a mirror folder; the cache is in tmp_path."""
+    archive = make_archive(tmp_path / "mirror")
+    entry = DatasetEntry("tiny", "Tiny", "a test graph", "CC0", "nobody", registry._counts(3, 2, 3, 1, 1),
+                         url="https://example.org/data/Tiny.tar.gz", sha256=sha256(archive),
+                         members={split: f"{split}.txt" for split in SPLITS})
+    monkeypatch.setitem(DATASETS, "tiny", entry)
+    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    return entry
+
+
+def test_loads_by_name_from_the_mirror_and_unpacks_into_the_cache(tiny, tmp_path):
+    assert cached("tiny") is None
+    ds = load_dataset("tiny")
+    assert (ds.name, ds.source) == ("tiny", "tiny")
+    assert (len(ds.train), len(ds.valid), len(ds.test)) == (3, 1, 1)
+    assert list(ds.entities.labels) == ["a", "b", "c"]
+    folder = cached("tiny")
+    assert folder == tmp_path / "home" / "datasets" / "tiny"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
+        "Tiny.tar.gz", "test.txt", "train.txt", "unpacked.sha256", "valid.txt"]
+    assert (folder / "train.txt").read_bytes() == SPLITS["train"].encode()  # the member's bytes, as published
+
+
+def test_a_cached_dataset_is_reused_without_the_mirror(tiny, tmp_path, monkeypatch):
+    fetch("tiny")
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "gone"))
+    assert len(load_dataset("tiny").train) == 3
+
+
+def test_a_file_url_mirror_works(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.MIRROR_ENV, (tmp_path / "mirror").as_uri())
+    assert fetch("tiny") == tmp_path / "home" / "datasets" / "tiny"
+
+
+def test_a_wrong_checksum_is_refused_and_the_download_removed(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(DATASETS, "tiny", DatasetEntry(**{**tiny.__dict__, "sha256": "0" * 64}))
+    with pytest.raises(KgtraceError, match="has sha256 .* but the registry expects 0000"):
+        fetch("tiny")
+    folder = tmp_path / "home" / "datasets" / "tiny"
+    assert not list(folder.glob("Tiny.tar.gz*"))
+    assert cached("tiny") is None
+    assert (tmp_path / "mirror" / "Tiny.tar.gz").is_file()  # the mirror is the user's: untouched
+
+
+def test_a_missing_archive_names_the_url_and_the_mirror_setting(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "empty"))
+    with pytest.raises(KgtraceError, match=r"could not download .*empty/Tiny.tar.gz.*KGTRACE_DATASETS_MIRROR"):
+        fetch("tiny")
+
+
+def test_an_interrupted_unpack_is_redone(tiny, tmp_path):
+    folder = fetch("tiny")
+    (folder / "unpacked.sha256").unlink()  # as a kill before the last write leaves it
+    (folder / "test.txt").write_text("half")
+    assert cached("tiny") is None
+    assert fetch("tiny") == folder
+    assert (folder / "test.txt").read_bytes() == SPLITS["test"].encode()
+
+
+@pytest.mark.parametrize("kind,nested", [("tar", "Tiny/"), ("zip", ""), ("zip", "Tiny/")])
+def test_archive_layouts(tmp_path, monkeypatch, kind, nested):
+    archive = make_archive(tmp_path / "mirror", "Tiny.archive", nested, kind)
+    entry = DatasetEntry("tiny", "Tiny", "", "", "", registry._counts(3, 2, 3, 1, 1),
+                         url="https://example.org/Tiny.archive", sha256=sha256(archive),
+                         members={split: f"{split}.txt" for split in SPLITS})
+    monkeypatch.setitem(DATASETS, "tiny", entry)
+    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    assert len(load_dataset("tiny").train) == 3
+
+
+def test_the_real_entries_are_complete():
+    for name, entry in DATASETS.items():
+        assert entry.name == name and entry.citation and entry.licence
+        assert set(entry.counts) == {"entities", "relations", "train", "valid", "test"}
+        if not entry.bundled:
+            assert entry.url.startswith("https://") and len(entry.sha256) == 64
+            assert set(entry.members) == {"train", "valid", "test"}
+
+
+def test_datasets_command_lists_bundled_cached_and_fetchable(tiny, capsys):
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert "umls" in out and "bundled" in out
+    assert "fb15k237" in out and "272,115" in out
+    assert "tiny" in out and "not fetched yet" in out
+    assert main(["datasets", "--fetch", "tiny"]) == 0
+    assert "cached in" in capsys.readouterr().out
+
+
+def test_datasets_fetch_refuses_an_unknown_name(tiny, capsys):
+    assert main(["datasets", "--fetch", "umls"]) == 2
+    assert "--fetch 'umls': each value must be one of" in capsys.readouterr().err
+
+
+def test_a_run_records_the_name_not_the_cache_path(tiny, tmp_path):
+    from kgtrace.config import TrainConfig, read_yaml
+    from kgtrace.run import load_run
+    from kgtrace.training.loop import train
+
+    config = TrainConfig(dataset="tiny", model="distmult", model_args={"embedding_dim": 4}, epochs=1,
+                         eval_every=1, device="cpu")
+    train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    assert read_yaml(tmp_path / "run" / "config.yaml")["dataset"] == "tiny"
+    assert load_run(tmp_path / "run").dataset.num_entities == 3
