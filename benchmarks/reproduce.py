@@ -53,9 +53,51 @@ class Recipe:
 CONVE_PAPER = {"model": "conve", "lr": 0.003, "batch_size": 128, "label_smoothing": 0.1, "training": "kvsall",
                "epochs": 1000, "eval_every": 5, "patience": 6}
 
+# Ruffinelli et al. 2020 (LibKGE, ICLR): the best configuration per (model, dataset) of their search,
+# from the kge-iclr20 repository's best-trial dumps. LibKGE's common parts: Adagrad or Adam,
+# ReduceLROnPlateau on validation MRR (factor .95, relative threshold 1e-4), validation every 5
+# epochs, early stopping after 10 validations without improvement, at most 400 epochs.
+LIBKGE = {"eval_every": 5, "patience": 10, "epochs": 400, "lr_decay": 0.95, "label_smoothing": 0.0}
+NO_DROPOUT = ("kgtrace's DistMult and ComplEx have no embedding dropout, and no run here applies LibKGE's "
+              "weighted Lp penalty (its weights are tiny in these configurations)")
+
 RECIPES = {r.name: r for r in (
     Recipe("conve-paper-fb15k237", "fb15k237", CONVE_PAPER, 0.325, "Dettmers et al. 2018, table 3", goal_mrr=0.339),
     Recipe("conve-paper-wn18rr", "wn18rr", CONVE_PAPER, 0.43, "Dettmers et al. 2018, table 3", goal_mrr=0.442),
+    Recipe("conve-libkge-fb15k237", "fb15k237",
+           {**LIBKGE, "model": "conve", "training": "1vsall", "optimizer": "adagrad", "lr": 0.004277,
+            "batch_size": 1024, "lr_patience": 9}, 0.339, "Ruffinelli et al. 2020, conve-1vsAll-kl-bo-best",
+           model_args={"embedding_dim": 288, "embedding_height": 16, "input_dropout": 0.118,
+                       "feature_map_dropout": 0.488, "output_dropout": 0.5},
+           notes="LibKGE drops out the relation embedding only (.118); kgtrace's input dropout drops the stacked "
+                 "head and relation image at that rate"),
+    Recipe("distmult-libkge-fb15k237", "fb15k237",
+           {**LIBKGE, "model": "distmult", "training": "1vsall", "optimizer": "adagrad", "lr": 0.1595,
+            "batch_size": 1024, "lr_patience": 6}, 0.343, "Ruffinelli et al. 2020, distmult-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 256},
+           notes="LibKGE's best FB15k-237 DistMult trained with negative sampling, which kgtrace does not implement: "
+                 f"this recipe keeps its optimizer, rate, batch, size and schedule with 1vsAll; {NO_DROPOUT}"),
+    Recipe("complex-libkge-fb15k237", "fb15k237",
+           {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.1826,
+            "batch_size": 1024, "lr_patience": 7}, 0.348, "Ruffinelli et al. 2020, complex-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 128},
+           notes="LibKGE's best FB15k-237 ComplEx trained with negative sampling, which kgtrace does not implement: "
+                 f"this recipe keeps its optimizer, rate, batch, size (256 reals = 128 complex) and schedule with "
+                 f"1vsAll; {NO_DROPOUT}"),
+    Recipe("conve-libkge-wn18rr", "wn18rr",
+           {**LIBKGE, "model": "conve", "training": "kvsall", "optimizer": "adam", "lr": 0.001623,
+            "batch_size": 1024, "lr_patience": 1}, 0.442, "Ruffinelli et al. 2020, conve-KvsAll-kl-bo-best",
+           model_args={"embedding_dim": 512, "embedding_height": 16, "input_dropout": 0.227},
+           notes="LibKGE's KvsAll here is a cross-entropy over all answers; kgtrace's KvsAll is BCE"),
+    Recipe("distmult-libkge-wn18rr", "wn18rr",
+           {**LIBKGE, "model": "distmult", "training": "kvsall", "optimizer": "adagrad", "lr": 0.3313,
+            "batch_size": 1024, "lr_patience": 7}, 0.452, "Ruffinelli et al. 2020, distmult-KvsAll-kl-bo-best",
+           model_args={"embedding_dim": 512},
+           notes=f"LibKGE's KvsAll here is a cross-entropy over all answers; kgtrace's KvsAll is BCE; {NO_DROPOUT}"),
+    Recipe("complex-libkge-wn18rr", "wn18rr",
+           {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.5256,
+            "batch_size": 512, "lr_patience": 5}, 0.475, "Ruffinelli et al. 2020, complex-1vsAll-kl-bo-best",
+           model_args={"embedding_dim": 64}, notes=f"128 reals = 64 complex dimensions; {NO_DROPOUT}"),
 )}
 
 

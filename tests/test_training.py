@@ -252,3 +252,39 @@ def test_a_deadline_pauses_at_an_epoch_and_resume_ends_as_one_run(tmp_path):
     assert [r["epoch"] for r in records] == [1, 2, 3, 4]
     assert [r.get("valid_mrr") for r in records] == [r.get("valid_mrr") for r in wholes]
     assert {"valid_head_mrr", "valid_tail_mrr"} <= set(records[1])
+
+
+def test_adagrad_and_plateau_decay_follow_validation_and_resume_exactly(tmp_path):
+    """lr_patience 1: the rate is multiplied by lr_decay after each validation without a better MRR, and
+    only then; a paused and resumed run keeps the scheduler's counters (same rates, same weights)."""
+    config = small_config(epochs=6, eval_every=1, optimizer="adagrad", lr=0.5, lr_decay=0.5, lr_patience=1)
+    whole = tmp_path / "whole"
+    train(config, whole, progress=False, log=lambda *_: None)
+    records = [json.loads(ln) for ln in (whole / "metrics.jsonl").read_text().splitlines()]
+    lr, best, bad = 0.5, -1.0, 0
+    for record in records:  # the rate an epoch trained with follows from the validations before it
+        assert record["lr"] == pytest.approx(lr)
+        if record["valid_mrr"] > best * (1 + 1e-4):  # ReduceLROnPlateau's relative threshold
+            best, bad = record["valid_mrr"], 0
+        else:
+            bad += 1
+        if bad > 1:  # more than lr_patience validations without a better MRR
+            lr, bad = lr * 0.5, 0
+    assert records[-1]["lr"] < 0.5, "the test needs a decay to happen"
+    assert "Adagrad" in type_name_of_optimizer(whole)
+    paused = tmp_path / "paused"
+    train(config, paused, progress=False, log=lambda *_: None, deadline=time.monotonic())
+    resume(paused, progress=False, log=lambda *_: None)
+    assert_same_weights(weights(paused / "checkpoints/epoch-0006.pt"), weights(whole / "checkpoints/epoch-0006.pt"))
+
+
+def type_name_of_optimizer(run):
+    state = load_checkpoint(run / "checkpoints/epoch-0006.pt")["optimizer_state"]
+    return "Adagrad" if "sum" in state["state"][0] else "Adam"
+
+
+def test_lr_patience_needs_validation():
+    with pytest.raises(ConfigError, match="lr_patience=2: counts validations, but eval_every is 0"):
+        TrainConfig(lr_patience=2, eval_every=0).validate()
+    with pytest.raises(ConfigError, match="optimizer='sgd'"):
+        TrainConfig(optimizer="sgd").validate()

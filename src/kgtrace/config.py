@@ -23,6 +23,7 @@ from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "1vsall")
+OPTIMIZERS = ("adam", "adagrad")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -47,8 +48,13 @@ class TrainConfig:
     model_args: dict[str, Any] = field(default_factory=dict, metadata={"help": "constructor keywords of the model"})
     epochs: int = option(100, "number of epochs")
     batch_size: int = option(128, "queries per optimizer step")
-    lr: float = option(1e-3, "Adam learning rate")
-    lr_decay: float = option(1.0, "multiply the learning rate by this after each epoch (1.0: constant)")
+    lr: float = option(1e-3, "learning rate")
+    optimizer: str = option("adam", "adam, or adagrad (LibKGE's default)")
+    lr_decay: float = option(1.0, "multiply the learning rate by this after each epoch, or with lr_patience when "
+                                  "validation stalls (1.0: constant)")
+    lr_patience: int = option(0, "decay the learning rate only when validation MRR has not improved for more than "
+                                 "this many validations (PyTorch's ReduceLROnPlateau, as LibKGE does; needs "
+                                 "eval_every); 0: after every epoch")
     weight_decay: float = option(0.0, "Adam weight decay")
     label_smoothing: float = option(0.1, "label smoothing of the 1-N BCE loss")
     training: str = option("kvsall", "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)")
@@ -74,7 +80,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
-        for name in ("eval_every", "patience", "threads", "entity_chunk", "seed"):
+        for name in ("eval_every", "patience", "lr_patience", "threads", "entity_chunk", "seed"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)}: must be 0 or more")
         if not self.lr > 0:
@@ -86,6 +92,9 @@ class TrainConfig:
         if self.weight_decay < 0:
             problems.append(f"weight_decay={self.weight_decay}: must be 0 or more")
         problems += choice_problems(self, "model", model_names())
+        problems += choice_problems(self, "optimizer", OPTIMIZERS)
+        if self.lr_patience and not self.eval_every:
+            problems.append(f"lr_patience={self.lr_patience}: counts validations, but eval_every is 0; set eval_every")
         problems += choice_problems(self, "precision", PRECISIONS)
         problems += choice_problems(self, "training", TRAINING_MODES)
         problems += choice_problems(self, "device", DEVICES)

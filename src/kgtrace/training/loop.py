@@ -1,9 +1,10 @@
 """Training: a short loop you can read top to bottom.
 
 ``train(config, out)`` builds the model, then for each epoch: shuffles the
-queries with its own generator, takes Adam steps on the 1-N loss, validates every
+queries with its own generator, takes Adam (or Adagrad) steps on the 1-N loss, validates every
 ``eval_every`` epochs (keeping the best checkpoint, stopping early after
-``patience`` validations without improvement) and checkpoints every
+``patience`` validations without improvement; with ``lr_patience``, decaying the learning
+rate when validation stalls) and checkpoints every
 ``checkpoint_every`` epochs. Everything that influences the next epoch (weights,
 optimizer, scheduler, scaler, both RNGs, early-stopping counters) is in the
 checkpoint, so a resumed run ends with the same weights as an uninterrupted one.
@@ -59,13 +60,27 @@ class TrainResult:
 def new_state(config: TrainConfig, dataset: Dataset, device: torch.device) -> TrainState:
     torch.manual_seed(config.seed)
     model = build_model(config.model, dataset.num_entities, dataset.num_relations, **config.model_args).to(device)
-    # fused: one kernel per step instead of a handful per parameter (CPU and CUDA alike).
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
+    optimizer = make_optimizer(config, model)
+    scheduler = make_scheduler(config, optimizer)
     # Loss scaling guards fp16 gradients from underflow; bf16 and fp32 do not need it.
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
     shuffle = torch.Generator().manual_seed(config.seed + 1)
     return TrainState(model, optimizer, scheduler, scaler, shuffle)
+
+
+def make_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # fused: one kernel per step instead of a handful per parameter (CPU and CUDA alike).
+    kind = torch.optim.Adagrad if config.optimizer == "adagrad" else torch.optim.Adam
+    return kind(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
+
+
+def make_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """lr_decay after every epoch; with lr_patience, once validation MRR has not improved for more than
+    lr_patience validations (ReduceLROnPlateau with LibKGE's settings: relative threshold 1e-4)."""
+    if config.lr_patience:
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=config.lr_decay,
+                                                          patience=config.lr_patience, threshold=1e-4)
+    return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
 
 
 def state_dict(state: TrainState, config: TrainConfig, dataset: Dataset, lr: float) -> dict[str, Any]:
@@ -339,11 +354,14 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
         start = time.perf_counter()
         loss = epoch(state, batches, config, device, progress)
         state.epoch += 1
-        state.scheduler.step()
+        if not config.lr_patience:
+            state.scheduler.step()
         record = {"epoch": state.epoch, "step": state.step, "loss": loss, "lr": lr,
                   "seconds": time.perf_counter() - start}
         if config.eval_every and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
             record.update(validate(state, config, dataset, known_valid, device, world))
+            if config.lr_patience:
+                state.scheduler.step(record["valid_mrr"])
             stopped_early = bool(config.patience) and state.bad_validations >= config.patience
             if record["valid_improved"] and world.is_main:
                 save_checkpoint(state_dict(state, config, dataset, lr), layout.best_checkpoint)

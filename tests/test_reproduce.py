@@ -1,0 +1,53 @@
+"""benchmarks/reproduce.py: every recipe is a valid configuration, and one tiny recipe runs to a result file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kgtrace.config import TrainConfig
+from kgtrace.models import build_model
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce.py"
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reproduce"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["reproduce"]
+
+
+def test_every_recipe_is_a_valid_training_configuration(reproduce):
+    for recipe in reproduce.RECIPES.values():
+        TrainConfig(dataset=recipe.dataset, model_args=dict(recipe.model_args), **recipe.settings).validate()
+        build_model(recipe.settings["model"], 30, 4, **recipe.model_args)
+        assert recipe.dataset in ("fb15k237", "wn18rr") and 0 < recipe.published_mrr < 1
+
+
+def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monkeypatch, capsys):
+    recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 4, "eval_every": 2,
+                              "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
+    monkeypatch.setitem(reproduce.RECIPES, recipe.name, recipe)
+    argv = ["tiny-nations", "--device", "cpu", "--threads", "1", "--runs", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "results")]
+    assert reproduce.main([*argv, "--hours", "1e-9"]) == 0  # pauses after the first epoch
+    result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
+    assert (result["status"], result["epochs"]) == ("paused", 1)
+    assert reproduce.main(argv) == 0
+    result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
+    assert (result["status"], result["epochs"]) == ("finished", 4)
+    assert [point["epoch"] for point in result["curve"]] == [1, 2, 3, 4]
+    assert {"valid_head_mrr", "valid_tail_mrr"} <= set(result["curve"][1])
+    assert set(result["test"]) == {"head", "tail", "both"}
+    assert result["target"]["mrr"] == result["test"]["both"]["mrr"]
+    assert result["target"]["reached"] == (result["target"]["mrr"] >= 0.5)
+    assert len((tmp_path / "runs" / "tiny-nations" / "reproduce_sessions.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
