@@ -27,7 +27,8 @@ def test_train_help_shows_config_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Adam learning rate (default: 0.001)" in text
+    assert "learning rate (default: 0.001)" in text
+    assert "adam, or adagrad (LibKGE's default) (default: adam)" in text
     assert "label smoothing of the 1-N BCE loss (default: 0.1)" in text
 
 
