@@ -27,8 +27,8 @@ from kgtrace.compile import compile_default, logged_compilation
 from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, split_path
-from kgtrace.data.registry import DATASETS
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
+from kgtrace.data.registry import DATASETS
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, DataError, KgtraceError
