@@ -20,9 +20,12 @@ own training; PD/TC %): NH-1 54/18, GR-1 93/38, GR-10 97/83.
 
     python benchmarks/faithfulness.py [--datasets nations,umls] [--models distmult,conve] [--predictions 50]
         [--k 1,10] [--retrain 50] [--jobs 2] [--threads 1] [--with-proof] [--out /tmp/faithfulness-bench]
+        [--device auto]
 
 Everything lands in --out (base runs, and each check's folder inside its run, which
-``kgtrace report RUN`` shows); rerunning resumes every finished training.
+``kgtrace report RUN`` shows); rerunning resumes every finished training (whatever device it ran on).
+The base trainings, their test metrics and every retraining and fine-tuning run on --device; the
+methods' removals (TracIn among them) are computed by kgtrace's faithfulness check on the CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 # Small models and few epochs: each retraining takes about a second on one core.
 MODELS = {
@@ -46,7 +51,18 @@ SHOWN = ("variant", "method", "k", "n", "removed", "pd", "tc", "score_drop", "pr
          "seconds")
 
 
-def base_run(dataset: str, model: str, out: Path, threads: int) -> Path:
+def resolved(name: str) -> torch.device:
+    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
+    from kgtrace.errors import KgtraceError
+    from kgtrace.system import resolve_device
+
+    try:
+        return resolve_device(name)
+    except KgtraceError as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")
+
+
+def base_run(dataset: str, model: str, out: Path, threads: int, device: torch.device) -> Path:
     """Train (or reuse) the base run of one dataset x model."""
     from kgtrace.config import TrainConfig
     from kgtrace.checkpoint import latest_checkpoint
@@ -58,18 +74,19 @@ def base_run(dataset: str, model: str, out: Path, threads: int) -> Path:
     if latest is not None and latest.name == f"epoch-{spec['epochs']:04d}.pt":
         return run
     config = TrainConfig(dataset=dataset, model=model, model_args=spec["model_args"], epochs=spec["epochs"],
-                         lr=spec["lr"], checkpoint_every=5, eval_every=0, threads=threads, device="cpu", seed=0)
+                         lr=spec["lr"], checkpoint_every=5, eval_every=0, threads=threads, device=device.type, seed=0)
     train(config, run, overwrite=run.exists(), progress=False, log=lambda *_: None)
     return run
 
 
-def base_metrics(run_dir: Path) -> dict:
+def base_metrics(run_dir: Path, device: torch.device) -> dict:
     """Filtered tail-side MRR and Hits@1 of the last checkpoint on test, and how many test triples it ranks first."""
     from kgtrace.evaluation.evaluate import evaluate
     from kgtrace.run import load_run
 
-    run = load_run(run_dir, "last")
-    tail = evaluate(run.model, run.dataset.test, known=run.dataset.all_triples(), sides=("tail",)).sides["tail"].realistic
+    run = load_run(run_dir, "last", device=device)
+    tail = evaluate(run.model, run.dataset.test, known=run.dataset.all_triples(), sides=("tail",),
+                    device=device).sides["tail"].realistic
     return {"test_tail_mrr": round(tail.mrr, 4), "test_tail_hits_at_1": round(tail.hits_at[1], 4),
             "test_triples": len(run.dataset.test), "train_triples": len(run.dataset.train)}
 
@@ -94,7 +111,8 @@ def check(run: Path, mode: str, sample: int, args: argparse.Namespace, prover: P
 
     methods = args.methods + (("proof",) if prover is not None else ())
     settings = FaithfulnessSettings(ks=args.k, methods=methods, mode=mode, sample=sample, seed=0, jobs=args.jobs,
-                                    threads=args.threads, prover_run=None if prover is None else str(prover))
+                                    threads=args.threads, device=args.device.type,  # where the trainings run
+                                    prover_run=None if prover is None else str(prover))
     start = time.perf_counter()
     summary = check_faithfulness(run, run / "faithfulness", settings, progress=not args.no_progress,
                                  log=lambda text: print(f"{run.name}: {text}", file=sys.stderr))
@@ -107,13 +125,13 @@ def rounded(row: dict, keys: tuple[str, ...]) -> dict:
 
 def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
-    run = base_run(dataset, model, args.out, args.threads)
+    run = base_run(dataset, model, args.out, args.threads, args.device)
     trained = time.perf_counter() - start
     prover = prover_run(dataset, args.out) if args.with_proof else None
     retrained, retrain_s = check(run, "retrain", args.retrain, args, prover)
     summary, finetune_s = check(run, "finetune", args.predictions, args, prover)
     return {
-        "dataset": dataset, "model": model, "config": MODELS[model], "base": base_metrics(run),
+        "dataset": dataset, "model": model, "config": MODELS[model], "base": base_metrics(run, args.device),
         "base_training_s": round(trained, 1),
         "predictions": summary["predictions"]["how"],
         "retrained_predictions": retrained["predictions"]["how"],
@@ -140,14 +158,17 @@ def main() -> None:
     parser.add_argument("--with-proof", action="store_true", help="also the proof method, with a BFS prover run "
                                                                    "on mined rules")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (CUDA when available), cpu or cuda")
     args = parser.parse_args()
     args.k = tuple(int(k) for k in args.k.split(","))
     args.methods = tuple(args.methods.split(","))
-    import torch
+    args.device = resolved(args.device)
 
     torch.set_num_threads(args.threads)
     results = [one(dataset, model, args) for dataset in args.datasets.split(",") for model in args.models.split(",")]
-    print(json.dumps({"command": " ".join(sys.argv), "anchor": ANCHOR, "results": results}, indent=1))
+    print(json.dumps({"command": " ".join(sys.argv), "device": args.device.type, "anchor": ANCHOR, "results": results},
+                     indent=1))
 
 
 if __name__ == "__main__":  # the process pool spawns workers that import this file

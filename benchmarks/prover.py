@@ -24,9 +24,13 @@ Per dataset, with rules mined from the training triples (kgtrace's defaults):
 Each prover's scores of every test query are computed once ([queries, E] tables) and both
 rankings read them, so all-entity and sampled metrics rank the very same scores.
 
+ConvE is trained and scores on --device (its score tables are then kept on the CPU, beside the
+provers'). The provers stay on the CPU whatever --device: kgtrace trains the policy on the CPU
+(kgtrace.prover.ppo takes no device), and the engine-speed section compares CPU engines.
+
     python benchmarks/prover.py [--datasets nations,kinships,umls] [--threads 2] [--epochs 3] [--out FILE.json]
         [--policy-test-triples N] [--valid-triples N] [--beam W] [--init-from-conve] [--engine-speed-only]
-        [--link-weight W] [--link-epochs N] [--embedding-dim D]
+        [--link-weight W] [--link-epochs N] [--embedding-dim D] [--device auto]
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ import torch
 from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
+from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.candidates import sample_corruptions
-from kgtrace.evaluation.evaluate import Candidates, evaluate
+from kgtrace.evaluation.evaluate import Candidates, evaluate, model_device
 from kgtrace.evaluation.sides import side_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS, PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
@@ -60,6 +65,7 @@ from kgtrace.prover.link import LinkHead
 from kgtrace.prover.scorer import BfsScorer, HybridScorer, proof_part
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
 from kgtrace.run import load_run
+from kgtrace.system import resolve_device
 from kgtrace.training.loop import train
 
 def table_scorer(rows: dict[tuple[int, int], torch.Tensor], ds) -> ScoreTable:
@@ -68,8 +74,9 @@ def table_scorer(rows: dict[tuple[int, int], torch.Tensor], ds) -> ScoreTable:
 
 
 def table(scorer, triples: torch.Tensor, chunk: int = 64) -> dict[tuple[int, int], torch.Tensor]:
-    """Every distinct (anchor, relation-or-inverse) query of both sides of ``triples``, scored over all entities."""
-    scored = ScoreTable.of(scorer, triples, chunk)
+    """Every distinct (anchor, relation-or-inverse) query of both sides of ``triples``, scored over all entities
+    (the queries go to the scorer's device, ConvE's on CUDA; the rows come back on the CPU)."""
+    scored = ScoreTable.of(scorer, triples.to(model_device(scorer)), chunk)
     return {(a, r): row for (a, r), row in zip(scored.queries.tolist(), scored.rows)}
 
 
@@ -129,7 +136,9 @@ def hybrid(prover_rows: dict, prover_valid: dict, proof_line: float | None, conv
     it is), w chosen on validation triples (all entities, filtered by train + valid) by kgtrace's rule
     (kgtrace.prover.hybrid: the smallest weight within one standard error of the best validation MRR)."""
     known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
-    conve_rows = {key: conve.score_t(torch.tensor([key])).squeeze(0).float() for key in prover_rows | prover_valid}
+    device = model_device(conve)
+    conve_rows = {key: conve.score_t(torch.tensor([key], device=device)).squeeze(0).float().cpu()
+                  for key in prover_rows | prover_valid}
     if proof_line is not None:
         prover_rows = {k: proof_part(v, proof_line) for k, v in prover_rows.items()}
         prover_valid = {k: proof_part(v, proof_line) for k, v in prover_valid.items()}
@@ -189,17 +198,17 @@ def engine_speed(ds, rules, depth: int, n: int, threads: int, repeats: int = 3) 
     return out
 
 
-def train_conve(name: str, args, work: Path) -> tuple[Path, float]:
+def train_conve(name: str, args, work: Path, device: torch.device) -> tuple[Path, float]:
     """ConvE for --conve-epochs on the dataset: (its run folder, seconds). It seeds itself, as the policy's
     training does, so training it before or after the policy changes neither."""
     started = time.perf_counter()
     conve_dir = work / f"{name}-conve"
     train(TrainConfig(dataset=name, model="conve", epochs=args.conve_epochs, eval_every=0, threads=args.threads,
-                      device="cpu"), conve_dir, progress=False, log=lambda *_: None)
+                      device=device.type), conve_dir, progress=False, log=lambda *_: None)
     return conve_dir, time.perf_counter() - started
 
 
-def run_dataset(name: str, args, work: Path) -> dict:
+def run_dataset(name: str, args, work: Path, device: torch.device) -> dict:
     log = lambda *a: print(f"[{name}]", *a, file=sys.stderr, flush=True)  # noqa: E731
     ds = load_dataset(name)
     VALID[0], TEST[0] = ds.valid[: args.valid_triples], ds.test
@@ -222,7 +231,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
                      "seconds": round(time.perf_counter() - started, 1), "overflow": bfs.overflow.tolist()}
     log("bfs", result["bfs"])
 
-    conve_dir, conve_train_seconds = train_conve(name, args, work)  # first, so that the policy may start from it
+    conve_dir, conve_train_seconds = train_conve(name, args, work, device)  # first, so that the policy may start from it
     started = time.perf_counter()
     config = ProverConfig(dataset=name, method="policy", rules="mined", depth=args.depth, epochs=args.epochs,
                           beam_width=args.beam, threads=args.threads, eval_triples=100, compile=args.compile_policy,
@@ -232,7 +241,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
                           embedding_dim=args.embedding_dim)
     trained = train_policy(config, ds, rules, work / f"{name}-policy", progress=False, log=log)
     train_seconds = time.perf_counter() - started
-    run = load_prover_run(trained.run_dir)
+    run = load_prover_run(trained.run_dir, device="cpu")  # where it was trained
     prover = run.model.prover if isinstance(run.model, HybridScorer) else run.model  # a link head's run: a hybrid
     scorer = PolicyScorer(prover.policy, prover.engine, args.depth, width=args.beam, batch_size=args.policy_batch,
                           compile=args.compile_policy)
@@ -254,7 +263,7 @@ def run_dataset(name: str, args, work: Path) -> dict:
     TEST[0] = ds.test
 
     started = time.perf_counter()
-    conve = load_run(conve_dir).model
+    conve = load_run(conve_dir, device=device).model
     conve_rows = table(conve, ds.test, chunk=1024)
     result["conve"] = {"epochs": args.conve_epochs, **evaluate_rows(conve_rows, ds, float("inf")),
                        "seconds": round(conve_train_seconds + time.perf_counter() - started, 1)}
@@ -313,14 +322,20 @@ def main() -> None:
     parser.add_argument("--valid-triples", type=int, default=200, help="validation triples the hybrid weight is chosen on")
     parser.add_argument("--engine-speed-only", action="store_true", help="time the engines only (no ranking)")
     parser.add_argument("--qps-queries", type=int, default=200, help="test triples (plus one corruption each) timed")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (CUDA when available), cpu or cuda")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    try:
+        device = resolve_device(args.device)
+    except KgtraceError as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    report = {"settings": vars(args), "torch": torch.__version__, "results": {}}
+    report = {"settings": vars(args), "device": device.type, "torch": torch.__version__, "results": {}}
     with tempfile.TemporaryDirectory() as work:
         for name in args.datasets.split(","):
-            report["results"][name] = run_dataset(name, args, Path(work))
+            report["results"][name] = run_dataset(name, args, Path(work), device)
             if args.out:
                 Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

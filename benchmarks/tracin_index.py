@@ -12,7 +12,9 @@ triples, all checkpoints, params "last" (and "all" with --all). For each index d
   correlation of a test triple's influences, and the overlap of the top-10 proponents.
 
     python benchmarks/tracin_index.py [--dataset umls] [--models conve,distmult] [--dims 256,1024,4096]
-        [--n-test 100] [--threads 2] [--dtype float16] [--all]
+        [--n-test 100] [--threads 2] [--dtype float16] [--all] [--device auto]
+
+Training, exact TracIn and the index (build and queries) all run on --device.
 """
 
 from __future__ import annotations
@@ -30,9 +32,21 @@ import kgtrace
 from kgtrace.attribution import TracIn, build_index
 
 
-def train_run(folder: Path, dataset: str, model: str, epochs: int, every: int, threads: int) -> None:
+def resolved(name: str) -> torch.device:
+    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
+    from kgtrace.errors import KgtraceError
+    from kgtrace.system import resolve_device
+
+    try:
+        return resolve_device(name)
+    except KgtraceError as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")
+
+
+def train_run(folder: Path, dataset: str, model: str, epochs: int, every: int, threads: int,
+              device: torch.device) -> None:
     config = kgtrace.TrainConfig(dataset=dataset, model=model, epochs=epochs, checkpoint_every=every, eval_every=0,
-                                 threads=threads, device="cpu", seed=0)
+                                 threads=threads, device=device.type, seed=0)
     kgtrace.train(config, folder, progress=False, log=lambda *_: None)
 
 
@@ -51,14 +65,14 @@ def timed(function, *args, **kwargs):
     return value, time.perf_counter() - start
 
 
-def measure(run, params: str, dims: list[int], n_test: int, dtype: str, scratch: Path) -> dict:
+def measure(run, params: str, dims: list[int], n_test: int, dtype: str, scratch: Path, device: torch.device) -> dict:
     test = run.dataset.test[:n_test]
-    exact = TracIn(run, params=params).influence(test)
-    _, exact_seconds = timed(TracIn(run, params=params).top_k, test, 10)
+    exact = TracIn(run, params=params, device=device).influence(test)
+    _, exact_seconds = timed(TracIn(run, params=params, device=device).top_k, test, 10)  # results come back on the CPU
     rows = []
     for dim in dims:
         folder = scratch / f"{params}-{dim}"
-        index, build_seconds = timed(build_index, run, folder, params=params, dim=dim, dtype=dtype)
+        index, build_seconds = timed(build_index, run, folder, params=params, dim=dim, dtype=dtype, device=device)
         _, query_seconds = timed(index.top_k, test, 10)
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows.append({"dim": dim, "build_seconds": build_seconds, "index_mb": size / 2**20,
@@ -81,7 +95,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     parser.add_argument("--all", action="store_true", help='also params="all"')
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (CUDA when available), cpu or cuda")
     args = parser.parse_args()
+    device = resolved(args.device)
     torch.set_num_threads(args.threads)
     dims = [int(x) for x in args.dims.split(",")]
     results = []
@@ -90,15 +107,15 @@ def main() -> None:
         runs = [Path(args.run)] if args.run else []
         for model in ([] if args.run else args.models.split(",")):
             runs.append(scratch / model)
-            train_run(runs[-1], args.dataset, model, args.epochs, args.checkpoint_every, args.threads)
+            train_run(runs[-1], args.dataset, model, args.epochs, args.checkpoint_every, args.threads, device)
         for folder in runs:
-            run = kgtrace.load_run(folder, "last")
+            run = kgtrace.load_run(folder, "last", device=device)
             for params in ["last"] + (["all"] if args.all else []):
                 work = scratch / f"index-{folder.name}"
                 work.mkdir(exist_ok=True)
                 results.append({"model": run.config.model, "checkpoints": len(run.checkpoints),
-                                **measure(run, params, dims, args.n_test, args.dtype, work)})
-    print(json.dumps({"benchmark": "tracin_index", "dataset": args.dataset, "threads": args.threads,
+                                **measure(run, params, dims, args.n_test, args.dtype, work, device)})
+    print(json.dumps({"benchmark": "tracin_index", "dataset": args.dataset, "device": device.type, "threads": args.threads,
                       "dtype": args.dtype, "torch": torch.__version__, "results": results}, indent=2))
 
 

@@ -24,8 +24,13 @@ TracIn's working memory. That difference should not grow with the training set;
 ``tracin_memory_ratio`` is its value at the largest size over the smallest. Files are written
 under a temporary folder, removed after each size unless --keep.
 
+The run folders are written on the CPU whatever --device (the same bytes for every device); the
+measuring process loads the run and runs TracIn on --device. On CUDA it also reports the GPU's
+allocated memory after loading and its peak during TracIn (``torch.cuda.max_memory_allocated``,
+reset after loading), their difference, and ``cuda_tracin_memory_ratio`` beside the RSS figures.
+
     python benchmarks/tracin_scale.py [--sizes 250000,500000,1000000] [--entities 100000]
-        [--relations 40] [--n-test 100] [--checkpoints 4] [--threads 2] [--keep DIR]
+        [--relations 40] [--n-test 100] [--checkpoints 4] [--threads 2] [--keep DIR] [--device auto]
 """
 
 from __future__ import annotations
@@ -132,6 +137,8 @@ def write_run(folder: Path, triples: dict[str, np.ndarray], num_entities: int, n
 
     dataset = dataset_of(triples, num_entities, num_relations)
     save_dataset(dataset, folder / "data")
+    # Written on the CPU whatever --device: the drift and calibration draw from a CPU generator, and the
+    # checkpoints are then the same bytes for every device that measures them.
     config = TrainConfig(dataset=str((folder / "data").resolve()), model="conve", epochs=checkpoints,
                          checkpoint_every=1, eval_every=0, lr=1e-3, lr_decay=0.8, device="cpu", seed=seed)
     write_run_files(folder, config, dataset)
@@ -166,38 +173,62 @@ def reset_peak() -> bool:
         return False
 
 
-def measure(folder: Path, n_test: int, threads: int) -> dict:
+def resolved(name: str) -> torch.device:
+    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
+    from kgtrace.errors import KgtraceError
+    from kgtrace.system import resolve_device
+
+    try:
+        return resolve_device(name)
+    except KgtraceError as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")
+
+
+def measure(folder: Path, n_test: int, threads: int, device: torch.device) -> dict:
     import kgtrace
 
     torch.set_num_threads(threads)
+    cuda = device.type == "cuda"
     start = time.perf_counter()
-    run = kgtrace.load_run(folder, "last")
+    run = kgtrace.load_run(folder, "last", device=device)
+    if cuda:
+        torch.cuda.synchronize(device)
     load_seconds = time.perf_counter() - start
     baseline, load_peak = status_mb("VmRSS"), status_mb("VmHWM")
     reset = reset_peak()
+    if cuda:
+        cuda_baseline, cuda_load_peak = (torch.cuda.memory_allocated(device) / 2**20,
+                                         torch.cuda.max_memory_allocated(device) / 2**20)
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    tracin = kgtrace.TracIn(run, params="last")
-    results = tracin.top_k(run.dataset.test[:n_test], k=10)
+    tracin = kgtrace.TracIn(run, params="last", device=device)
+    results = tracin.top_k(run.dataset.test[:n_test], k=10)  # copied back to the CPU: the GPU's work is done
     seconds = time.perf_counter() - start
     peak = status_mb("VmHWM")
+    cuda_memory = {}
+    if cuda:
+        cuda_peak = torch.cuda.max_memory_allocated(device) / 2**20
+        cuda_memory = {"cuda_baseline_mb": cuda_baseline, "cuda_load_peak_mb": cuda_load_peak,
+                       "tracin_cuda_peak_mb": cuda_peak, "tracin_cuda_working_memory_mb": cuda_peak - cuda_baseline}
     assert len(results) == min(n_test, len(run.dataset.test))
     assert all(bool(torch.isfinite(r.proponent_influence).all()) for r in results)
     n_train, train = len(run.dataset.train), run.dataset.train
     pairs = len(torch.unique(train[:, 0] * run.dataset.num_relations + train[:, 1]))
-    return {"n_train": n_train, "distinct_pairs": pairs, "n_test": len(results), "checkpoints": len(tracin.checkpoints),
+    return {"device": device.type, "n_train": n_train, "distinct_pairs": pairs, "n_test": len(results),
+            "checkpoints": len(tracin.checkpoints),
             "chunk_size": tracin.chunk_size, "chunks": -(-n_train // tracin.chunk_size), "path": tracin.path,
             "params": tracin.names, "load_seconds": load_seconds, "tracin_seconds": seconds,
             "tracin_minutes": seconds / 60, "train_triples_per_second": n_train / seconds,
             "baseline_rss_mb": baseline, "load_peak_rss_mb": load_peak, "tracin_peak_rss_mb": peak,
             "tracin_working_memory_mb": peak - baseline, "peak_reset": reset,
             "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "train_ids_mb": run.dataset.train.numel() * 8 / 2**20}
+            "train_ids_mb": run.dataset.train.numel() * 8 / 2**20, **cuda_memory}
 
 
 # ----------------------------------------------------------------------------- driver
 
 
-def run_size(n_train: int, args: argparse.Namespace, root: Path) -> dict:
+def run_size(n_train: int, args: argparse.Namespace, root: Path, device: torch.device) -> dict:
     folder = root / f"run-{n_train}"
     start = time.perf_counter()
     triples = synthetic_triples(n_train, args.n_test, args.entities, args.relations, seed=n_train)
@@ -205,7 +236,8 @@ def run_size(n_train: int, args: argparse.Namespace, root: Path) -> dict:
     write_run(folder, triples, args.entities, args.relations, args.checkpoints, seed=0)
     write_seconds = time.perf_counter() - start - generate_seconds
     del triples
-    cmd = [sys.executable, __file__, "--measure", str(folder), f"--n-test={args.n_test}", f"--threads={args.threads}"]
+    cmd = [sys.executable, __file__, "--measure", str(folder), f"--n-test={args.n_test}", f"--threads={args.threads}",
+           f"--device={device.type}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if not args.keep:
         shutil.rmtree(folder)
@@ -221,9 +253,11 @@ def flatness(results: list[dict]) -> dict:
         return {}
     small, large = min(ok, key=lambda r: r["n_train"]), max(ok, key=lambda r: r["n_train"])
     ratio = large["tracin_working_memory_mb"] / small["tracin_working_memory_mb"]
+    cuda = ({"cuda_tracin_memory_ratio": large["tracin_cuda_working_memory_mb"] / small["tracin_cuda_working_memory_mb"]}
+            if "tracin_cuda_working_memory_mb" in small else {})
     return {"tracin_memory_ratio": ratio, "train_size_ratio": large["n_train"] / small["n_train"],
             "baseline_rss_growth_mb": large["baseline_rss_mb"] - small["baseline_rss_mb"],
-            "memory_flat": ratio <= FLAT_RATIO, "flat_threshold": FLAT_RATIO}
+            "memory_flat": ratio <= FLAT_RATIO, "flat_threshold": FLAT_RATIO, **cuda}
 
 
 def main() -> None:
@@ -235,10 +269,13 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", help="write the run folders here and keep them")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (CUDA when available), cpu or cuda")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    device = resolved(args.device)  # once: the measuring processes are given the device it resolved to
     if args.measure:
-        print(json.dumps(measure(Path(args.measure), args.n_test, args.threads)))
+        print(json.dumps(measure(Path(args.measure), args.n_test, args.threads, device)))
         return
     torch.set_num_threads(args.threads)
     results = []
@@ -246,9 +283,10 @@ def main() -> None:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         for n_train in (int(x) for x in args.sizes.split(",")):
-            results.append(run_size(n_train, args, root))
+            results.append(run_size(n_train, args, root, device))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    print(json.dumps({"benchmark": "tracin_scale", "model": "conve", "embedding_dim": 200, "params": "last",
+    print(json.dumps({"benchmark": "tracin_scale", "device": device.type, "model": "conve", "embedding_dim": 200,
+                      "params": "last",
                       "entities": args.entities, "relations": args.relations, "n_test": args.n_test,
                       "checkpoints": args.checkpoints, "threads": args.threads, "torch": torch.__version__,
                       "results": results, **flatness(results)}, indent=2))

@@ -10,7 +10,12 @@ over 200M entity parameters are the same in every variant):
 * ``sparse_chunked``: the same loss over entity chunks of 65,536 (no [B, E] score tensor either);
 * ``dense_labels``: the textbook loss, a dense [B, E] label matrix and BCE-with-logits, for comparison.
 
-    python benchmarks/train_memory.py [--entities 1000000] [--triples 5000000] [--batch 256]
+On CUDA the model, its Adam state and the batch live on the GPU (the answer index stays in host
+memory, as in training), so each variant also reports the GPU's allocated memory before the step
+and its peak (``torch.cuda.max_memory_allocated``, reset after the warm-up step) after forward +
+backward and after the whole step, beside the RSS figures.
+
+    python benchmarks/train_memory.py [--entities 1000000] [--triples 5000000] [--batch 256] [--device auto]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def rss_mb() -> float:
@@ -32,6 +38,17 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def resolved(name: str):
+    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
+    from kgtrace.errors import KgtraceError
+    from kgtrace.system import resolve_device
+
+    try:
+        return resolve_device(name)
+    except KgtraceError as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")
+
+
 def worker(args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
@@ -40,21 +57,24 @@ def worker(args: argparse.Namespace) -> dict:
     from kgtrace.models import build_model
     from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward
 
+    device = resolved(args.device)
+    cuda = device.type == "cuda"
     torch.manual_seed(0)
     triples = torch.stack([torch.randint(0, args.entities, (args.triples,)),
                            torch.randint(0, args.relations, (args.triples,)),
                            torch.randint(0, args.entities, (args.triples,))], 1)  # [n, 3]
     index = AnswerIndex.build(triples, args.relations)
     del triples
-    model = build_model("conve", args.entities, args.relations, embedding_dim=200)
+    model = build_model("conve", args.entities, args.relations, embedding_dim=200).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # as kgtrace trains
     # One warm-up step so that Adam's state exists before we measure the step itself.
     pos = torch.arange(args.batch)
-    queries = index.queries()[pos]
-    rows, cols = index.pairs_at(pos)
+    queries = index.queries()[pos].to(device)
+    rows, cols = (t.to(device) for t in index.pairs_at(pos))
 
-    def step() -> tuple[float, float]:
-        """One step; returns the loss and the peak RSS after forward + backward (before Adam)."""
+    def step() -> tuple[float, float, float | None]:
+        """One step; returns the loss and the peak RSS (and on CUDA the peak allocated GPU memory) after forward
+        + backward (before Adam)."""
         optimizer.zero_grad(set_to_none=True)
         if args.variant == "sparse_chunked":
             loss = kvsall_bce_chunked_backward(model, queries, rows, cols, 0.1, args.chunk)
@@ -69,19 +89,30 @@ def worker(args: argparse.Namespace) -> dict:
             loss = F.binary_cross_entropy_with_logits(scores, labels)
             loss.backward()
         peak_backward = rss_mb()
+        cuda_peak_backward = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
         optimizer.step()
-        return float(loss), peak_backward
+        return float(loss), peak_backward, cuda_peak_backward  # float(loss) waits for the GPU's work
 
     step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        cuda_before = torch.cuda.memory_allocated(device) / 2**20
     before = current_rss_mb()
     start = time.perf_counter()
-    loss, peak_backward = step()
+    loss, peak_backward, cuda_peak_backward = step()
     seconds = time.perf_counter() - start
     peak = rss_mb()
-    return {"variant": args.variant, "loss": loss, "step_seconds": seconds, "rss_before_step_mb": before,
-            "peak_rss_forward_backward_mb": peak_backward, "peak_rss_mb": peak,
-            "forward_backward_adds_mb": peak_backward - before, "step_adds_mb": peak - before,
-            "queries": index.num_queries}
+    result = {"variant": args.variant, "device": device.type, "loss": loss, "step_seconds": seconds,
+              "rss_before_step_mb": before, "peak_rss_forward_backward_mb": peak_backward, "peak_rss_mb": peak,
+              "forward_backward_adds_mb": peak_backward - before, "step_adds_mb": peak - before,
+              "queries": index.num_queries}
+    if cuda:
+        cuda_peak = torch.cuda.max_memory_allocated(device) / 2**20
+        result |= {"cuda_allocated_before_step_mb": cuda_before, "cuda_peak_forward_backward_mb": cuda_peak_backward,
+                   "cuda_peak_mb": cuda_peak, "cuda_forward_backward_adds_mb": cuda_peak_backward - cuda_before,
+                   "cuda_step_adds_mb": cuda_peak - cuda_before}
+    return result
 
 
 def main() -> None:
@@ -92,14 +123,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--chunk", type=int, default=65_536)
     parser.add_argument("--variants", default="sparse,sparse_chunked,dense_labels")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (CUDA when available), cpu or cuda")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(worker(args)))
         return
+    device = resolved(args.device)  # once, here: each worker is given the device it resolved to
     results = []
     for variant in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--variant", variant] + [
+        cmd = [sys.executable, __file__, "--variant", variant, f"--device={device.type}"] + [
             f"--{k}={getattr(args, k)}" for k in ("entities", "triples", "relations", "batch", "chunk")]
         done = subprocess.run(cmd, capture_output=True, text=True)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
@@ -110,8 +144,12 @@ def main() -> None:
         if "error" not in r and "forward_backward_adds_mb" in dense:
             r["forward_backward_memory_ratio_to_dense_labels"] = (
                 r["forward_backward_adds_mb"] / dense["forward_backward_adds_mb"])
-    print(json.dumps({"benchmark": "train_memory", "entities": args.entities, "triples": args.triples,
-                      "batch": args.batch, "embedding_dim": 200, "results": results}, indent=2))
+        if "error" not in r and "cuda_forward_backward_adds_mb" in dense:
+            r["cuda_forward_backward_memory_ratio_to_dense_labels"] = (
+                r["cuda_forward_backward_adds_mb"] / dense["cuda_forward_backward_adds_mb"])
+    print(json.dumps({"benchmark": "train_memory", "device": device.type, "entities": args.entities,
+                      "triples": args.triples, "batch": args.batch, "embedding_dim": 200, "results": results},
+                     indent=2))
 
 
 if __name__ == "__main__":
