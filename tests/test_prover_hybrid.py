@@ -115,3 +115,22 @@ def test_prove_weigh_sets_the_chosen_weight(tmp_path, capsys, hybrid_parts):
     assert main(["prove", "weigh", str(plain)]) == 2
     assert "not a hybrid prover run" in capsys.readouterr().err
     assert main(["prove", "weigh", str(run), "--weights", "1,x"]) == 2
+
+
+class DeviceBound(torch.nn.Module):
+    """A scorer whose parameter lives on another device ('meta' stands in for CUDA): it takes queries there only."""
+
+    num_entities, num_relations = 4, 2
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, device="meta"))
+
+    def score_t(self, hr):
+        assert hr.device == self.weight.device, f"queries on {hr.device}, model on {self.weight.device}"
+        return torch.zeros(len(hr), self.num_entities)
+
+
+def test_score_table_sends_queries_to_the_models_device():
+    table = ScoreTable.of(DeviceBound(), torch.tensor([[0, 1, 2], [1, 0, 3]]))
+    assert table.rows.shape == (4, 4) and table.rows.device.type == "cpu"

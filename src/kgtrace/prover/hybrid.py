@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import rank_queries
+from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.sides import side_queries
 from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer, inverse_queries
@@ -97,7 +97,8 @@ class ScoreTable(nn.Module):
     def of(scorer: Scorer, triples: Tensor, chunk: int = 64) -> "ScoreTable":
         """Every distinct query of both sides of ``triples`` [n, 3], scored over all entities by ``scorer``."""
         queries = distinct_queries(triples, scorer.num_relations)
-        rows = torch.cat([scorer.score_t(part).float().cpu() for part in queries.split(chunk)])  # [Q, E]
+        device = model_device(scorer)  # a model loaded on CUDA takes its queries there; the table stays on the CPU
+        rows = torch.cat([scorer.score_t(part.to(device)).float().cpu() for part in queries.split(chunk)])  # [Q, E]
         return ScoreTable(queries, rows, scorer.num_entities, scorer.num_relations)
 
     def with_rows(self, rows: Tensor) -> "ScoreTable":
