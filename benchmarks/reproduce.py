@@ -13,6 +13,7 @@ Runs are resumable: with ``--hours`` training pauses at the first epoch boundary
 budget (checkpointed), the result file records the best checkpoint so far with
 ``"status": "paused"``, and running the same command again continues the same run, with the same
 result as one uninterrupted run. A kill loses at most the epochs since the last checkpoint.
+``--snapshot`` writes the result of a run as it stands (``"in progress"``) without training it.
 
 Remote datasets come through kgtrace's dataset registry; offline, point it at a mirror:
 ``KGTRACE_DATASETS_MIRROR=../shared/datasets/benchmarks``.
@@ -112,6 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=Path, default=HERE / "runs", help="where the run folders go")
     p.add_argument("--results", type=Path, default=HERE / "results", help="where NAME.json goes")
     p.add_argument("--name", default=None, help="run and result name (default: the recipe's; e.g. for a bf16 twin)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="train nothing: write the result of the run as it stands (status 'in progress'), e.g. while "
+                        "another process trains it")
     return p.parse_args(argv)
 
 
@@ -123,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     recipe = RECIPES[args.recipe]
     name = args.name or recipe.name
     run_dir = args.runs / name
-    started = time.monotonic()
-    deadline = started + args.hours * 3600 if args.hours else None
-    result = train_or_resume(recipe, args, run_dir, deadline)
-    record_session(run_dir, started, result.epochs_completed)
-    summary = summarize(recipe, args, run_dir, paused=result.stopped_at_deadline)
+    if args.snapshot:
+        summary = summarize(recipe, args, run_dir, status="in progress")
+    else:
+        started = time.monotonic()
+        deadline = started + args.hours * 3600 if args.hours else None
+        result = train_or_resume(recipe, args, run_dir, deadline)
+        record_session(run_dir, started, result.epochs_completed)
+        summary = summarize(recipe, args, run_dir, status="paused" if result.stopped_at_deadline else "finished")
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / f"{name}.json"
     out.write_text(json.dumps(summary, indent=1) + "\n")
@@ -155,7 +162,7 @@ def record_session(run_dir: Path, started: float, epochs: int) -> None:
                             "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
 
 
-def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, paused: bool) -> dict[str, Any]:
+def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: str) -> dict[str, Any]:
     import torch
 
     from kgtrace.config import read_yaml
@@ -164,7 +171,8 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, paused: b
 
     layout = RunLayout(run_dir)
     records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line.strip()]
-    sessions = [json.loads(line) for line in (run_dir / "reproduce_sessions.jsonl").read_text().splitlines()]
+    log = run_dir / "reproduce_sessions.jsonl"
+    sessions = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     config = read_yaml(layout.config)
     metrics = evaluate_run(run_dir).to_dict()
     realistic = {side: metrics[side]["realistic"] for side in ("head", "tail", "both")}
@@ -176,7 +184,7 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, paused: b
     return {
         "recipe": recipe.name,
         "recipe_settings": recipe_json(recipe),
-        "status": "paused" if paused else "finished",
+        "status": status,
         "command": " ".join(["python", "benchmarks/reproduce.py", *sys.argv[1:]]),
         "config": config,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

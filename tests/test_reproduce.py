@@ -41,6 +41,9 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert reproduce.main([*argv, "--hours", "1e-9"]) == 0  # pauses after the first epoch
     result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
     assert (result["status"], result["epochs"]) == ("paused", 1)
+    assert reproduce.main([*argv, "--snapshot"]) == 0  # trains nothing
+    result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
+    assert (result["status"], result["epochs"]) == ("in progress", 1)
     assert reproduce.main(argv) == 0
     result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
     assert (result["status"], result["epochs"]) == ("finished", 4)
