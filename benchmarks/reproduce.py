@@ -106,6 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("recipe", nargs="?", choices=sorted(RECIPES), help="the recipe to run")
     p.add_argument("--list", action="store_true", help="print the recipes as JSON and exit")
+    p.add_argument("--table", action="store_true", help="print the results in --results as a Markdown table and exit")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--precision", default="fp32", help="fp32, or bf16 autocast (recorded in the result)")
@@ -121,6 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table:
+        print(results_table(args.results))
+        return 0
     if args.list or not args.recipe:
         print(json.dumps({name: recipe_json(r) for name, r in RECIPES.items()}, indent=1))
         return 0
@@ -201,6 +205,23 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
                    "reached": mrr >= recipe.published_mrr,
                    "goal_reached": recipe.goal_mrr is not None and mrr >= recipe.goal_mrr},
     }
+
+
+def results_table(folder: Path) -> str:
+    """One Markdown row per result file of a recipe: status, epochs, time, test MRR per side against the target."""
+    rows = ["| recipe | status | epochs (best) | hours | test MRR | head | tail | H@10 | published | reached |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        r = json.loads(path.read_text())
+        if "recipe_settings" not in r:
+            continue  # another benchmark's result
+        test, target = r["test"], r["target"]
+        hours = (r["wall_seconds"] or r["train_seconds"]) / 3600
+        rows.append(f"| {path.stem} | {r['status']} | {r['epochs']} ({r['best_epoch']}) | {hours:.1f} | "
+                    f"{test['both']['mrr']:.3f} | {test['head']['mrr']:.3f} | {test['tail']['mrr']:.3f} | "
+                    f"{test['both']['hits_at_10']:.3f} | {target['published_mrr']:.3f} | "
+                    f"{'yes' if target['reached'] else 'no'} |")
+    return "\n".join(rows)
 
 
 def recipe_json(recipe: Recipe) -> dict[str, Any]:

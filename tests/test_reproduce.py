@@ -54,3 +54,6 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert result["target"]["reached"] == (result["target"]["mrr"] >= 0.5)
     assert len((tmp_path / "runs" / "tiny-nations" / "reproduce_sessions.jsonl").read_text().splitlines()) == 2
     capsys.readouterr()
+    assert reproduce.main(["--table", "--results", str(tmp_path / "results")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[2].startswith("| tiny-nations | finished | 4 (")
