@@ -65,8 +65,11 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
     scores[filter_rows[is_other], filter_cols[is_other]] = float("-inf")
     scores[rows, true_cols] = float("-inf")
     column = true_scores.unsqueeze(1)  # [B, 1]
-    greater = (scores > column).sum(1)
-    equal = (scores == column).sum(1)
+    # Summing the comparisons as floats is faster than as booleans (which sum in int64), and exact:
+    # every partial sum is a whole number below 2**24 (float32) or 2**53 (float64).
+    counting = torch.float32 if scores.shape[1] < 2**24 else torch.float64
+    greater = (scores > column).to(counting).sum(1).long()
+    equal = (scores == column).to(counting).sum(1).long()
     filtered = torch.bincount(filter_rows[is_other], minlength=len(true_cols))
     return RankCounts(greater.cpu(), equal.cpu(), (scores.shape[1] - filtered).cpu())
 
