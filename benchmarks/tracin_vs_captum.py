@@ -1,13 +1,15 @@
 """TracIn on one ConvE run: kgtrace against Captum's TracInCPFast (and, optionally, TracInCP); print JSON.
 
 One run, one model, the same epoch checkpoints (each weighed by its recorded lr) and data:
-ConvE (dim 200, kgtrace's defaults) trained on UMLS for --epochs epochs with a checkpoint
-every --checkpoint-every epochs (or an existing run, --run DIR). Influence of all training
-triples on the first n test triples, n in --n-test, loss l = softplus(-score) =
-BCE-with-logits against label 1, model in eval mode. Each (tool, n_test) cell runs in its
-own process at --threads threads, so peak RSS is that cell's alone; a cell's seconds cover
-building the tool and computing the [n_test, n_train] influence (not loading the run), the
-median of --repeats such processes (on a shared 2-core machine single runs vary by +-30%).
+ConvE (dim 200, kgtrace's defaults) trained on --dataset (a registry name: umls by default,
+fb15k237, ...) for --epochs epochs with a checkpoint every --checkpoint-every epochs (or an
+existing run, --run DIR). Influence of all training triples on the first n test triples, n in
+--n-test, loss l = softplus(-score) = BCE-with-logits against label 1, model in eval mode, both
+tools on --device. Each (tool, n_test) cell runs in its own process at --threads threads, so
+peak RSS is that cell's alone; a cell's seconds cover building the tool and computing the
+[n_test, n_train] influence (not loading the run), the median of --repeats such processes (on a
+shared 2-core machine single runs vary by +-30%); a cell past --cell-timeout seconds records a
+timeout.
 
 Cells:
 
@@ -46,8 +48,10 @@ Differences are reported against our influence over the same parameters:
 ``max_rel_diff`` = max |captum - ours| / max |ours|, and ``max_elementwise_rel_diff`` =
 max |captum - ours| / |ours| over the entries with |ours| > 1e-3 max |ours|.
 
-    python benchmarks/tracin_vs_captum.py [--run DIR] [--epochs 8] [--checkpoint-every 2]
-        [--n-test 1,100] [--threads 1] [--repeats 5] [--with-tracincp] [--skip-all] [--with-bf16]
+    python benchmarks/tracin_vs_captum.py [--run DIR] [--dataset umls] [--epochs 8] [--checkpoint-every 2]
+        [--n-test 1,100] [--threads 1] [--repeats 5] [--device auto|cpu|cuda] [--with-tracincp] [--skip-all]
+        [--with-bf16]
+    python benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 --checkpoint-every 1 --repeats 1
 
 Needs Captum (``pip install captum==0.9.0`` beside kgtrace).
 """
@@ -73,12 +77,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def train_run(folder: Path, epochs: int, checkpoint_every: int, seed: int, threads: int) -> None:
+def train_run(folder: Path, args: argparse.Namespace) -> None:
     import kgtrace
 
-    config = kgtrace.TrainConfig(dataset="umls", model="conve", model_args={"embedding_dim": 200}, epochs=epochs,
-                                 checkpoint_every=checkpoint_every, eval_every=0, seed=seed, threads=threads,
-                                 device="cpu")
+    config = kgtrace.TrainConfig(dataset=args.dataset, model="conve", model_args={"embedding_dim": 200},
+                                 epochs=args.epochs, checkpoint_every=args.checkpoint_every, eval_every=0,
+                                 seed=args.seed, threads=args.threads, device=args.device)
     kgtrace.train(config, folder, progress=False, log=lambda *_: None)
 
 
@@ -123,7 +127,7 @@ def captum_classes():
     return CaptumConvE, ScoreLoss
 
 
-def captum_influence(run, test, kind: str, batch_size: int):
+def captum_influence(run, test, kind: str, batch_size: int, device: str):
     import torch
     from captum.influence import TracInCP, TracInCPFast
     from torch.utils.data import TensorDataset
@@ -133,7 +137,7 @@ def captum_influence(run, test, kind: str, batch_size: int):
     from kgtrace.checkpoint import load_checkpoint
 
     CaptumConvE, ScoreLoss = captum_classes()
-    wrapper = CaptumConvE(copy.deepcopy(run.model))
+    wrapper = CaptumConvE(copy.deepcopy(run.model).to(device))
     lrs = {str(c.path): c.lr for c in run.checkpoints}
 
     def load(model, path):
@@ -143,8 +147,8 @@ def captum_influence(run, test, kind: str, batch_size: int):
         assert float(state["lr"]) == lrs[str(path)]
         return float(state["lr"])
 
-    train = run.dataset.train
-    data = TensorDataset(train, torch.ones(len(train)))
+    train = run.dataset.train.to(device)
+    data = TensorDataset(train, torch.ones(len(train), device=device))
     paths = [str(c.path) for c in run.checkpoints]
     if kind == "fast":
         tracin = TracInCPFast(wrapper, wrapper.model.fc, data, paths, checkpoints_load_func=load,
@@ -153,7 +157,7 @@ def captum_influence(run, test, kind: str, batch_size: int):
         tracin = TracInCP(wrapper, data, paths, checkpoints_load_func=load, layers=["model.fc"],
                           loss_fn=ScoreLoss(wrapper, "none"), batch_size=batch_size,
                           sample_wise_grads_per_batch=False)
-    return tracin.influence((test, torch.ones(len(test))))
+    return tracin.influence((test.to(device), torch.ones(len(test), device=device)))
 
 
 # --- one cell per process ---------------------------------------------------------------------------
@@ -170,16 +174,22 @@ def worker(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.worker.startswith("ours:"):
         name = args.worker.split(":", 1)[1]
-        tracin = TracIn(run, params=PARAM_SETS[name], precision="bf16" if name.endswith("-bf16") else "fp32")
+        tracin = TracIn(run, params=PARAM_SETS[name], precision="bf16" if name.endswith("-bf16") else "fp32",
+                        device=args.device)
         scores = tracin.influence(test)
         path = tracin.path
     else:
-        scores = captum_influence(run, test, "fast" if args.worker == "captum_fast" else "cp", args.batch_size)
+        kind = "fast" if args.worker == "captum_fast" else "cp"
+        scores = captum_influence(run, test, kind, args.batch_size, args.device)
         path = args.worker
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     torch.save(scores.detach().float().cpu(), args.save)
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "path": path,
-                      "shape": list(scores.shape)}))
+    out = {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "path": path, "shape": list(scores.shape)}
+    if args.device == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    print(json.dumps(out))
 
 
 def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
@@ -200,7 +210,7 @@ def one_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Pa
     save = scratch / f"{tool.replace(':', '_')}_{n}.pt"
     batch = args.cp_batch_size if tool == "captum_cp" else args.batch_size
     cmd = [sys.executable, __file__, "--worker", tool, "--run", str(run), "--n", str(n),
-           "--threads", str(args.threads), "--batch-size", str(batch), "--save", str(save)]
+           "--threads", str(args.threads), "--batch-size", str(batch), "--save", str(save), "--device", args.device]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cell_timeout)
@@ -227,14 +237,82 @@ def differences(theirs: Path, ours: Path) -> dict:
             "max_elementwise_rel_diff": float((diff[big] / b.abs()[big]).max()) if big.any() else None}
 
 
-def main() -> None:
+def tools_for(n: int, args: argparse.Namespace) -> list[str]:
+    tools = ["ours:last", "ours:fc.weight", "captum_fast"]
+    if args.with_tracincp and n == 1:
+        tools += ["ours:fc", "captum_cp"]
+    if not args.skip_all:
+        tools.append("ours:all")
+    if args.with_bf16:
+        tools += ["ours:last-bf16"] + ([] if args.skip_all else ["ours:all-bf16"])
+    return tools
+
+
+def compare(row: dict) -> None:
+    """Add differences and ratios to ``row`` for every pair of cells that both succeeded."""
+    ok = {name: value for name, value in row.items() if isinstance(value, dict) and "error" not in value}
+    for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc"),
+                         ("ours:last-bf16", "ours:last"), ("ours:all-bf16", "ours:all")):
+        t, o = ok.get(theirs), ok.get(ours)
+        if t and o:
+            t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
+            t["compared_with"] = ours
+            row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
+            row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
+    for theirs in ("captum_fast", "captum_cp"):  # Captum against our usual parameter sets, in time and memory
+        for ours in ("ours:last", "ours:all"):
+            t, o = ok.get(theirs), ok.get(ours)
+            if t and o:
+                row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
+                row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
+    if "ours:all" in ok and "ours:last" in ok:
+        row["seconds_ratio_ours:all_over_ours:last"] = ok["ours:all"]["seconds"] / ok["ours:last"]["seconds"]
+    for value in row.values():
+        if isinstance(value, dict):
+            value.pop("scores_file", None)
+
+
+def prepare_run(args: argparse.Namespace, scratch: Path) -> tuple[Path, float | None]:
+    """The run folder (--run, or one trained into ``scratch``) and the seconds its training took (None: given)."""
+    if args.run:
+        return Path(args.run), None
+    run = scratch / "run"
+    start = time.perf_counter()
+    train_run(run, args)
+    trained = time.perf_counter() - start
+    print(json.dumps({"trained": str(run), "seconds": trained}), file=sys.stderr)
+    return run, trained
+
+
+def describe(run: Path, trained: float | None, args: argparse.Namespace) -> dict:
+    import kgtrace
+
+    info = kgtrace.load_run(run, "last")
+    return {"run": str(args.run) if args.run else "temporary", "dataset": info.config.dataset,
+            "model": info.config.model, "model_args": info.config.model_args,
+            "epochs": info.config.epochs, "steps": last_step(run), "training_seconds": trained,
+            "n_train": len(info.dataset.train), "n_test_available": len(info.dataset.test),
+            "checkpoints": [{"epoch": c.epoch, "lr": c.lr} for c in info.checkpoints],
+            "device": args.device, "threads": args.threads, "repeats": args.repeats,
+            "captum_fast_batch_size": args.batch_size, "captum_cp_batch_size": args.cp_batch_size}
+
+
+def last_step(run: Path) -> int | None:
+    """The optimizer steps the run took (its metrics.jsonl's last record), None if unknown."""
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").is_file() else []
+    return json.loads(lines[-1]).get("step") if lines else None
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", help="an existing kgtrace ConvE run folder (default: train one into a temp folder)")
+    parser.add_argument("--dataset", default="umls", help="what the run is trained on when no --run is given")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--checkpoint-every", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-test", default="1,100", help="numbers of test triples (first n of the test split)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--repeats", type=int, default=5,
                         help="runs per cell, each in a fresh process; seconds are their median (TracInCP: one run)")
     parser.add_argument("--batch-size", type=int, default=4096, help="TracInCPFast's training batch size")
@@ -247,59 +325,27 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         return worker(args)
+    from kgtrace.system import resolve_device
 
+    args.device = resolve_device(args.device).type
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        if args.run:
-            run = Path(args.run)
-        else:
-            run = scratch / "run"
-            start = time.perf_counter()
-            train_run(run, args.epochs, args.checkpoint_every, args.seed, args.threads)
-            print(json.dumps({"trained": str(run), "seconds": time.perf_counter() - start}), file=sys.stderr)
-        import kgtrace
-
-        info = kgtrace.load_run(run, "last")
-        setup = {"run": str(args.run) if args.run else "temporary", "dataset": info.config.dataset,
-                 "model": info.config.model, "model_args": info.config.model_args,
-                 "n_train": len(info.dataset.train),
-                 "checkpoints": [{"epoch": c.epoch, "lr": c.lr} for c in info.checkpoints],
-                 "threads": args.threads, "repeats": args.repeats, "captum_fast_batch_size": args.batch_size,
-                 "captum_cp_batch_size": args.cp_batch_size}
-        del info
+        run, trained = prepare_run(args, scratch)
+        setup = describe(run, trained, args)
         results = []
         for n in (int(x) for x in args.n_test.split(",")):
-            tools = ["ours:last", "ours:fc.weight", "captum_fast"]
-            if args.with_tracincp and n == 1:
-                tools += ["ours:fc", "captum_cp"]
-            if not args.skip_all:
-                tools.append("ours:all")
-            if args.with_bf16:
-                tools += ["ours:last-bf16"] + ([] if args.skip_all else ["ours:all-bf16"])
             row = {"n_test": n}
-            for tool in tools:
+            for tool in tools_for(n, args):
                 row[tool] = cell(tool, n, args, run, scratch)
                 print(json.dumps({"n_test": n, tool: row[tool]}), file=sys.stderr)
-            for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc"),
-                                 ("ours:last-bf16", "ours:last"), ("ours:all-bf16", "ours:all")):
-                t, o = row.get(theirs), row.get(ours)
-                if t and o and "error" not in t and "error" not in o:
-                    t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
-                    t["compared_with"] = ours
-                    row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
-                    row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
-                    last = row["ours:last"]
-                    if "error" not in last and theirs.startswith("captum"):
-                        row[f"seconds_ratio_{theirs}_over_ours:last"] = t["seconds"] / last["seconds"]
-            a, last = row.get("ours:all"), row["ours:last"]
-            if a and "error" not in a and "error" not in last:
-                row["seconds_ratio_ours:all_over_ours:last"] = a["seconds"] / last["seconds"]
-            for value in row.values():
-                if isinstance(value, dict):
-                    value.pop("scores_file", None)
+            compare(row)
             results.append(row)
     print(json.dumps({"benchmark": "tracin_vs_captum", "setup": setup, "results": results}, indent=2))
 
