@@ -157,7 +157,8 @@ def test_names_file_with_a_bad_line(inputs):
 
 
 def test_missing_dataset_folder(inputs):
-    train_refused(inputs, inputs[0] / "nowhere", mentions=["nowhere", "neither a registered dataset nor a folder", "kgtrace datasets"])
+    train_refused(inputs, inputs[0] / "nowhere",
+                  mentions=["nowhere", "neither a registered dataset nor a folder", "kgtrace datasets"])
 
 
 def test_file_given_as_dataset(inputs):

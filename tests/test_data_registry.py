@@ -156,3 +156,10 @@ def test_a_run_records_the_name_not_the_cache_path(tiny, tmp_path):
     train(config, tmp_path / "run", progress=False, log=lambda *_: None)
     assert read_yaml(tmp_path / "run" / "config.yaml")["dataset"] == "tiny"
     assert load_run(tmp_path / "run").dataset.num_entities == 3
+
+
+def test_a_remote_datasets_cache_is_an_input_that_overwrite_spares(tiny, tmp_path):
+    from kgtrace.data.dataset import dataset_inputs
+
+    assert dataset_inputs("tiny") == [str(tmp_path / "home" / "datasets" / "tiny")]
+    assert dataset_inputs("umls") == []

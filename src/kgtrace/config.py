@@ -55,7 +55,7 @@ class TrainConfig:
     lr_patience: int = option(0, "decay the learning rate only when validation MRR has not improved for more than "
                                  "this many validations (PyTorch's ReduceLROnPlateau, as LibKGE does; needs "
                                  "eval_every); 0: after every epoch")
-    weight_decay: float = option(0.0, "Adam weight decay")
+    weight_decay: float = option(0.0, "weight decay (L2 penalty, applied by the optimizer)")
     label_smoothing: float = option(0.1, "label smoothing of the 1-N BCE loss")
     training: str = option("kvsall", "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)")
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")

@@ -268,8 +268,12 @@ def _split_file(folder: Path, split: str) -> Path:
 
 
 def dataset_inputs(source: str) -> list[str]:
-    """The folder a dataset is read from ([] for a registered one): --overwrite never replaces a folder holding it."""
-    return [] if str(source) in DATASETS else [str(source)]
+    """The folder a dataset is read from (a remote one's cache folder; [] for a bundled one): --overwrite never
+    replaces a folder holding it."""
+    entry = DATASETS.get(str(source))
+    if entry is None:
+        return [str(source)]
+    return [] if entry.bundled else [str(cache_folder(entry.name))]
 
 
 def split_path(ds: Dataset, split: str) -> str:
