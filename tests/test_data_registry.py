@@ -48,17 +48,21 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    """A registered remote dataset 'tiny' whose archive sits in a mirror folder; the cache is in tmp_path."""
-    archive = make_archive(tmp_path / "mirror")
+def register(archive: Path, tmp_path: Path, monkeypatch) -> DatasetEntry:
+    """Register ``archive`` (in the mirror folder tmp_path/mirror) as the remote dataset 'tiny'; cache in tmp_path."""
     entry = DatasetEntry("tiny", "Tiny", "a test graph", "CC0", "nobody", registry._counts(3, 2, 3, 1, 1),
-                         url="https://example.org/data/Tiny.tar.gz", sha256=sha256(archive),
+                         url=f"https://example.org/data/{archive.name}", sha256=sha256(archive),
                          members={split: f"{split}.txt" for split in SPLITS})
     monkeypatch.setitem(DATASETS, "tiny", entry)
     monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
     return entry
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A registered remote dataset 'tiny' whose archive sits in a mirror folder; the cache is in tmp_path."""
+    return register(make_archive(tmp_path / "mirror"), tmp_path, monkeypatch)
 
 
 def test_loads_by_name_from_the_mirror_and_unpacks_into_the_cache(tiny, tmp_path):
@@ -112,13 +116,7 @@ def test_an_interrupted_unpack_is_redone(tiny, tmp_path):
 
 @pytest.mark.parametrize("kind,nested", [("tar", "Tiny/"), ("zip", ""), ("zip", "Tiny/")])
 def test_archive_layouts(tmp_path, monkeypatch, kind, nested):
-    archive = make_archive(tmp_path / "mirror", "Tiny.archive", nested, kind)
-    entry = DatasetEntry("tiny", "Tiny", "", "", "", registry._counts(3, 2, 3, 1, 1),
-                         url="https://example.org/Tiny.archive", sha256=sha256(archive),
-                         members={split: f"{split}.txt" for split in SPLITS})
-    monkeypatch.setitem(DATASETS, "tiny", entry)
-    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    register(make_archive(tmp_path / "mirror", "Tiny.archive", nested, kind), tmp_path, monkeypatch)
     assert len(load_dataset("tiny").train) == 3
 
 
