@@ -92,7 +92,10 @@ def breakdown(run: Path, device: str) -> dict:
 
 
 def curve(run: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from kgtrace.layout import RunLayout
+    from kgtrace.report.sections import read_records
+
+    records = read_records(RunLayout(run).metrics)
     return [{"epoch": r["epoch"], "head": r["valid_head_mrr"], "tail": r["valid_tail_mrr"]}
             for r in records if "valid_head_mrr" in r]
 

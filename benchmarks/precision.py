@@ -39,6 +39,8 @@ def one(args: argparse.Namespace, precision: str, root: Path) -> dict:
     from kgtrace.cli.common import model_args
     from kgtrace.config import TrainConfig
     from kgtrace.evaluation.run import evaluate_run
+    from kgtrace.layout import RunLayout
+    from kgtrace.report.sections import read_records
     from kgtrace.training.loop import train
 
     config = TrainConfig(dataset=args.dataset, model=args.model, model_args=model_args(args.model_arg),
@@ -48,7 +50,7 @@ def one(args: argparse.Namespace, precision: str, root: Path) -> dict:
     start = time.perf_counter()
     train(config, root / precision, progress=False, log=lambda *_: None)
     wall = time.perf_counter() - start
-    records = [json.loads(line) for line in (root / precision / "metrics.jsonl").read_text().splitlines()]
+    records = read_records(RunLayout(root / precision).metrics)
     out = {"seconds_per_epoch": sum(r["seconds"] for r in records) / len(records), "wall_seconds": wall,
            "final_loss": records[-1]["loss"], "valid_mrr": records[-1]["valid_mrr"]}
     if args.test:

@@ -172,11 +172,12 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
     from kgtrace.config import read_yaml
     from kgtrace.evaluation.run import evaluate_run
     from kgtrace.layout import RunLayout
+    from kgtrace.report.sections import read_records
 
     layout = RunLayout(run_dir)
-    records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line.strip()]
+    records = read_records(layout.metrics)
     log = run_dir / "reproduce_sessions.jsonl"
-    sessions = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    sessions = read_records(log) if log.is_file() else []
     config = read_yaml(layout.config)
     metrics = evaluate_run(run_dir).to_dict()
     realistic = {side: metrics[side]["realistic"] for side in ("head", "tail", "both")}
