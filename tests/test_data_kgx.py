@@ -7,6 +7,9 @@ from kgtrace.data import kgx
 from kgtrace.data.kgx import read_kgx
 from kgtrace.errors import ConfigError, DataError
 
+from hetionet import EDGES as HETIONET_EDGES
+from hetionet import write_hetionet
+
 NODES = [
     {"id": "CHEBI:1", "name": "aspirin", "category": ["biolink:SmallMolecule", "biolink:ChemicalEntity"]},
     {"id": "CHEBI:2", "name": "ibuprofen", "category": ["biolink:ChemicalEntity"]},
@@ -205,3 +208,25 @@ def test_empty_jsonl_edges_and_nodes_files_are_named(tmp_path):
     with pytest.raises(DataError) as err:
         read_kgx(n, e)
     assert err.value.path == str(n) and "no nodes" in err.value.problem
+
+
+def test_hetionet_format(tmp_path):
+    """Hetionet's files read as KGX: kinds are categories, metaedges the relations, described in edge_map."""
+    nodes, edges = write_hetionet(tmp_path)
+    cut = read_kgx(nodes, edges)
+    assert cut.report["edges_read"] == len(HETIONET_EDGES)
+    assert (cut.report["duplicates"], cut.report["dropped_unknown_node"], cut.report["kept"]) == (1, 1, 13)
+    assert ["Compound::DB00001", "CtD", "Disease::DOID:1"] in cut.triples.tolist()
+    assert cut.names["Disease::DOID:1"] == "scabies"
+    assert cut.categories["Side Effect::C1"] == ("Side Effect",)
+    assert cut.edge_map[json.dumps({"predicate": "Compound treats Disease"})] == "CtD"
+    assert set(cut.edge_map.values()) == {"CtD", "CbG", "DaG", "GiG", "Gr>G", "CcSE", "CrC"}
+    restricted = read_kgx(nodes, edges, category_pairs=[("Compound", "Disease")])
+    assert sorted(set(restricted.triples[:, 1].tolist())) == ["CtD"] and restricted.report["kept"] == 3
+
+
+def test_hetionet_header_typo_names_both_layouts(tmp_path):
+    nodes, edges = write_hetionet(tmp_path)
+    edges.write_bytes(gzip.compress(b"source\tmeta_edge\ttarget\nGene::1\tGiG\tGene::2\n"))
+    with pytest.raises(DataError, match=r"sif.gz:1: the header has no 'subject'.*columns: source, meta_edge, target.*Hetionet's.*source, metaedge, target"):
+        read_kgx(nodes, edges)

@@ -4,6 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hetionet import write_hetionet
+
+from kgtrace.cli import main
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.prepare import prepare
 from kgtrace.data.triples import read_labeled_triples
@@ -124,3 +127,18 @@ def test_prepare_input_folder_and_empty_file_are_named(tmp_path):
         prepare(tmp_path / "o", triples=str(empty))
     assert e.value.path == str(empty) and "no triples" in e.value.problem
     assert not (tmp_path / "o").exists()
+
+
+def test_prepare_hetionet_holding_out_treats(tmp_path, capsys):
+    """`kgtrace prepare` reads Hetionet's own files; --holdout-predicate takes a metaedge abbreviation."""
+    nodes, edges = write_hetionet(tmp_path / "in")
+    out = tmp_path / "het"
+    assert main(["prepare", "--nodes", str(nodes), "--edges", str(edges), "--out", str(out), "--split", "predicate",
+                 "--holdout-predicate", "CtD", "--fractions", "0.8,0.0,0.2", "--holdout-fraction", "0.5"]) == 0
+    assert "read 15 edges" in capsys.readouterr().out
+    ds = load_dataset(out)
+    treats = ds.relations.to_id["CtD"]
+    assert set(ds.test[:, 1].tolist()) == {treats} and len(ds.test) >= 1
+    assert ds.relation_name("CtD") == "Compound treats Disease"
+    assert ds.entity_name("Compound::DB00001") == "permethrin"
+    assert ds.entity_categories["Disease::DOID:1"] == ("Disease",)

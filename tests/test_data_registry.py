@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hetionet import write_hetionet
+
 from kgtrace.cli import main
 from kgtrace.data import registry
 from kgtrace.data.dataset import load_dataset
@@ -126,7 +128,11 @@ def test_the_real_entries_are_complete():
         assert set(entry.counts) == {"entities", "relations", "train", "valid", "test"}
         if not entry.bundled:
             assert entry.url.startswith("https://") and len(entry.sha256) == 64
-            assert set(entry.members) == {"train", "valid", "test"}
+            if entry.graph is None:
+                assert set(entry.members) == {"train", "valid", "test"}
+            else:
+                assert not entry.members and entry.graph.nodes_url.startswith("https://")
+                assert len(entry.graph.nodes_sha256) == 64 and sum(entry.graph.fractions) == pytest.approx(1)
 
 
 def test_datasets_command_lists_bundled_cached_and_fetchable(tiny, capsys):
@@ -161,3 +167,39 @@ def test_a_remote_datasets_cache_is_an_input_that_overwrite_spares(tiny, tmp_pat
 
     assert dataset_inputs("tiny") == [str(tmp_path / "home" / "datasets" / "tiny")]
     assert dataset_inputs("umls") == []
+
+
+def test_graph_entry_is_split_on_first_use(tmp_path, monkeypatch):
+    """A graph published as Hetionet's nodes and edges files: both fetched and checked, split with the entry's seed,
+    names, kinds and relation descriptions written beside the splits; a second load reads the cache."""
+    nodes, edges = write_hetionet(tmp_path / "mirror")
+    graph = registry.GraphFiles(f"https://example.org/het/{nodes.name}", sha256(nodes), fractions=(0.6, 0.2, 0.2))
+    entry = DatasetEntry("tinyhet", "Tiny Hetionet", "a test graph", "CC0", "nobody", registry._counts(8, 7, 9, 2, 2),
+                         url=f"https://example.org/het/{edges.name}", sha256=sha256(edges), graph=graph)
+    monkeypatch.setitem(DATASETS, "tinyhet", entry)
+    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    ds = load_dataset("tinyhet")
+    folder = cached("tinyhet")
+    assert folder is not None and (folder / nodes.name).is_file() and (folder / edges.name).is_file()
+    assert len(ds.train) + len(ds.valid) + len(ds.test) == 13  # 15 edges less a duplicate and an unknown node
+    assert ds.relation_name("CtD") == "Compound treats Disease"
+    assert ds.entity_name("Disease::DOID:1") == "scabies"
+    assert ds.entity_categories["Gene::1"] == ("Gene",)
+    monkeypatch.delenv(registry.MIRROR_ENV)
+    again = load_dataset("tinyhet")
+    assert again.train.tolist() == ds.train.tolist() and again.test.tolist() == ds.test.tolist()
+
+
+def test_graph_entry_wrong_nodes_checksum(tmp_path, monkeypatch):
+    nodes, edges = write_hetionet(tmp_path / "mirror")
+    graph = registry.GraphFiles(f"https://example.org/het/{nodes.name}", "0" * 64)
+    entry = DatasetEntry("tinyhet", "Tiny Hetionet", "a test graph", "CC0", "nobody", registry._counts(8, 7, 9, 2, 2),
+                         url=f"https://example.org/het/{edges.name}", sha256=sha256(edges), graph=graph)
+    monkeypatch.setitem(DATASETS, "tinyhet", entry)
+    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    with pytest.raises(KgtraceError, match="hetionet-v1.0-nodes.tsv has sha256 .* expects 0000"):
+        fetch("tinyhet")
+    assert nodes.is_file()  # the mirror's file is never removed
+    assert not (registry.cache_folder("tinyhet") / nodes.name).exists()

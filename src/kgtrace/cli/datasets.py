@@ -22,10 +22,10 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         names = remote if args.fetch.strip() == "all" else parse_list(args.fetch, "--fetch", allowed=remote)
         for name in names:
             print(f"{name}: {fetch(name)}")
-    print(f"{'name':<10} {'entities':>8} {'relations':>9} {'train':>8} {'valid':>7} {'test':>7}  where")
+    print(f"{'name':<10} {'entities':>8} {'relations':>9} {'train':>9} {'valid':>7} {'test':>7}  where")
     for name, entry in DATASETS.items():
         c = entry.counts
-        print(f"{name:<10} {c['entities']:>8,} {c['relations']:>9,} {c['train']:>8,} {c['valid']:>7,} {c['test']:>7,}  "
+        print(f"{name:<10} {c['entities']:>8,} {c['relations']:>9,} {c['train']:>9,} {c['valid']:>7,} {c['test']:>7,}  "
               f"{_where(name)}")
         if args.citations:
             print(f"{'':<10} {entry.title}: {entry.description}; {entry.licence}; cite {entry.citation}")

@@ -15,7 +15,7 @@ So is one whose relation never occurs in train, unless the id map lists that rel
 is how ``kgtrace prepare --split predicate`` holds a predicate out of train.
 
 The dataset registry (:mod:`kgtrace.data.registry`) names the rest: the bundled benchmarks
-(:data:`~kgtrace.data.registry.BUNDLED`) load from package data, offline; remote ones (``fb15k237``, ``wn18rr``) are
+(:data:`~kgtrace.data.registry.BUNDLED`) load from package data, offline; remote ones (``fb15k237``, ``wn18rr``, ``hetionet``) are
 fetched into a cache on first use. A registered name takes precedence over a folder of the same
 name; write ``./umls`` for the folder.
 """

@@ -8,7 +8,10 @@ Formats, chosen by extension (optionally followed by ``.gz``):
 * ``.jsonl`` / ``.json`` / ``.ndjson``: one JSON object per line; ``category`` may be a list.
 
 Required fields: nodes ``id`` and ``category``; edges ``subject``, ``predicate`` and
-``object``. Edge files are read in batches of :data:`BATCH_ROWS` lines, so memory is
+``object``. Hetionet's tabular format (``hetionet-v1.0-nodes.tsv``: ``id name kind``;
+``hetionet-v1.0-edges.sif.gz``: ``source metaedge target``) is read too: its ``kind`` is the
+category, its metaedge abbreviation (``CtD``) the relation, described as in
+:data:`HETIONET_METAEDGES` (``Compound treats Disease``). Edge files are read in batches of :data:`BATCH_ROWS` lines, so memory is
 bounded by the nodes and the kept triples, never by the size of the edge file.
 """
 
@@ -20,7 +23,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 
@@ -35,6 +38,20 @@ EDGE_REQUIRED = ("subject", "predicate", "object")
 BATCH_ROWS = 200_000
 MULTI_SEPARATOR = "|"
 MAX_PAIR_CATEGORIES = 62  # one bit each in an int64 mask
+# Hetionet's column names, as KGX's.
+HETIONET_COLUMNS = {"kind": "category", "source": "subject", "metaedge": "predicate", "target": "object"}
+# Hetionet v1.0's 24 edge types (its metaedges table): abbreviation -> description.
+HETIONET_METAEDGES = {
+    "AdG": "Anatomy downregulates Gene", "AeG": "Anatomy expresses Gene", "AuG": "Anatomy upregulates Gene",
+    "CbG": "Compound binds Gene", "CcSE": "Compound causes Side Effect", "CdG": "Compound downregulates Gene",
+    "CpD": "Compound palliates Disease", "CrC": "Compound resembles Compound", "CtD": "Compound treats Disease",
+    "CuG": "Compound upregulates Gene", "DaG": "Disease associates Gene", "DdG": "Disease downregulates Gene",
+    "DlA": "Disease localizes Anatomy", "DpS": "Disease presents Symptom", "DrD": "Disease resembles Disease",
+    "DuG": "Disease upregulates Gene", "GcG": "Gene covaries Gene", "GiG": "Gene interacts Gene",
+    "GpBP": "Gene participates Biological Process", "GpCC": "Gene participates Cellular Component",
+    "GpMF": "Gene participates Molecular Function", "GpPW": "Gene participates Pathway",
+    "Gr>G": "Gene regulates Gene", "PCiC": "Pharmacologic Class includes Compound",
+}
 REPORT_KEYS = (
     "edges_read", "kept", "dropped_predicate", "dropped_category", "dropped_unknown_node", "duplicates", "nodes_read",
 )
@@ -89,11 +106,30 @@ def read_kgx(
     table = _node_masks(nodes, bits)
     counts: Counter[str] = Counter(nodes_read=nodes_read)
     edge_map: dict[str, str] = {}
-    wanted = is_qualifier if fold_qualifiers else _nothing
+    hetionet = is_hetionet(edges_path)
+    if hetionet:
+        rules = replace(rules, fold_qualifiers=False)
+    wanted = is_qualifier if rules.fold_qualifiers else _nothing
     kept = [_cut_batch(batch, table, rules, edge_map, counts) for batch in _batches(edges_path, EDGE_REQUIRED, wanted)]
     if counts["edges_read"] == 0:
         raise DataError(edges_path, None, "the edges file holds no edges", _empty_fix(edges_path, EDGE_REQUIRED))
-    return _finish(kept, nodes, edge_map, counts)
+    cut = _finish(kept, nodes, edge_map, counts)
+    return replace(cut, edge_map=_metaedge_map(cut.triples)) if hetionet else cut
+
+
+def is_hetionet(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a tab-separated file whose header uses Hetionet's column names."""
+    if _format(path) != "tsv":
+        return False
+    with closing(raw_lines(path)) as lines:
+        header = {h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")}
+    return any(name in header for name in HETIONET_COLUMNS) and not header & {"category", "subject", "predicate"}
+
+
+def _metaedge_map(triples: np.ndarray) -> dict[str, str]:
+    """edge_map for Hetionet relations: ``{"predicate": description}`` -> abbreviation, for the known ones."""
+    present = sorted(set(triples[:, 1].tolist()))
+    return {json.dumps({"predicate": HETIONET_METAEDGES[r]}): r for r in present if r in HETIONET_METAEDGES}
 
 
 def _empty_fix(path: str | os.PathLike, required: tuple[str, ...]) -> str:
@@ -226,7 +262,7 @@ def _format(path: str | os.PathLike) -> str:
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
     last = suffixes[-1] if suffixes else ""
-    if last in (".tsv", ".txt"):
+    if last in (".tsv", ".txt", ".sif"):  # .sif: Hetionet's edge file
         return "tsv"
     if last in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
@@ -236,7 +272,7 @@ def _format(path: str | os.PathLike) -> str:
 
 def _tsv_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
     with closing(raw_lines(path)) as lines:
-        header = [h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")]
+        header = _kgx_names([h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")], required)
         _check_header(path, header, required)
         columns = [i for i, name in enumerate(header) if name in required or wanted(name)]
         next_line = 2
@@ -246,12 +282,21 @@ def _tsv_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Cal
             next_line += len(chunk)
 
 
+def _kgx_names(header: list[str], required: tuple[str, ...]) -> list[str]:
+    """The header with Hetionet's column names read as KGX's, when the file uses them."""
+    if all(name in header for name in required):
+        return header
+    renamed = [HETIONET_COLUMNS.get(name, name) for name in header]
+    return renamed if all(name in renamed for name in required) else header
+
+
 def _check_header(path: str | os.PathLike, header: list[str], required: tuple[str, ...]) -> None:
     missing = [name for name in required if name not in header]
     if missing:
         raise DataError(path, 1, f"the header has no {', '.join(map(repr, missing))} column "
                         f"(columns: {', '.join(header)})",
-                        f"the first line must be a tab-separated header naming {', '.join(required)}")
+                        f"the first line must be a tab-separated header naming {', '.join(required)} "
+                        "(or Hetionet's id, name, kind for nodes and source, metaedge, target for edges)")
 
 
 def _parse_tsv_fast(

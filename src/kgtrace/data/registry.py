@@ -10,7 +10,10 @@ folder, or a ``file://`` or ``https://`` URL, holding the archives under their o
 (``FB15k-237.tar.gz``). The mirror replaces the download; the checksum is checked all the same.
 
 Adding a dataset is one :class:`DatasetEntry` in :data:`DATASETS`: where its archive is, its
-sha256, which archive member holds which split, and its licence and citation.
+sha256, which archive member holds which split, and its licence and citation. A graph published
+without splits (Hetionet: a nodes file and an edges file) names both files in a :class:`GraphFiles`;
+kgtrace splits it on first use with a fixed seed, and writes node names, kinds and relation
+descriptions beside the splits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from pathlib import Path
 import pystow
 from filelock import FileLock, Timeout
 
+from kgtrace.data.kgx import read_kgx
+from kgtrace.data.names import write_categories, write_edge_map, write_names
+from kgtrace.data.splits import random_split
+from kgtrace.data.triples import write_labeled_triples
 from kgtrace.errors import KgtraceError
 from kgtrace.io import atomic_open, atomic_write_text
 from kgtrace.owned import file_digest, read_mark, write_mark
@@ -38,12 +45,32 @@ FETCH_WAIT_S = 600  # a second process fetching the same dataset waits this long
 
 
 @dataclass(frozen=True)
+class GraphFiles:
+    """A graph published as a nodes file and an edges file (Hetionet's tabular format, or KGX), without splits.
+
+    The entry's ``url``/``sha256`` are the edges file's; the nodes file is named here. On first
+    use the edges are split at random by ``fractions`` (train, valid, test) from ``seed``, as
+    PyKEEN splits such graphs; valid/test triples whose entity would be unseen in train move to train.
+    """
+
+    nodes_url: str
+    nodes_sha256: str
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    seed: int = 0
+
+    @property
+    def nodes_file(self) -> str:
+        return self.nodes_url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
 class DatasetEntry:
     """One dataset the registry knows: where it comes from and what it holds.
 
     ``url`` and ``sha256`` are None for a bundled dataset. ``members`` maps each split to its
-    file inside the archive. ``counts`` are the sizes as published (entities, relations, and
-    triples per split), shown by ``kgtrace datasets``.
+    file inside the archive; a graph kgtrace splits itself has ``graph`` instead. ``counts`` are
+    the sizes as published (entities, relations, and triples per split; for a graph, those of
+    kgtrace's split), shown by ``kgtrace datasets``.
     """
 
     name: str
@@ -55,6 +82,7 @@ class DatasetEntry:
     url: str | None = None
     sha256: str | None = None
     members: Mapping[str, str] = field(default_factory=dict)
+    graph: GraphFiles | None = None
 
     @property
     def bundled(self) -> bool:
@@ -74,6 +102,7 @@ def _counts(entities: int, relations: int, train: int, valid: int, test: int) ->
 _KOK = "Kok & Domingos 2007, Statistical Predicate Invention (ICML)"
 _DETTMERS = "Dettmers et al. 2018, Convolutional 2D Knowledge Graph Embeddings (AAAI)"
 _CONVE_REPO = "https://github.com/TimDettmers/ConvE/raw/master"  # the sha256 pins the content
+_HETIONET = "hetio/hetionet/raw/main/hetnet/tsv"  # GitHub serves the edge file from large-file storage
 
 DATASETS: dict[str, DatasetEntry] = {e.name: e for e in (
     DatasetEntry("umls", "UMLS", "semantic types of the Unified Medical Language System and their relations",
@@ -93,6 +122,14 @@ DATASETS: dict[str, DatasetEntry] = {e.name: e for e in (
                  url=f"{_CONVE_REPO}/WN18RR.tar.gz",
                  sha256="1eb9152f804c140d163462c0d49f65e5a0b30ab5fbb375c5e3353c11a6249060",
                  members={split: f"{split}.txt" for split in SPLITS}),
+    DatasetEntry("hetionet", "Hetionet", "biomedical graph of compounds, diseases, genes and 8 other kinds, 24 edge "
+                 "types (v1.0); split at random 80/10/10 with seed 0", "CC0 1.0 (the compiled network)",
+                 "Himmelstein et al. 2017, Systematic integration of biomedical knowledge prioritizes drugs for "
+                 "repurposing (eLife)", _counts(45158, 24, 1800157, 225020, 225020),
+                 url=f"https://github.com/{_HETIONET}/hetionet-v1.0-edges.sif.gz",
+                 sha256="611f0411ac666be4e0270e54bbca67407e14720bfc3099311f0f5eec25c5a947",
+                 graph=GraphFiles(f"https://github.com/{_HETIONET}/hetionet-v1.0-nodes.tsv",
+                                  "3ad9eb86c031df8bc7d5efefa6edc93562182eb9a6a71e5129d3f18b9d42c50e")),
 )}
 
 BUNDLED = tuple(name for name, e in DATASETS.items() if e.bundled)
@@ -139,44 +176,69 @@ def fetch(name: str) -> Path:
 def _fetch_locked(entry: DatasetEntry, folder: Path) -> None:
     if read_mark(folder) is None:
         write_mark(folder, "dataset")
-    archive = folder / entry.archive
-    if not (archive.is_file() and file_digest(archive) == entry.sha256):
-        _download(entry, archive)
+    for file, (_, sha256) in remote_files(entry).items():
+        if not ((folder / file).is_file() and file_digest(folder / file) == sha256):
+            _download(entry, file, folder / file)
     (folder / UNPACKED).unlink(missing_ok=True)
-    _unpack(entry, archive, folder)
+    if entry.graph is None:
+        _unpack(entry, folder / entry.archive, folder)
+    else:
+        _split_graph(entry.graph, folder / entry.graph.nodes_file, folder / entry.archive, folder)
     atomic_write_text(folder / UNPACKED, f"{entry.sha256}\n")  # last: the folder is complete
 
 
-def source_url(entry: DatasetEntry) -> str:
-    """Where the archive is read from: the mirror named by ``KGTRACE_DATASETS_MIRROR``, else its public URL."""
+def remote_files(entry: DatasetEntry) -> dict[str, tuple[str, str]]:
+    """File name -> (public URL, sha256) of every file a remote dataset downloads."""
+    assert entry.url is not None and entry.sha256 is not None, f"{entry.name} is bundled"
+    files = {entry.archive: (entry.url, entry.sha256)}
+    if entry.graph is not None:
+        files[entry.graph.nodes_file] = (entry.graph.nodes_url, entry.graph.nodes_sha256)
+    return files
+
+
+def source_url(entry: DatasetEntry, file: str | None = None) -> str:
+    """Where ``file`` (default: the archive) is read from: the mirror named by ``KGTRACE_DATASETS_MIRROR``, else
+    its public URL."""
+    file = file or entry.archive
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     if not mirror:
-        assert entry.url is not None
-        return entry.url
+        return remote_files(entry)[file][0]
     if "://" in mirror:
-        return f"{mirror.rstrip('/')}/{entry.archive}"
-    return Path(mirror, entry.archive).resolve().as_uri()
+        return f"{mirror.rstrip('/')}/{file}"
+    return Path(mirror, file).resolve().as_uri()
 
 
-def _download(entry: DatasetEntry, archive: Path) -> None:
-    """Download (or copy from the mirror) ``entry``'s archive to ``archive``, checked against its sha256."""
-    url = source_url(entry)
-    part = archive.with_name(f"{archive.name}.part")
+def _download(entry: DatasetEntry, file: str, target: Path) -> None:
+    """Download (or copy from the mirror) ``entry``'s ``file`` to ``target``, checked against its sha256."""
+    url = source_url(entry, file)
+    expected = remote_files(entry)[file][1]
+    part = target.with_name(f"{target.name}.part")
     try:
         pystow.utils.download(url, part, force=True, progress_bar=False)
     except Exception as e:  # urllib and requests raise many kinds; the user needs the URL and the cause
         part.unlink(missing_ok=True)
         raise KgtraceError(
             f"{entry.name}: could not download {url} ({type(e).__name__}: {e}). Fix: check the network, or on a "
-            f"machine without internet set {MIRROR_ENV} to a folder holding {entry.archive}") from None
+            f"machine without internet set {MIRROR_ENV} to a folder holding {file}") from None
     actual = file_digest(part)
-    if actual != entry.sha256:
+    if actual != expected:
         part.unlink()  # kgtrace wrote it, and it is not the file the registry knows
         raise KgtraceError(
-            f"{entry.name}: {url} has sha256 {actual}, but the registry expects {entry.sha256}: it is not the "
-            f"archive kgtrace knows (a changed upload, a wrong file in the mirror, or a broken download). Fix: put "
-            f"the original {entry.archive} there, or load your copy as a folder (kgtrace train --dataset FOLDER)")
-    part.replace(archive)
+            f"{entry.name}: {url} has sha256 {actual}, but the registry expects {expected}: it is not the "
+            f"file kgtrace knows (a changed upload, a wrong file in the mirror, or a broken download). Fix: put "
+            f"the original {file} there, or load your copy as a folder (kgtrace train --dataset FOLDER)")
+    part.replace(target)
+
+
+def _split_graph(graph: GraphFiles, nodes: Path, edges: Path, folder: Path) -> None:
+    """Split a graph's edges into ``folder/SPLIT.txt`` and write its node names, kinds and relation descriptions."""
+    cut = read_kgx(nodes, edges)
+    train, valid, test, _ = random_split(cut.triples, graph.fractions, graph.seed)
+    for split, triples in zip(SPLITS, (train, valid, test)):
+        write_labeled_triples(triples, folder / f"{split}.txt")
+    write_names(cut.names, folder / "node_names.txt")
+    write_categories(cut.categories, folder / "node_categories.tsv")
+    write_edge_map(cut.edge_map, folder / "edge_map.json")
 
 
 def _unpack(entry: DatasetEntry, archive: Path, folder: Path) -> None:
