@@ -438,3 +438,28 @@ def test_explicit_restriction():
     assert len(error.value.problems) == 2
     assert "'cures'" in error.value.problems[0] and "biolink:treats" in error.value.problems[0]
     assert "'biolink:Desease'" in error.value.problems[1] and "biolink:Disease" in error.value.problems[1]
+
+
+def test_inferred_restriction_keeps_the_most_specific_category_of_a_lineage():
+    """Biolink lineages: every node is a NamedThing and diseases and phenotypes share a parent, yet 'treats'
+    tails seen only on diseases allow diseases alone; a node typed only NamedThing stays allowed."""
+    lineage = {"d1": ("biolink:NamedThing", "biolink:DiseaseOrPhenotypicFeature", "biolink:Disease"),
+               "d2": ("biolink:NamedThing", "biolink:DiseaseOrPhenotypicFeature", "biolink:Disease"),
+               "p1": ("biolink:NamedThing", "biolink:DiseaseOrPhenotypicFeature", "biolink:PhenotypicFeature"),
+               "c1": ("biolink:NamedThing", "biolink:ChemicalEntity", "biolink:SmallMolecule"),
+               "c2": ("biolink:NamedThing", "biolink:ChemicalEntity", "biolink:SmallMolecule"),
+               "g1": ("biolink:NamedThing", "biolink:Gene"),
+               "x": ("biolink:NamedThing",)}
+    labels = tuple(lineage)
+    e = {label: i for i, label in enumerate(labels)}
+    train = torch.tensor([[e["c1"], 0, e["d1"]], [e["g1"], 1, e["p1"]], [e["g1"], 1, e["x"]]])
+    ds = Dataset(name="lineage", source="lineage", entities=Vocab(labels), relations=Vocab(("treats", "has")),
+                 train=train, valid=train[:0], test=train[:0], entity_categories=lineage)
+    restriction = infer_restriction(ds)
+
+    def allowed(relation: int) -> set[str]:
+        return {labels[i] for i in torch.nonzero(restriction.mask(torch.tensor([relation]))[0]).squeeze(1).tolist()}
+
+    assert allowed(0) == {"d1", "d2", "x"}  # treats tails: diseases, and x whose only category a disease has
+    assert allowed(2) == {"c1", "c2", "x"}  # treats heads: small molecules
+    assert allowed(1) == {"p1", "x"}  # has tails: a phenotype and a bare named thing were seen

@@ -141,10 +141,14 @@ def _membership(groups: _Groups) -> Tensor:
 def infer_restriction(dataset, triples: Tensor | None = None) -> CandidateRestriction:
     """The domain and range seen in ``triples`` (default: the training split).
 
-    An entity may be a tail of relation r if its category set shares a category with some
-    tail of r in ``triples``, and a head likewise (row r + R). Uncategorized entities count
-    as one more category: allowed where some seen answer was uncategorized. A relation
-    without triples has no evidence and stays unrestricted.
+    An entity may be a tail of relation r if its *most specific* category is a category of
+    some tail of r in ``triples``, and a head likewise (row r + R). An entity's most specific
+    categories are those of its categories that the fewest entities of the dataset carry:
+    with Biolink lineages (``biolink:NamedThing|biolink:Disease``) an ancestor is carried by
+    at least every entity its descendant is, so a disease counts as a disease, not as a
+    named thing that every entity also is (ties, e.g. two categories on the same entities,
+    all count). Uncategorized entities count as one more category: allowed where some seen
+    answer was uncategorized. A relation without triples has no evidence and stays unrestricted.
     """
     groups = _entity_groups(dataset)
     triples = (dataset.train if triples is None else triples).long().cpu()
@@ -155,9 +159,18 @@ def infer_restriction(dataset, triples: Tensor | None = None) -> CandidateRestri
     seen[r + num_relations, groups.entity_group[h]] = True
     member = _membership(groups)  # [G, C + 1]
     seen_categories = (seen.float() @ member) > 0  # [2R, C + 1]
-    allowed = (seen_categories.float() @ member.t()) > 0  # [2R, G]
+    allowed = (seen_categories.float() @ _most_specific(groups, member).t()) > 0  # [2R, G]
     allowed[~seen.any(1)] = True
     return CandidateRestriction(groups.entity_group, allowed)
+
+
+def _most_specific(groups: _Groups, member: Tensor) -> Tensor:
+    """FloatTensor [G, C + 1]: 1 where category c is one of group g's rarest categories among the entities."""
+    sizes = torch.bincount(groups.entity_group, minlength=member.shape[0]).to(member.dtype)  # [G]
+    carriers = sizes @ member  # [C + 1]: entities carrying each category
+    carried = torch.where(member > 0, carriers, torch.inf)  # [G, C + 1]: inf where g lacks c
+    fewest = carried.min(dim=1, keepdim=True).values  # [G, 1]
+    return ((member > 0) & (carried == fewest)).to(member.dtype)
 
 
 def explicit_restriction(dataset, rules: dict[tuple[str, str], set[str]]) -> CandidateRestriction:
