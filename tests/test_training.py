@@ -288,3 +288,13 @@ def test_lr_patience_needs_validation():
         TrainConfig(lr_patience=2, eval_every=0).validate()
     with pytest.raises(ConfigError, match="optimizer='sgd'"):
         TrainConfig(optimizer="sgd").validate()
+
+
+def test_steps_per_epoch_caps_each_epoch(tmp_path):
+    """steps_per_epoch 2: two optimizer steps per epoch (Adam counts them), each epoch over a fresh shuffle."""
+    out = tmp_path / "capped"
+    train(small_config(epochs=2, batch_size=16, steps_per_epoch=2), out, progress=False, log=lambda *_: None)
+    state = load_checkpoint(out / "checkpoints/epoch-0002.pt")["optimizer_state"]["state"]
+    assert {int(s["step"]) for s in state.values()} == {4}
+    with pytest.raises(ConfigError, match="steps_per_epoch=-1: must be 0 or more"):
+        TrainConfig(steps_per_epoch=-1).validate()

@@ -48,6 +48,8 @@ class TrainConfig:
     model_args: dict[str, Any] = field(default_factory=dict, metadata={"help": "constructor keywords of the model"})
     epochs: int = option(100, "number of epochs")
     batch_size: int = option(128, "queries per optimizer step")
+    steps_per_epoch: int = option(0, "cap each epoch at this many optimizer steps over a fresh shuffle of the "
+                                     "queries (0: a full pass); for smoke runs and timings on very large graphs")
     lr: float = option(1e-3, "learning rate")
     optimizer: str = option("adam", "adam, or adagrad (LibKGE's default)")
     lr_decay: float = option(1.0, "multiply the learning rate by this after each epoch, or with lr_patience when "
@@ -80,7 +82,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
-        for name in ("eval_every", "patience", "lr_patience", "threads", "entity_chunk", "seed"):
+        for name in ("steps_per_epoch", "eval_every", "patience", "lr_patience", "threads", "entity_chunk", "seed"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)}: must be 0 or more")
         if not self.lr > 0:

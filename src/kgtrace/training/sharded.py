@@ -38,7 +38,7 @@ from kgtrace.config import TrainConfig
 from kgtrace.distributed import World
 from kgtrace.precision import precision_context
 from kgtrace.training.batches import Batches
-from kgtrace.training.step import TrainState, backward_and_step, batch_loss
+from kgtrace.training.step import TrainState, backward_and_step, batch_loss, epoch_batches
 
 __all__ = ["BatchLoss", "all_reduce_gradients", "part_of_batch", "sharded_epochs"]
 
@@ -106,7 +106,7 @@ def run_sharded_epoch(state: TrainState, batches: Batches, config: TrainConfig, 
     order = torch.randperm(len(batches), generator=state.shuffle)  # the same on every process
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
-    bar = tqdm(order.split(config.batch_size), desc=f"epoch {state.epoch + 1}/{config.epochs}",
+    bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
                leave=False, disable=not progress, unit="batch")
     for pos in bar:
         part, parts = part_of_batch(pos, world)

@@ -70,13 +70,19 @@ def backward_and_step(state: TrainState, loss: Tensor, sync: Callable[[], None] 
     state.step += 1
 
 
+def epoch_batches(order: Tensor, config: TrainConfig) -> tuple[Tensor, ...]:
+    """An epoch's batches of example positions: ``order`` in batch_size pieces, the first steps_per_epoch if set."""
+    batches = order.split(config.batch_size)
+    return batches[: config.steps_per_epoch] if config.steps_per_epoch else batches
+
+
 def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
     """One pass over the shuffled examples; returns the mean batch loss."""
     state.model.train()
     order = torch.randperm(len(batches), generator=state.shuffle)
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
-    bar = tqdm(order.split(config.batch_size), desc=f"epoch {state.epoch + 1}/{config.epochs}",
+    bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
                leave=False, disable=not progress, unit="batch")
     for pos in bar:
         state.optimizer.zero_grad(set_to_none=True)
