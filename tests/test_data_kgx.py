@@ -148,7 +148,7 @@ def test_tsv_blank_line_and_crlf_accepted(tmp_path):
 
 def test_tsv_batches_cross_chunks(tmp_path, monkeypatch):
     # Line numbers must stay right across batch boundaries.
-    monkeypatch.setattr(kgx, "BATCH_ROWS", 3)
+    monkeypatch.setattr(kgx, "BLOCK_BYTES", 60)  # two or three lines a block
     n, e = write_tsv(tmp_path)
     assert read_kgx(n, e).report["edges_read"] == 8
     lines = e.read_text().splitlines()

@@ -96,6 +96,27 @@ def raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
                             GZIP_FIX) from None
 
 
+def raw_blocks(path: str | os.PathLike, size: int) -> Iterator[tuple[int, bytes]]:
+    """Blocks of whole lines of a (possibly gzipped) file, each about ``size`` bytes, endings kept, with the
+    1-based number of each block's first line: a large file parsed block by block without a Python object per line.
+
+    A cut-off or damaged gzip stream is a DataError naming the line being read when it broke (as
+    :func:`raw_lines` names it: the file is read again line by line to find it).
+    """
+    with open_binary(path) as f:
+        line = 1
+        try:
+            while block := f.read(size):
+                if not block.endswith(b"\n"):
+                    block += f.readline()  # finish the last line
+                yield line, block
+                line += block.count(b"\n")
+        except GZIP_ERRORS as e:
+            for _ in raw_lines(path):  # raises the DataError naming the exact line
+                pass
+            raise DataError(path, line, f"the gzip data is damaged at or after line {line} ({e})", GZIP_FIX) from None
+
+
 def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:
     """Decode one raw line as UTF-8 and drop its line ending (LF or CRLF) and, on line 1, a BOM."""
     try:

@@ -11,7 +11,7 @@ Required fields: nodes ``id`` and ``category``; edges ``subject``, ``predicate``
 ``object``. Hetionet's tabular format (``hetionet-v1.0-nodes.tsv``: ``id name kind``;
 ``hetionet-v1.0-edges.sif.gz``: ``source metaedge target``) is read too: its ``kind`` is the
 category, its metaedge abbreviation (``CtD``) the relation, described as in
-:data:`HETIONET_METAEDGES` (``Compound treats Disease``). Edge files are read in batches of :data:`BATCH_ROWS` lines, so memory is
+:data:`HETIONET_METAEDGES` (``Compound treats Disease``). Edge files are read in blocks of :data:`BLOCK_BYTES` of whole lines, so memory is
 bounded by the nodes and the kept triples, never by the size of the edge file.
 """
 
@@ -24,18 +24,18 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from kgtrace.data._io import decode_line, raw_lines, strings_to_object_array
+from kgtrace.data._io import decode_line, raw_blocks, raw_lines, strings_to_object_array
 from kgtrace.errors import ConfigError, DataError
 
 NODE_REQUIRED = ("id", "category")
 EDGE_REQUIRED = ("subject", "predicate", "object")
-BATCH_ROWS = 200_000
+BLOCK_BYTES = 256 << 20  # files are parsed in blocks of whole lines of about this size
 MULTI_SEPARATOR = "|"
 MAX_PAIR_CATEGORIES = 62  # one bit each in an int64 mask
 # Hetionet's column names, as KGX's.
@@ -271,15 +271,25 @@ def _format(path: str | os.PathLike) -> str:
 
 
 def _tsv_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with closing(raw_lines(path)) as lines:
-        header = _kgx_names([h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")], required)
+    with closing(raw_blocks(path, BLOCK_BYTES)) as blocks:
+        _, first = next(blocks, (1, b""))
+        header_line, _, rest = first.partition(b"\n")
+        header = _kgx_names([h.strip() for h in decode_line(path, 1, header_line).split("\t")], required)
         _check_header(path, header, required)
         columns = [i for i, name in enumerate(header) if name in required or wanted(name)]
-        next_line = 2
-        while chunk := list(islice(lines, BATCH_ROWS)):
-            frame = _parse_tsv_fast(chunk, header, columns, required)
-            yield frame if frame is not None else _parse_tsv_slow(path, next_line, chunk, header, columns, required)
-            next_line += len(chunk)
+        for start, block in chain([(2, rest)], blocks):
+            if not block:
+                continue
+            frame = _parse_tsv_fast(block, header, columns, required)
+            yield frame if frame is not None else _parse_tsv_slow(
+                path, start, _lines(block), header, columns, required)
+
+
+def _lines(block: bytes) -> list[bytes]:
+    """A block's lines, endings kept, split at newlines only (as reading the file line by line does)."""
+    lines = block.split(b"\n")
+    last = lines.pop()  # empty when the block ends with a newline
+    return [line + b"\n" for line in lines] + ([last] if last else [])
 
 
 def _kgx_names(header: list[str], required: tuple[str, ...]) -> list[str]:
@@ -300,11 +310,11 @@ def _check_header(path: str | os.PathLike, header: list[str], required: tuple[st
 
 
 def _parse_tsv_fast(
-    chunk: list[bytes], header: list[str], columns: list[int], required: tuple[str, ...]
+    block: bytes, header: list[str], columns: list[int], required: tuple[str, ...]
 ) -> pl.DataFrame | None:
-    """polars parse of a chunk of lines; None if anything is odd (the slow parse then finds it)."""
+    """polars parse of a block of lines; None if anything is odd (the slow parse then finds it)."""
     try:
-        frame = pl.read_csv(io.BytesIO(b"".join(chunk)), separator="\t", has_header=False,
+        frame = pl.read_csv(io.BytesIO(block), separator="\t", has_header=False,
                             quote_char=None, infer_schema=False)
     except pl.exceptions.PolarsError:
         return None
@@ -342,20 +352,19 @@ def _parse_tsv_slow(
 
 
 def _jsonl_batches(path: str | os.PathLike, required: tuple[str, ...], wanted: Callable[[str], bool]) -> Iterator[pl.DataFrame]:
-    with closing(raw_lines(path)) as lines:
-        next_line = 1
-        while chunk := list(islice(lines, BATCH_ROWS)):
-            if next_line == 1:
-                chunk[0] = chunk[0].removeprefix(b"\xef\xbb\xbf")
-            frame = _parse_jsonl_fast(chunk, required, wanted)
-            yield frame if frame is not None else _parse_jsonl_slow(path, next_line, chunk, required, wanted)
-            next_line += len(chunk)
+    with closing(raw_blocks(path, BLOCK_BYTES)) as blocks:
+        for start, block in blocks:
+            if start == 1:
+                block = block.removeprefix(b"\xef\xbb\xbf")
+            frame = _parse_jsonl_fast(block, required, wanted)
+            yield frame if frame is not None else _parse_jsonl_slow(
+                path, start, _lines(block), required, wanted)
 
 
-def _parse_jsonl_fast(chunk: list[bytes], required: tuple[str, ...], wanted: Callable[[str], bool]) -> pl.DataFrame | None:
-    """polars parse of a chunk of JSON lines; None if anything is odd (the slow parse then finds it)."""
+def _parse_jsonl_fast(block: bytes, required: tuple[str, ...], wanted: Callable[[str], bool]) -> pl.DataFrame | None:
+    """polars parse of a block of JSON lines; None if anything is odd (the slow parse then finds it)."""
     try:
-        frame = pl.read_ndjson(io.BytesIO(b"".join(chunk)), infer_schema_length=None)
+        frame = pl.read_ndjson(io.BytesIO(block), infer_schema_length=None)
     except pl.exceptions.PolarsError:
         return None
     if any(name not in frame.columns for name in required):

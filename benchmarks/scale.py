@@ -1,0 +1,193 @@
+"""The whole path at the users' scale: each step on a 16M-edge ROBOKOP-shaped graph (and the Hetionet-shaped
+one), its seconds and peak memory against its target; prints JSON and writes benchmarks/results/scale-DEVICE.json.
+
+    python benchmarks/make_graph.py robokop --out benchmarks/graphs/robokop
+    python benchmarks/make_graph.py hetionet --out benchmarks/graphs/hetionet
+    python benchmarks/scale.py [--steps prepare,train,...] [--device auto] [--threads 2] [--redo]
+
+Every step runs as its own process (the ``kgtrace`` command a user would type where there is one),
+so its peak resident memory is its own (``wait4``); on CUDA the GPU's peak comes from the step's
+JSON. Steps already in the result file are kept, so the script resumes where it stopped; ``--redo``
+runs the named steps again. The steps, in order:
+
+* ``prepare``: ``kgtrace prepare`` of the KGX JSONL (category pairs, a dropped predicate,
+  ``biolink:treats`` held out, qualifiers folded); edges read per second.
+* ``train``: ConvE dim 200, Adam, KvsAll, batch 128, ``--steps-per-epoch`` steps for 4 epochs (a
+  checkpoint each: the checkpoints TracIn reads); seconds per 1,000 steps and an epoch extrapolated.
+* ``train-chunked``: the same for a few steps with ``entity_chunk`` 65,536: the memory it saves.
+* ``evaluate``: ``kgtrace evaluate`` of the test split (filtered, both sides, all entities).
+* ``restrict``: the inferred type restriction of ``biolink:treats`` (how many entities each side
+  allows, and whether exactly the small molecules and diseases), then the restricted evaluation.
+* ``tracin-last``: ``kgtrace explain --test 100 --params last`` over all training triples, 4 checkpoints.
+* ``tracin-all``: ``--params all`` on a prefix of the training triples, extrapolated to all of them,
+  beside its FLOP floor (the multiply-adds of one forward and backward pass per training triple).
+* ``explain``: ``kgtrace explain --predict DRUG biolink:treats --top-n 10``.
+* ``mine``: ``kgtrace prove mine`` on the Hetionet-shaped graph.
+* ``run``: ``kgtrace run`` on the Hetionet-shaped graph with Compound-treats-Disease held out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GRAPHS = HERE / "graphs"
+WORK = HERE / "runs" / "scale"
+KGTRACE = [sys.executable, "-m", "kgtrace"]
+STEPS = ("prepare", "train", "train-chunked", "evaluate", "restrict", "tracin-last", "tracin-all", "explain", "mine",
+         "run")
+PAIRS = ("biolink:ChemicalEntity,biolink:Disease", "biolink:ChemicalEntity,biolink:Gene", "biolink:Gene,biolink:Gene",
+         "biolink:Gene,biolink:Disease", "biolink:Gene,biolink:BiologicalProcessOrActivity",
+         "biolink:Gene,biolink:AnatomicalEntity", "biolink:DiseaseOrPhenotypicFeature,biolink:DiseaseOrPhenotypicFeature",
+         "biolink:ChemicalEntity,biolink:PhenotypicFeature", "biolink:ChemicalEntity,biolink:ChemicalEntity")
+TARGETS = {  # what each step must reach on the 2-core CPU
+    "prepare": "at least 300,000 edges/s, peak RSS under 4 GB",
+    "train": "seconds per 1,000 steps measured; memory within 24 GB with Adam",
+    "evaluate": "under 300 s for 10,000 test triples, within the memory budget",
+    "restrict": "treats heads: the small molecules only; tails: the diseases only",
+    "tracin-last": "under 900 s for 100 test triples over all training triples, 4 checkpoints; under 4 GB",
+    "tracin-all": "measured, against its FLOP floor",
+    "explain": "under 120 s",
+    "mine": "under 300 s and 8 GB",
+    "run": "completes, with real drug and disease names in report.html",
+}
+
+
+def measure(command: list[str], timeout: float | None = None) -> dict:
+    """Run ``command``; its wall seconds, peak RSS (GB, from its own wait4), exit status and output tail."""
+    log = WORK / "step.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        while True:  # reaped here, not by Popen, so that wait4 reports this process's own peak
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout is not None and time.perf_counter() - start > timeout:
+                process.kill()
+            time.sleep(0.2)
+    seconds = time.perf_counter() - start
+    return {"command": " ".join(map(str, command)), "seconds": round(seconds, 1),
+            "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2), "returncode": os.waitstatus_to_exitcode(status),
+            "output_tail": log.read_text()[-1500:]}
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def step_prepare(args: argparse.Namespace) -> dict:
+    graph = args.robokop
+    command = [*KGTRACE, "prepare", "--nodes", graph / "nodes.jsonl", "--edges", graph / "edges.jsonl",
+               "--out", args.work / "robokop-treats", "--overwrite", "--drop-predicate",
+               "biolink:occurs_together_in_literature_with", "--split", "predicate", "--holdout-predicate",
+               "biolink:treats", "--holdout-fraction", "0.16"]
+    for pair in PAIRS:
+        command += ["--category-pair", pair]
+    result = measure(command)
+    edges = sum(1 for _ in open(graph / "edges.jsonl", "rb"))
+    return {**result, "edges": edges, "edges_per_s": round(edges / result["seconds"]),
+            "met": result["returncode"] == 0 and edges / result["seconds"] >= 300_000 and result["peak_rss_gb"] < 4}
+
+
+def train_config(args: argparse.Namespace, **changes) -> dict:
+    return {"dataset": str(args.work / "robokop-treats"), "model": "conve", "epochs": 4, "batch_size": 128,
+            "steps_per_epoch": args.steps, "checkpoint_every": 1, "eval_every": 0, "threads": args.threads,
+            "device": args.device, "lr": 0.003, **changes}
+
+
+def step_train(args: argparse.Namespace, chunk: int = 0) -> dict:
+    out = args.work / ("conve" if not chunk else "conve-chunked")
+    config = train_config(args, **({"entity_chunk": chunk, "epochs": 1, "steps_per_epoch": 10} if chunk else {}))
+    result = measure([sys.executable, __file__, "--child", "train", json.dumps(config), str(out)])
+    child = _child_json(result)
+    seconds_per_step = child["seconds_per_step"]
+    return {**result, **child, "seconds_per_1000_steps": round(1000 * seconds_per_step, 1),
+            "epoch_hours": round(child["steps_per_full_epoch"] * seconds_per_step / 3600, 2),
+            "met": result["returncode"] == 0 and result["peak_rss_gb"] < 24}
+
+
+def step_evaluate(args: argparse.Namespace, restrict: bool = False) -> dict:
+    run = args.work / "conve"
+    command = [*KGTRACE, "evaluate", run, "--memory-budget", args.memory_budget, "--device", args.device,
+               "--out", args.work / ("test-restricted.json" if restrict else "test-metrics.json")]
+    result = measure(command + (["--restrict", "typed"] if restrict else []))
+    metrics = json.loads((args.work / ("test-restricted.json" if restrict else "test-metrics.json")).read_text())
+    queries = metrics.get("num_triples") or metrics.get("triples")
+    per_10k = result["seconds"] * 10_000 / queries if queries else None
+    return {**result, "test_triples": queries, "seconds_per_10000": per_10k and round(per_10k, 1),
+            "met": result["returncode"] == 0 and per_10k is not None and per_10k < 300}
+
+
+def step_restrict(args: argparse.Namespace) -> dict:
+    result = measure([sys.executable, __file__, "--child", "restrict", str(args.work / "robokop-treats")])
+    child = _child_json(result)
+    evaluated = step_evaluate(args, restrict=True)
+    return {**result, **child, "restricted_evaluation": evaluated,
+            "met": child["heads_exact"] and child["tails_exact"] and evaluated["returncode"] == 0}
+
+
+def step_tracin_last(args: argparse.Namespace) -> dict:
+    out = args.work / "tracin-last.json"
+    result = measure([*KGTRACE, "explain", args.work / "conve", "--test", "100", "--params", "last",
+                      "--checkpoints", "all", "--device", args.device, "--no-progress", "--out", out])
+    return {**result, "met": result["returncode"] == 0 and result["seconds"] < 900 and result["peak_rss_gb"] < 4}
+
+
+def step_tracin_all(args: argparse.Namespace) -> dict:
+    result = measure([sys.executable, __file__, "--child", "tracin-all", str(args.work / "conve"), str(args.prefix),
+                      args.device])
+    child = _child_json(result)
+    return {**result, **child, "met": result["returncode"] == 0}
+
+
+def step_explain(args: argparse.Namespace) -> dict:
+    drug = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))["drug"]
+    result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", drug, "biolink:treats", "--top-n", "10",
+                      "--device", args.device, "--no-progress", "--out", args.work / "explain-predict.json"])
+    return {**result, "drug": drug, "met": result["returncode"] == 0 and result["seconds"] < 120}
+
+
+def hetionet_folder(args: argparse.Namespace) -> Path:
+    """The Hetionet-shaped graph with Compound-treats-Disease held out (prepared once)."""
+    folder = args.work / "hetionet-ctd"
+    if not (folder / "train.txt").is_file():
+        subprocess.run([*KGTRACE, "prepare", "--nodes", args.hetionet / "hetionet-v1.0-nodes.tsv", "--edges",
+                        args.hetionet / "hetionet-v1.0-edges.sif.gz", "--out", folder, "--split", "predicate",
+                        "--holdout-predicate", "CtD", "--holdout-fraction", "0.3"], check=True)
+    return folder
+
+
+def step_mine(args: argparse.Namespace) -> dict:
+    result = measure([*KGTRACE, "prove", "mine", "--dataset", hetionet_folder(args), "--out",
+                      args.work / "hetionet-rules.tsv", "--overwrite"])
+    return {**result, "met": result["returncode"] == 0 and result["seconds"] < 300 and result["peak_rss_gb"] < 8}
+
+
+def step_run(args: argparse.Namespace) -> dict:
+    out = args.work / "hetionet-run"
+    result = measure([*KGTRACE, "run", "--dataset", hetionet_folder(args), "--out", out, "--epochs", "2",
+                      "--steps-per-epoch", str(args.steps), "--threads", str(args.threads), "--no-progress"])
+    report = (out / "report.html").read_text() if (out / "report.html").is_file() else ""
+    names = [name for name in ("Compound treats Disease",) if name in report]
+    return {**result, "report_names": names, "met": result["returncode"] == 0 and bool(names)}
+
+
+def _child_json(result: dict) -> dict:
+    """The JSON line a child step printed last."""
+    lines = [line for line in result["output_tail"].splitlines() if line.startswith("{")]
+    if result["returncode"] != 0 or not lines:
+        raise SystemExit(f"step failed ({result['returncode']}): {result['command']}\n{result['output_tail']}")
+    return json.loads(lines[-1])
+
+
+STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train, "train-chunked": lambda a: step_train(a, 65536),
+                  "evaluate": step_evaluate, "restrict": step_restrict, "tracin-last": step_tracin_last,
+                  "tracin-all": step_tracin_all, "explain": step_explain, "mine": step_mine, "run": step_run}
