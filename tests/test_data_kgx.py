@@ -228,5 +228,6 @@ def test_hetionet_format(tmp_path):
 def test_hetionet_header_typo_names_both_layouts(tmp_path):
     nodes, edges = write_hetionet(tmp_path)
     edges.write_bytes(gzip.compress(b"source\tmeta_edge\ttarget\nGene::1\tGiG\tGene::2\n"))
-    with pytest.raises(DataError, match=r"sif.gz:1: the header has no 'subject'.*columns: source, meta_edge, target.*Hetionet's.*source, metaedge, target"):
+    with pytest.raises(DataError, match=r"sif.gz:1: the header has no 'subject'.*columns: source, meta_edge, target"
+                       r".*Hetionet's.*source, metaedge, target"):
         read_kgx(nodes, edges)

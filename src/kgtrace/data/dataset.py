@@ -48,7 +48,7 @@ from kgtrace.data.names import (
 )
 from kgtrace.data.registry import DATASETS, cache_folder, fetch
 from kgtrace.data.splits import seen_mask
-from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_labeled_triples
+from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_id_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
 from kgtrace.errors import DataError, DataWarning, KgtraceError
 
@@ -156,7 +156,7 @@ def save_dataset(ds: Dataset, folder: str | os.PathLike, *, overwrite: bool = Fa
     write_vocab(ds.entities, folder / "node_dict")
     write_vocab(ds.relations, folder / "rel_dict")
     for split in SPLITS:
-        write_labeled_triples(_labels(ds, getattr(ds, split)), folder / f"{split}.txt")
+        write_id_triples(getattr(ds, split), ds.entities, ds.relations, folder / f"{split}.txt")
     if ds.entity_names:
         write_names(ds.entity_names, folder / NAMES_FILE)
     edge_map = _edge_map_to_save(ds)
@@ -303,16 +303,6 @@ def _optional(folder: Path | None, name: str, read: Callable[[Path], T]) -> T | 
     if folder is None or not (folder / name).is_file():
         return {}
     return read(folder / name)
-
-
-def _labels(ds: Dataset, triples: torch.Tensor) -> np.ndarray:
-    """Id triples ``[n, 3]`` -> labelled object array ``[n, 3]``."""
-    ids = triples.cpu().numpy()
-    entity = np.asarray(ds.entities.labels, dtype=object)
-    relation = np.asarray(ds.relations.labels, dtype=object)
-    if len(ids) == 0:
-        return np.empty((0, 3), dtype=object)
-    return np.stack([entity[ids[:, 0]], relation[ids[:, 1]], entity[ids[:, 2]]], axis=1)
 
 
 def _edge_map_to_save(ds: Dataset) -> dict[str, str]:

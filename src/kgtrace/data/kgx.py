@@ -11,8 +11,11 @@ Required fields: nodes ``id`` and ``category``; edges ``subject``, ``predicate``
 ``object``. Hetionet's tabular format (``hetionet-v1.0-nodes.tsv``: ``id name kind``;
 ``hetionet-v1.0-edges.sif.gz``: ``source metaedge target``) is read too: its ``kind`` is the
 category, its metaedge abbreviation (``CtD``) the relation, described as in
-:data:`HETIONET_METAEDGES` (``Compound treats Disease``). Edge files are read in blocks of :data:`BLOCK_BYTES` of whole lines, so memory is
-bounded by the nodes and the kept triples, never by the size of the edge file.
+:data:`HETIONET_METAEDGES` (``Compound treats Disease``).
+
+Files are parsed in blocks of whole lines (:data:`BLOCK_BYTES`), and kept edges are held as
+integer codes of their nodes and relations, so memory is bounded by the nodes and the kept
+triples (24 bytes each), never by the size of the edge file.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from kgtrace.data._io import decode_line, raw_blocks, raw_lines, strings_to_object_array
+from kgtrace.data._io import decode_line, raw_blocks, raw_lines
 from kgtrace.errors import ConfigError, DataError
 
 NODE_REQUIRED = ("id", "category")
@@ -59,13 +62,28 @@ REPORT_KEYS = (
 
 @dataclass(frozen=True)
 class KgxCut:
-    """The triples cut from a KGX graph, with what is known about their nodes and relations."""
+    """The triples cut from a KGX graph, as integer codes, with what is known about their nodes and relations.
 
-    triples: np.ndarray  # object [n, 3]: subject, relation label, object
-    names: dict[str, str]  # node id -> name, for nodes in ``triples`` that have one
-    categories: dict[str, tuple[str, ...]]  # node id -> categories, for nodes in ``triples``
+    Codes rather than labels: a graph of tens of millions of edges repeats each node id many
+    times, and a Python string per label would take gigabytes.
+    """
+
+    codes: np.ndarray  # int64 [n, 3]: subject code, relation code, object code
+    nodes: pl.Series  # String [N]: the node id of each node code
+    relations: tuple[str, ...]  # the relation label of each relation code
+    names: dict[str, str]  # node id -> name, for nodes in the triples that have one
+    categories: dict[str, tuple[str, ...]]  # node id -> categories, for nodes in the triples
     edge_map: dict[str, str]  # JSON-encoded predicate + qualifiers -> relation label ({} without folding)
     report: dict[str, int]  # counts, keys as in REPORT_KEYS
+
+    @property
+    def triples(self) -> np.ndarray:
+        """The triples as labels, object [n, 3] (subject, relation label, object): for small graphs."""
+        if len(self.codes) == 0:
+            return np.empty((0, 3), dtype=object)
+        nodes = self.nodes.to_numpy().astype(object)
+        relations = np.asarray(self.relations, dtype=object)
+        return np.stack([nodes[self.codes[:, 0]], relations[self.codes[:, 1]], nodes[self.codes[:, 2]]], axis=1)
 
 
 @dataclass(frozen=True)
@@ -110,11 +128,13 @@ def read_kgx(
     if hetionet:
         rules = replace(rules, fold_qualifiers=False)
     wanted = is_qualifier if rules.fold_qualifiers else _nothing
-    kept = [_cut_batch(batch, table, rules, edge_map, counts) for batch in _batches(edges_path, EDGE_REQUIRED, wanted)]
+    relation_codes: dict[str, int] = {}
+    kept = [_relation_coded(_cut_batch(batch, table, rules, edge_map, counts), relation_codes)
+            for batch in _batches(edges_path, EDGE_REQUIRED, wanted)]
     if counts["edges_read"] == 0:
         raise DataError(edges_path, None, "the edges file holds no edges", _empty_fix(edges_path, EDGE_REQUIRED))
-    cut = _finish(kept, nodes, edge_map, counts)
-    return replace(cut, edge_map=_metaedge_map(cut.triples)) if hetionet else cut
+    cut = _finish(kept, nodes, tuple(relation_codes), edge_map, counts)
+    return replace(cut, edge_map=_metaedge_map(cut.relations)) if hetionet else cut
 
 
 def is_hetionet(path: str | os.PathLike) -> bool:
@@ -126,10 +146,9 @@ def is_hetionet(path: str | os.PathLike) -> bool:
     return any(name in header for name in HETIONET_COLUMNS) and not header & {"category", "subject", "predicate"}
 
 
-def _metaedge_map(triples: np.ndarray) -> dict[str, str]:
+def _metaedge_map(relations: Sequence[str]) -> dict[str, str]:
     """edge_map for Hetionet relations: ``{"predicate": description}`` -> abbreviation, for the known ones."""
-    present = sorted(set(triples[:, 1].tolist()))
-    return {json.dumps({"predicate": HETIONET_METAEDGES[r]}): r for r in present if r in HETIONET_METAEDGES}
+    return {json.dumps({"predicate": HETIONET_METAEDGES[r]}): r for r in sorted(relations) if r in HETIONET_METAEDGES}
 
 
 def _empty_fix(path: str | os.PathLike, required: tuple[str, ...]) -> str:
@@ -165,18 +184,28 @@ def _nothing(field: str) -> bool:
 def _cut_batch(
     batch: pl.DataFrame, table: pl.DataFrame, rules: _Rules, edge_map: dict[str, str], counts: Counter[str]
 ) -> pl.DataFrame:
-    """Filter one edge batch; returns frame [subject, relation, object]."""
+    """Filter one edge batch; returns frame [subject, relation, object]: node codes and the relation label."""
     counts["edges_read"] += batch.height
     dropped = pl.Series(rules.drop_predicates, dtype=pl.String)
     batch = _keep(batch, ~pl.col("predicate").is_in(dropped.implode()), counts, "dropped_predicate")
     for end in ("subject", "object"):
-        batch = batch.join(table.rename({"id": end, "mask": f"{end}_mask"}), on=end, how="left", maintain_order="left")
+        batch = batch.join(table.rename({"id": end, "mask": f"{end}_mask", "code": f"{end}_code"}), on=end,
+                           how="left", maintain_order="left")
     known = pl.col("subject_mask").is_not_null() & pl.col("object_mask").is_not_null()
     batch = _keep(batch, known, counts, "dropped_unknown_node")
     if rules.pair_bits:
         batch = _keep(batch, _pair_match(rules.pair_bits), counts, "dropped_category")
     relation = _folded_relation(batch, edge_map) if rules.fold_qualifiers else batch["predicate"]
-    return batch.select("subject", relation.alias("relation"), "object")
+    return batch.select(pl.col("subject_code").alias("subject"), relation.alias("relation"),
+                        pl.col("object_code").alias("object"))
+
+
+def _relation_coded(batch: pl.DataFrame, codes: dict[str, int]) -> pl.DataFrame:
+    """The batch with its relation labels replaced by codes, numbered in order of first appearance."""
+    for label in batch["relation"].unique(maintain_order=True).to_list():
+        codes.setdefault(label, len(codes))
+    return batch.with_columns(pl.col("relation").replace_strict(list(codes), list(codes.values()),
+                                                                 return_dtype=pl.Int64))
 
 
 def _keep(batch: pl.DataFrame, keep: pl.Expr, counts: Counter[str], reason: str) -> pl.DataFrame:
@@ -209,17 +238,37 @@ def _relation_label(values: dict[str, str], edge_map: dict[str, str]) -> str:
     return edge_map.setdefault(json.dumps(desc), f"predicate:{len(edge_map)}")
 
 
-def _finish(kept: list[pl.DataFrame], nodes: pl.DataFrame, edge_map: dict[str, str], counts: Counter[str]) -> KgxCut:
-    empty = pl.DataFrame(schema={"subject": pl.String, "relation": pl.String, "object": pl.String})
+def _finish(kept: list[pl.DataFrame], nodes: pl.DataFrame, relations: tuple[str, ...], edge_map: dict[str, str],
+            counts: Counter[str]) -> KgxCut:
+    empty = pl.DataFrame(schema={"subject": pl.Int64, "relation": pl.Int64, "object": pl.Int64})
     triples = pl.concat([empty, *kept])
-    unique = triples.unique(maintain_order=True)
-    counts["duplicates"] = triples.height - unique.height
-    counts["kept"] = unique.height
-    used = nodes.filter(pl.col("id").is_in(pl.concat([unique["subject"], unique["object"]]).unique().implode()))
+    codes = distinct_rows(triples.to_numpy())
+    counts["duplicates"] = triples.height - len(codes)
+    counts["kept"] = len(codes)
+    used = nodes[present(codes[:, [0, 2]], nodes.height)]
     names = {i: n for i, n in used.select("id", "name").iter_rows() if n and n.strip()}
     categories = {i: _split_multi(c) for i, c in used.select("id", "category").iter_rows()}
     report = {key: int(counts[key]) for key in REPORT_KEYS}
-    return KgxCut(strings_to_object_array(unique), names, categories, dict(edge_map), report)
+    return KgxCut(codes, nodes["id"], relations, names, categories, dict(edge_map), report)
+
+
+def distinct_rows(codes: np.ndarray) -> np.ndarray:
+    """The distinct rows of non-negative int64 codes [n, 3], in first-seen order."""
+    if len(codes) == 0:
+        return codes.reshape(0, 3)
+    high = codes.max(axis=0).astype(object) + 1  # Python ints: the packing bound cannot overflow here
+    if high[0] * high[1] * high[2] < 2**63:
+        keys = (codes[:, 0] * int(high[1]) + codes[:, 1]) * int(high[2]) + codes[:, 2]
+        return codes[pl.Series(keys).is_first_distinct().to_numpy()]  # hashing, not sorting
+    _, first = np.unique(codes, axis=0, return_index=True)
+    return codes[np.sort(first)]
+
+
+def present(codes: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of non-negative int ``codes`` (any shape) below ``size``, ascending, without sorting."""
+    seen = np.zeros(size, dtype=bool)
+    seen[codes.reshape(-1)] = True
+    return np.flatnonzero(seen)
 
 
 def _split_multi(value: str) -> tuple[str, ...]:
@@ -238,12 +287,12 @@ def _read_nodes(path: str | os.PathLike) -> tuple[pl.DataFrame, int]:
 
 
 def _node_masks(nodes: pl.DataFrame, bits: dict[str, int]) -> pl.DataFrame:
-    """Frame [id, mask]: mask has the bit of every pair category the node has."""
+    """Frame [id, mask, code]: mask has the bit of every pair category the node has; code is its row."""
     categories = pl.col("category").str.split(MULTI_SEPARATOR)
     mask = pl.lit(0, dtype=pl.Int64)
     for category, bit in bits.items():
         mask = mask + pl.when(categories.list.contains(category)).then(pl.lit(bit, pl.Int64)).otherwise(0)
-    return nodes.select("id", mask.alias("mask"))
+    return nodes.select("id", mask.alias("mask"), pl.int_range(pl.len(), dtype=pl.Int64).alias("code"))
 
 
 # ---------------------------------------------------------------- batch readers

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 
-from kgtrace.data._io import object_column, strings_to_object_array
+from kgtrace.data._io import object_column
 from kgtrace.data.dataset import Dataset, save_dataset
-from kgtrace.data.kgx import check_category_pairs, read_kgx
+from kgtrace.data.kgx import check_category_pairs, distinct_rows, present, read_kgx
 from kgtrace.data.names import describe_predicate, read_names
 from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations, random_split
-from kgtrace.data.triples import encode_triples, read_labeled_triples
+from kgtrace.data.triples import read_labeled_triples
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.io import atomic_folder
@@ -71,9 +72,11 @@ class PrepareReport:
 
 @dataclass(frozen=True)
 class _Cut:
-    """Input triples after filtering, before splitting."""
+    """Input triples after filtering and removing repeats, before splitting: integer codes, and their labels."""
 
-    triples: np.ndarray  # object [n, 3]
+    codes: np.ndarray  # int64 [n, 3]: node, relation, node codes
+    nodes: pl.Series  # String: the label of each node code
+    relations: tuple[str, ...]  # the label of each relation code
     names: dict[str, str]
     categories: dict[str, tuple[str, ...]]
     edge_map: dict[str, str]
@@ -117,15 +120,15 @@ def prepare(
     else:
         assert nodes is not None and edges is not None
         cut = _cut_kgx(nodes, edges, category_pairs, drop_predicates, fold_qualifiers)
-    if len(cut.triples) == 0:
+    if len(cut.codes) == 0:
         raise ConfigError([f"input: no triples left after filtering ({cut.counts}); "
                            "check --category-pair and --drop-predicate against the input"])
     if split == "random":
-        train, valid, test, report = random_split(cut.triples, fractions, seed)
+        train, valid, test, report = random_split(cut.codes, fractions, seed)
     else:
         assert holdout_predicate is not None
-        held = _held_relations(cut, holdout_predicate) or [holdout_predicate]
-        train, valid, test, report = holdout_relations(cut.triples, held, fractions[1], seed, holdout_fraction)
+        held = _held_relations(cut, holdout_predicate)
+        train, valid, test, report = holdout_relations(cut.codes, held, fractions[1], seed, holdout_fraction)
     ds = _dataset(out, train, valid, test, cut, names)
     with atomic_folder(out) as tmp:  # a temporary sibling, swapped into place whole
         save_dataset(ds, tmp)
@@ -193,11 +196,20 @@ def _cut_triples(path: str, drop_predicates: Sequence[str]) -> _Cut:
     if len(labeled) == 0:
         raise DataError(path, None, "the file holds no triples",
                         "write one triple per line: head<TAB>relation<TAB>tail")
-    keep = ~object_column(labeled[:, 1]).is_in(pl.Series(list(drop_predicates), dtype=pl.String).implode()).to_numpy()
-    unique, duplicates = _dedupe(labeled[keep])
+    heads, relations, tails = (object_column(labeled[:, i]) for i in range(3))
+    keep = ~relations.is_in(pl.Series(list(drop_predicates), dtype=pl.String).implode())
+    heads, relations, tails = heads.filter(keep), relations.filter(keep), tails.filter(keep)
+    nodes = pl.concat([heads, tails]).unique(maintain_order=True)
+    relation_labels = relations.unique(maintain_order=True)
+    codes = distinct_rows(np.stack([_codes(heads, nodes), _codes(relations, relation_labels), _codes(tails, nodes)], 1))
     counts = {"read": len(labeled), "dropped_predicate": int((~keep).sum()), "dropped_category": 0,
-              "dropped_unknown_node": 0, "duplicates": duplicates}
-    return _Cut(unique, {}, {}, {}, counts)
+              "dropped_unknown_node": 0, "duplicates": len(heads) - len(codes)}
+    return _Cut(codes, nodes, tuple(relation_labels.to_list()), {}, {}, {}, counts)
+
+
+def _codes(values: pl.Series, labels: pl.Series) -> np.ndarray:
+    """int64 [n]: the position of each value in ``labels``."""
+    return values.replace_strict(labels, pl.int_range(len(labels), eager=True), return_dtype=pl.Int64).to_numpy()
 
 
 def _cut_kgx(
@@ -205,46 +217,50 @@ def _cut_kgx(
 ) -> _Cut:
     kgx = read_kgx(nodes, edges, category_pairs=category_pairs, drop_predicates=drop_predicates, fold_qualifiers=fold)
     counts = {key: kgx.report[key] for key in ("dropped_predicate", "dropped_category", "dropped_unknown_node", "duplicates")}
-    return _Cut(kgx.triples, kgx.names, kgx.categories, kgx.edge_map, {"read": kgx.report["edges_read"], **counts})
+    return _Cut(kgx.codes, kgx.nodes, kgx.relations, kgx.names, kgx.categories, kgx.edge_map,
+                {"read": kgx.report["edges_read"], **counts})
 
 
-def _dedupe(triples: np.ndarray) -> tuple[np.ndarray, int]:
-    """Distinct triples in first-seen order, and how many repeats were removed."""
-    frame = pl.DataFrame([object_column(triples[:, i]).alias(str(i)) for i in range(3)])
-    unique = frame.unique(maintain_order=True)
-    return strings_to_object_array(unique), frame.height - unique.height
-
-
-def _held_relations(cut: _Cut, predicate: str) -> list[str]:
-    """The relation labels to hold out: ``predicate`` itself if it is one, else every folded
+def _held_relations(cut: _Cut, predicate: str) -> list[int]:
+    """The codes of the relations to hold out: ``predicate`` itself if it is one, else every folded
     KGX relation (``predicate:<n>``) whose description has that predicate."""
-    present = set(object_column(cut.triples[:, 1]).unique().to_list())
-    if predicate in present:
-        return [predicate]
-    return [label for key, label in cut.edge_map.items()
-            if label in present and json.loads(key).get("predicate") == predicate]
+    if predicate in cut.relations:
+        labels = [predicate]
+    else:
+        labels = [label for key, label in cut.edge_map.items()
+                  if label in cut.relations and json.loads(key).get("predicate") == predicate]
+    if not labels:
+        raise ConfigError([f"--holdout-predicate: {predicate!r} is not a relation of the triples; use one of the "
+                           f"relation labels (or KGX predicates) in the input, e.g. {', '.join(cut.relations[:5])}"])
+    return [cut.relations.index(label) for label in labels]
 
 
 def _dataset(out: Path, train: np.ndarray, valid: np.ndarray, test: np.ndarray, cut: _Cut, names: str | None) -> Dataset:
     every = np.concatenate([train, valid, test])
-    entities = Vocab.build(np.concatenate([every[:, 0], every[:, 2]]))
-    relations = Vocab.build(every[:, 1])
+    used_nodes, used_relations = present(every[:, [0, 2]], len(cut.nodes)), present(every[:, 1], len(cut.relations))
+    node_labels = cut.nodes.gather(used_nodes)
+    entities = Vocab.build(node_labels.to_list())  # sorted labels: the ids PyKEEN assigns
+    relations = Vocab.build([cut.relations[i] for i in used_relations])
+    entity_id = np.full(len(cut.nodes), -1, dtype=np.int64)
+    entity_id[used_nodes] = entities.lookup(node_labels.to_numpy())
+    relation_id = np.full(len(cut.relations), -1, dtype=np.int64)
+    relation_id[used_relations] = relations.lookup([cut.relations[i] for i in used_relations])
+
+    def encode(codes: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.stack([entity_id[codes[:, 0]], relation_id[codes[:, 1]], entity_id[codes[:, 2]]],
+                                         axis=1).reshape(-1, 3))
+
     entity_names = cut.names | (read_names(names, entities) if names else {})
     known = entities.to_id
     edge_map = {k: v for k, v in cut.edge_map.items() if v in relations.to_id}
-    source = str(out.resolve())
     return Dataset(
-        name=out.name, source=source, entities=entities, relations=relations,
-        train=encode_triples(train, entities, relations, source),
-        valid=encode_triples(valid, entities, relations, source),
-        test=encode_triples(test, entities, relations, source),
+        name=out.name, source=str(out.resolve()), entities=entities, relations=relations,
+        train=encode(train), valid=encode(valid), test=encode(test),
         entity_names={k: v for k, v in entity_names.items() if k in known},
         entity_categories={k: v for k, v in cut.categories.items() if k in known},
         relation_names={v: describe_predicate(k) for k, v in edge_map.items()},
         edge_map=edge_map,
     )
-
-
 
 
 def _report(out: Path, kind: str, cut: _Cut, split: str, report: SplitReport, ds: Dataset) -> PrepareReport:

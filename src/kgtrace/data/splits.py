@@ -1,4 +1,5 @@
-"""Train/valid/test splits of labelled triples (object arrays ``[n, 3]``: head, relation, tail).
+"""Train/valid/test splits of triples: labels (object arrays ``[n, 3]``: head, relation, tail) or integer codes
+(int64 ``[n, 3]``, as ``kgtrace prepare`` splits a large graph); relations are given in the same kind.
 
 All splits are deterministic given the seed (a numpy Generator), keep the input order within
 each split, and end with :func:`ensure_seen`, so every entity and relation of valid/test also
@@ -66,7 +67,7 @@ def holdout_relations(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
     """:func:`holdout_predicate` for several relation labels at once (e.g. one predicate folded
     with different qualifiers into ``predicate:3``, ``predicate:7``)."""
-    held = object_column(triples[:, 1]).is_in(pl.Series(list(relations), dtype=pl.String).implode()).to_numpy()
+    held = _series(triples[:, 1]).is_in(_series(np.asarray(list(relations), dtype=triples.dtype)).implode()).to_numpy()
     problems = []
     if not held.any():
         problems.append(f"--holdout-predicate: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
@@ -104,9 +105,12 @@ def ensure_seen(
     """
     if policy not in POLICIES:
         raise ConfigError([f"policy: {policy!r} is not one of {', '.join(POLICIES)}"])
-    entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
-    relations = pl.concat([object_column(train[:, 1]), pl.Series(list(exempt_relations), dtype=pl.String)]).unique()
-    valid_ok, test_ok = (seen_mask(split, entities, relations) for split in (valid, test))
+    if train.dtype == object:
+        entities = pl.concat([_series(train[:, 0]), _series(train[:, 2])]).unique()
+        relations = pl.concat([_series(train[:, 1]), _series(np.asarray(list(exempt_relations), dtype=object))]).unique()
+        valid_ok, test_ok = (seen_mask(split, entities, relations) for split in (valid, test))
+    else:
+        valid_ok, test_ok = _seen_codes(train, valid, test, exempt_relations)
     if policy == "drop":
         dropped = int((~valid_ok).sum() + (~test_ok).sum())
         return _result(train, valid[valid_ok], test[test_ok], moved=0, dropped=dropped)
@@ -133,11 +137,27 @@ def seen_mask(triples: np.ndarray, entities: pl.Series, relations: pl.Series) ->
     if len(triples) == 0:
         return np.ones(0, dtype=bool)
     ok = (
-        object_column(triples[:, 0]).is_in(entities.implode())
-        & object_column(triples[:, 1]).is_in(relations.implode())
-        & object_column(triples[:, 2]).is_in(entities.implode())
+        _series(triples[:, 0]).is_in(entities.implode())
+        & _series(triples[:, 1]).is_in(relations.implode())
+        & _series(triples[:, 2]).is_in(entities.implode())
     )
     return ok.to_numpy()
+
+
+def _seen_codes(train: np.ndarray, valid: np.ndarray, test: np.ndarray,
+                exempt: Collection[int]) -> tuple[np.ndarray, np.ndarray]:
+    """seen_mask of valid and test for integer codes: lookups in boolean tables, no hashing."""
+    size = 1 + max((int(split.max()) for split in (train, valid, test) if len(split)), default=0)
+    nodes, relations = np.zeros(size, dtype=bool), np.zeros(size, dtype=bool)
+    nodes[train[:, 0]] = nodes[train[:, 2]] = True
+    relations[train[:, 1]] = True
+    relations[np.asarray(list(exempt), dtype=np.int64)] = True
+    return tuple(nodes[split[:, 0]] & relations[split[:, 1]] & nodes[split[:, 2]] for split in (valid, test))
+
+
+def _series(values: np.ndarray) -> pl.Series:
+    """Labels (object array of str) or codes (ints) as a polars series."""
+    return object_column(values) if values.dtype == object else pl.Series(values=values)
 
 
 def _move_unseen(
@@ -158,7 +178,7 @@ def _move_unseen(
             entities.update((h, t))
             relations.add(r)
             moved_rows.append(split[i])
-    moved = np.array(moved_rows, dtype=object).reshape(-1, 3)
+    moved = np.array(moved_rows, dtype=train.dtype).reshape(-1, 3)
     new_train = np.concatenate([train, moved])
     return _result(new_train, valid[keep["valid"]], test[keep["test"]], moved=len(moved), dropped=0)
 

@@ -91,6 +91,22 @@ def write_labeled_triples(triples: np.ndarray, path: str | os.PathLike) -> None:
     for name in FIELDS:
         check_tsv_values(path, f"{name} label", frame[name])
     _check_rereadable(path, frame)
+    _write_frame(frame, path)
+
+
+def write_id_triples(triples: torch.Tensor, entities: Vocab, relations: Vocab, path: str | os.PathLike) -> None:
+    """Write id triples ``[n, 3]`` as labelled headerless TSV, atomically (as :func:`write_labeled_triples`),
+    taking the labels from the vocabs column by column: no Python string per triple."""
+    ids = triples.cpu().numpy()
+    check_tsv_values(path, "entity label", entities.label_series)  # each label once, not once per triple
+    check_tsv_values(path, "relation label", relations.label_series)
+    labels = (entities.label_series, relations.label_series, entities.label_series)
+    frame = pl.DataFrame({name: labels[i].gather(ids[:, i]) for i, name in enumerate(FIELDS)})
+    _check_rereadable(path, frame)
+    _write_frame(frame, path)
+
+
+def _write_frame(frame: pl.DataFrame, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         frame.write_csv(tmp, separator="\t", include_header=False, quote_style="never", line_terminator="\n")
 

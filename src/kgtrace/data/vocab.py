@@ -52,14 +52,15 @@ class Vocab:
         return self.to_id
 
     @cached_property
-    def _label_series(self) -> pl.Series:
+    def label_series(self) -> pl.Series:
+        """The labels in id order, as a polars String series (built once)."""
         return pl.Series(self.labels, dtype=pl.String)
 
     def lookup(self, labels: Sequence[str] | np.ndarray) -> np.ndarray:
         """Ids of ``labels`` as int64 ``[n]``, with -1 for labels not in the vocab."""
         values = pl.Series(values=np.asarray(labels, dtype=object), dtype=pl.String)
         ids = values.replace_strict(
-            self._label_series,
+            self.label_series,
             pl.int_range(len(self), eager=True),
             default=-1,
             return_dtype=pl.Int64,
@@ -107,7 +108,7 @@ def read_vocab(path: str | os.PathLike) -> Vocab:
 
 def write_vocab(vocab: Vocab, path: str | os.PathLike) -> None:
     """Write ``label<TAB>id`` lines in id order (node_dict format), atomically."""
-    check_tsv_values(path, "label", vocab._label_series)
+    check_tsv_values(path, "label", vocab.label_series)
     atomic_write_text(path, (f"{label}\t{i}\n" for i, label in enumerate(vocab.labels)))
 
 
