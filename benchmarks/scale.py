@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -119,10 +120,10 @@ def step_evaluate(args: argparse.Namespace, restrict: bool = False) -> dict:
                "--out", args.work / ("test-restricted.json" if restrict else "test-metrics.json")]
     result = measure(command + (["--restrict", "typed"] if restrict else []))
     metrics = json.loads((args.work / ("test-restricted.json" if restrict else "test-metrics.json")).read_text())
-    queries = metrics.get("num_triples") or metrics.get("triples")
-    per_10k = result["seconds"] * 10_000 / queries if queries else None
-    return {**result, "test_triples": queries, "seconds_per_10000": per_10k and round(per_10k, 1),
-            "met": result["returncode"] == 0 and per_10k is not None and per_10k < 300}
+    queries = metrics["num_queries"]  # test triples, each ranked on both sides
+    per_10k = result["seconds"] * 10_000 / queries
+    return {**result, "test_triples": queries, "seconds_per_10000": round(per_10k, 1), "mrr": metrics["both"]["realistic"]["mrr"],
+            "met": result["returncode"] == 0 and per_10k < 300}
 
 
 def step_restrict(args: argparse.Namespace) -> dict:
@@ -148,10 +149,11 @@ def step_tracin_all(args: argparse.Namespace) -> dict:
 
 
 def step_explain(args: argparse.Namespace) -> dict:
-    drug = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))["drug"]
-    result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", drug, "biolink:treats", "--top-n", "10",
-                      "--device", args.device, "--no-progress", "--out", args.work / "explain-predict.json"])
-    return {**result, "drug": drug, "met": result["returncode"] == 0 and result["seconds"] < 120}
+    picked = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))
+    result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", picked["drug"], picked["treats"],
+                      "--top-n", "10", "--device", args.device, "--no-progress", "--out",
+                      args.work / "explain-predict.json"])
+    return {**result, **picked, "met": result["returncode"] == 0 and result["seconds"] < 120}
 
 
 def hetionet_folder(args: argparse.Namespace) -> Path:
@@ -190,3 +192,143 @@ def _child_json(result: dict) -> dict:
 STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train, "train-chunked": lambda a: step_train(a, 65536),
                   "evaluate": step_evaluate, "restrict": step_restrict, "tracin-last": step_tracin_last,
                   "tracin-all": step_tracin_all, "explain": step_explain, "mine": step_mine, "run": step_run}
+
+
+# ---------------------------------------------------------------- child processes (one step each, JSON out)
+
+
+def child_train(config: str, out: str) -> dict:
+    from kgtrace.config import TrainConfig
+    from kgtrace.training.batches import Batches
+    from kgtrace.training.loop import train
+
+    settings = TrainConfig(**json.loads(config))
+    train(settings, out, overwrite=True, progress=False, log=lambda *_: None)
+    epochs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    from kgtrace.run import load_run
+
+    run = load_run(out)
+    queries = len(Batches.build(run.dataset.train, run.dataset.num_relations, settings.training))
+    seconds = [e["seconds"] for e in epochs]
+    steady = seconds[1:] or seconds  # the first epoch also pays for building the answer index
+    return {"entities": run.dataset.num_entities, "train_triples": len(run.dataset.train),
+            "steps_per_full_epoch": -(-queries // settings.batch_size), "epoch_seconds": seconds,
+            "seconds_per_step": sum(steady) / (len(steady) * settings.steps_per_epoch),
+            "parameters": sum(p.numel() for p in run.model.parameters())}
+
+
+def child_restrict(folder: str) -> dict:
+    import torch
+
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.evaluation.candidates import infer_restriction
+
+    ds = load_dataset(folder)
+    treats = next(label for label, text in ds.relation_names.items() if text == "biolink:treats")
+    r = ds.relations.to_id[treats]
+    restriction = infer_restriction(ds)
+    allowed_tails = restriction.mask(torch.tensor([r]))[0].numpy()
+    allowed_heads = restriction.mask(torch.tensor([r + ds.num_relations]))[0].numpy()
+
+    def carrying(category: str):
+        import numpy as np
+
+        return np.array([category in ds.entity_categories.get(label, ()) for label in ds.entities.labels])
+
+    molecules, diseases = carrying("biolink:SmallMolecule"), carrying("biolink:Disease")
+    return {"relation": treats, "entities": ds.num_entities, "allowed_heads": int(allowed_heads.sum()),
+            "small_molecules": int(molecules.sum()), "allowed_tails": int(allowed_tails.sum()),
+            "diseases": int(diseases.sum()), "heads_exact": bool((allowed_heads == molecules).all()),
+            "tails_exact": bool((allowed_tails == diseases).all())}
+
+
+def child_drug(folder: str) -> dict:
+    from kgtrace.data.dataset import load_dataset
+
+    ds = load_dataset(folder)
+    treats = next(label for label, text in ds.relation_names.items() if text == "biolink:treats")
+    head = int(ds.test[0, 0])
+    return {"drug": ds.entities.labels[head], "drug_name": ds.entity_name(ds.entities.labels[head]), "treats": treats}
+
+
+def child_tracin_all(run_dir: str, prefix: str, device: str) -> dict:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kgtrace.attribution.tracin import TracIn
+    from kgtrace.run import load_run
+
+    run = load_run(run_dir)
+    n_train, n_prefix = len(run.dataset.train), min(int(prefix), len(run.dataset.train))
+    test = run.dataset.test[:100]
+    tracin = TracIn(run, params="all", device=device, train_indices=torch.arange(n_prefix))
+    start = time.perf_counter()
+    tracin.top_k(test, k=10)
+    seconds = time.perf_counter() - start
+    # The floor: per training triple and checkpoint, one forward and backward pass of its loss (counted by
+    # torch's FLOP counter over a batch), and its gradient's dot products with the 100 test gradients.
+    model = run.model.to(device).train()
+    batch = run.dataset.train[:256].to(device)
+    with FlopCounterMode(display=False) as counter:
+        model.score_hrt(batch).sum().backward()
+    pass_flops = counter.get_total_flops() / len(batch)
+    dense = sum(p.numel() for name, p in model.named_parameters() if name not in ("entity_embeddings",
+                                                                                 "relation_embeddings"))
+    dot_flops = 2 * len(test) * (dense + 3 * model.embedding_dim)
+    a = torch.randn(2048, 2048, device=device)
+    start_mm = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    rate = 5 * 2 * 2048**3 / (time.perf_counter() - start_mm)
+    checkpoints = len(tracin.checkpoints)
+    floor = (pass_flops + dot_flops) * n_train * checkpoints / rate
+    return {"prefix_triples": n_prefix, "prefix_seconds": round(seconds, 1), "checkpoints": checkpoints,
+            "extrapolated_seconds": round(seconds * n_train / n_prefix, 1), "flops_per_triple": pass_flops + dot_flops,
+            "matmul_gflops": round(rate / 1e9, 1), "floor_seconds": round(floor, 1),
+            "times_floor": round(seconds * n_train / n_prefix / floor, 1)}
+
+
+CHILDREN = {"train": child_train, "restrict": child_restrict, "drug": child_drug, "tracin-all": child_tracin_all}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", dest="step_names", default=",".join(STEPS), help="steps to run, comma-separated")
+    parser.add_argument("--robokop", type=Path, default=GRAPHS / "robokop", help="make_graph.py robokop's folder")
+    parser.add_argument("--hetionet", type=Path, default=GRAPHS / "hetionet", help="make_graph.py hetionet's folder")
+    parser.add_argument("--work", type=Path, default=WORK, help="where runs and outputs go (not committed)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    parser.add_argument("--train-steps", dest="steps", type=int, default=25,
+                        help="optimizer steps per training epoch (4 epochs, a checkpoint each)")
+    parser.add_argument("--prefix", type=int, default=100_000, help="tracin-all: training triples actually scored")
+    parser.add_argument("--memory-budget", default="4GB", help="evaluate: kgtrace's --memory-budget")
+    parser.add_argument("--redo", action="store_true", help="run the named steps again even if done")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(CHILDREN[args.child[0]](*args.child[1:])))
+        return
+    import torch
+
+    from kgtrace.io import atomic_write_text
+
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    out = HERE / "results" / f"scale-{device}.json"
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "torch": torch.__version__, "device": device}
+    for name in [n.strip() for n in args.step_names.split(",") if n.strip()]:
+        if name not in STEP_FUNCTIONS:
+            raise SystemExit(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
+        if name in results.get("steps", {}) and not args.redo:
+            continue
+        result = STEP_FUNCTIONS[name](args)
+        result["target"] = TARGETS.get(name.removesuffix("-chunked"), "")
+        results.setdefault("steps", {})[name] = result
+        atomic_write_text(out, json.dumps(results, indent=1) + "\n")  # after every step: a kill loses only that step
+        print(json.dumps({"step": name, **{k: v for k, v in result.items() if k != "output_tail"}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -61,6 +61,15 @@ def test_another_run_in_the_folder_is_refused(job):
         run_job(JobSettings(dataset="umls", model="distmult", epochs=5), out, progress=False, log=lambda _: None)
 
 
+def test_capped_epochs_are_another_run(job):
+    """A run trained with whole epochs is not reused for --steps-per-epoch (nor the other way round)."""
+    out, _, _ = job
+    capped = JobSettings(dataset="nations", model="distmult", epochs=5, threads=1, steps_per_epoch=3)
+    assert capped.config().steps_per_epoch == 3
+    with pytest.raises(KgtraceError, match="steps_per_epoch: 0 there, 3 asked"):
+        run_job(capped, out, progress=False, log=lambda _: None)
+
+
 def test_cli_run(tmp_path, capsys):
     out = tmp_path / "cli-run"
     assert main(["run", "--dataset", "nations", "--model", "distmult", "--epochs", "2", "--threads", "1",

@@ -45,6 +45,7 @@ class JobSettings:
     dataset: str = "umls"
     model: str = "conve"
     epochs: int = 100
+    steps_per_epoch: int = 0  # 0: full epochs
     seed: int = 0
     threads: int = 0
     explain_triples: int = 3  # well-predicted test triples explained
@@ -60,7 +61,8 @@ class JobSettings:
         if problems:
             raise ConfigError(problems)
         return TrainConfig(dataset=self.dataset, model=self.model, epochs=self.epochs, seed=self.seed,
-                           threads=self.threads, checkpoint_every=max(1, self.epochs // 5)).validate()
+                           steps_per_epoch=self.steps_per_epoch, threads=self.threads,
+                           checkpoint_every=max(1, self.epochs // 5)).validate()
 
 
 def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, progress: bool = True,
@@ -110,6 +112,8 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
               if saved.get(key) != wanted[key]]
+    if saved.get("steps_per_epoch", 0) != config.steps_per_epoch:
+        differ.append(f"steps_per_epoch: {saved.get('steps_per_epoch', 0)} there, {config.steps_per_epoch} asked")
     if isinstance(saved.get("epochs"), int) and saved["epochs"] > config.epochs:
         differ.append(f"epochs: trained for {saved['epochs']} there, --epochs {config.epochs} asked "
                       f"(--epochs {saved['epochs']} reuses it)")

@@ -17,6 +17,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run folder (default: runs/DATASET-MODEL); an existing one is reused step by step")
     p.add_argument("--model", default="conve", help=train_help("model"))
     p.add_argument("--epochs", type=int, default=100, help=train_help("epochs") + " (a checkpoint every fifth of them)")
+    p.add_argument("--steps-per-epoch", type=int, default=0, help=train_help("steps_per_epoch"))
     p.add_argument("--seed", type=int, default=0, help=train_help("seed"))
     p.add_argument("--threads", type=int, default=0, help=train_help("threads"))
     p.add_argument("--explain", type=int, default=3, help="well-predicted test triples to explain")
@@ -28,8 +29,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from kgtrace.job import JobSettings, run_job
 
-    settings = JobSettings(dataset=args.dataset, model=args.model, epochs=args.epochs, seed=args.seed,
-                           threads=args.threads, explain_triples=args.explain, predict_queries=args.queries)
+    settings = JobSettings(dataset=args.dataset, model=args.model, epochs=args.epochs,
+                           steps_per_epoch=args.steps_per_epoch, seed=args.seed, threads=args.threads,
+                           explain_triples=args.explain, predict_queries=args.queries)
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.dataset).name}-{args.model}"
     report = run_job(settings, out, overwrite=args.overwrite, progress=args.progress)
     print(f"open {report} in a browser")
