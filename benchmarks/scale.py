@@ -107,7 +107,8 @@ def step_train(args: argparse.Namespace, chunk: int = 0) -> dict:
     out = args.work / ("conve" if not chunk else "conve-chunked")
     config = train_config(args, **({"entity_chunk": chunk, "epochs": 1, "steps_per_epoch": 10} if chunk else {}))
     result = measure([sys.executable, __file__, "--child", "train", json.dumps(config), str(out)])
-    child = _child_json(result)
+    child = _child_json(result) | _child_json(measure([sys.executable, __file__, "--child", "flops", json.dumps(config),
+                                                      str(out)]))
     seconds_per_step = child["seconds_per_step"]
     return {**result, **child, "seconds_per_1000_steps": round(1000 * seconds_per_step, 1),
             "epoch_hours": round(child["steps_per_full_epoch"] * seconds_per_step / 3600, 2),
@@ -217,6 +218,24 @@ def child_train(config: str, out: str) -> dict:
             "parameters": sum(p.numel() for p in run.model.parameters())}
 
 
+def child_flops(config: str, out: str) -> dict:
+    """One training step's forward and backward FLOPs (torch's counter), for the plan."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kgtrace.config import TrainConfig
+    from kgtrace.run import load_run
+    from kgtrace.training.batches import Batches
+    from kgtrace.training.step import batch_loss
+
+    settings = TrainConfig(**json.loads(config))
+    run = load_run(out)
+    batches = Batches.build(run.dataset.train[:100_000], run.dataset.num_relations, settings.training)
+    with FlopCounterMode(display=False) as counter:
+        batch_loss(run.model.train(), batches, torch.arange(settings.batch_size), settings, torch.device("cpu")).backward()
+    return {"flops_per_step": counter.get_total_flops()}
+
+
 def child_restrict(folder: str) -> dict:
     import torch
 
@@ -288,7 +307,62 @@ def child_tracin_all(run_dir: str, prefix: str, device: str) -> dict:
             "times_floor": round(seconds * n_train / n_prefix / floor, 1)}
 
 
-CHILDREN = {"train": child_train, "restrict": child_restrict, "drug": child_drug, "tracin-all": child_tracin_all}
+def table(results: dict) -> str:
+    """The benchmarks page's Markdown table of a result file."""
+    steps = results.get("steps", {})
+    rows = ["| step | measured | peak RSS | target | met |", "|---|---|---|---|---|"]
+    for name in STEPS:
+        if name not in steps:
+            continue
+        r = steps[name]
+        rows.append(f"| {name} | {_measured(name, r)} | {r['peak_rss_gb']:.1f} GB | {r['target']} | "
+                    f"{'yes' if r['met'] else '**no**'} |")
+    return "\n".join(rows)
+
+
+def plan(results: dict, batch: int = 128, dim: int = 200) -> str:
+    """Where one machine is not enough: an epoch here and per process, and ConvE's memory per process at 2M and 10M
+    entities (weights, gradient and Adam's two moments of the entity table, the [batch, entities] scores and their
+    gradient), as a Markdown table."""
+    train = results.get("steps", {}).get("train")
+    if not train:
+        return ""
+    steps, per_step = train["steps_per_full_epoch"], train["seconds_per_1000_steps"] / 1000
+    rows = [f"An epoch of the prepared graph is {steps:,} steps of {batch} queries: {steps * per_step / 3600:.1f} h "
+            f"on this CPU; {train['flops_per_step'] / 1e9:,.0f} GFLOP a step, {steps * train['flops_per_step'] / 1e15:,.1f} "
+            "PFLOP an epoch (a GPU's time is that over its measured matmul rate). With `torchrun` on N machines each "
+            "process takes 1/N of every batch but holds the whole model and all-reduces its dense gradient "
+            f"({train['entities'] * dim * 4 / 2**30:.2f} GiB of entity table a step), so N machines cut the "
+            "compute, not the memory per process.", "",
+            "| entities | entity table | + gradient + Adam | scores and their gradient | per process |", "|---|---|---|---|---|"]
+    for entities in (2_000_000, 10_000_000):
+        table_gb = entities * dim * 4 / 2**30
+        scores_gb = 2 * batch * entities * 4 / 2**30
+        rows.append(f"| {entities:,} | {table_gb:.1f} GiB | {4 * table_gb:.1f} GiB | {scores_gb:.1f} GiB "
+                    f"(`--entity-chunk 65536`: {2 * batch * 65536 * 4 / 2**30:.2f} GiB) | {4 * table_gb + scores_gb:.1f} GiB |")
+    return "\n".join(rows)
+
+
+def _measured(name: str, r: dict) -> str:
+    """One cell: the step's figures that its target speaks of."""
+    if name == "prepare":
+        return f"{r['edges']:,} edges in {r['seconds']:.0f} s: {r['edges_per_s']:,} edges/s"
+    if name.startswith("train"):
+        return (f"{r['seconds_per_1000_steps']:,.0f} s per 1,000 steps ({r['entities']:,} entities, "
+                f"{r['train_triples']:,} triples); an epoch of {r['steps_per_full_epoch']:,} steps: {r['epoch_hours']} h")
+    if name == "evaluate":
+        return f"{r['test_triples']:,} test triples in {r['seconds']:.0f} s ({r['seconds_per_10000']:.0f} s per 10,000)"
+    if name == "restrict":
+        return (f"heads {r['allowed_heads']:,} of {r['entities']:,} (small molecules: {r['small_molecules']:,}); "
+                f"tails {r['allowed_tails']:,} (diseases: {r['diseases']:,})")
+    if name == "tracin-all":
+        return (f"{r['prefix_triples']:,} triples in {r['prefix_seconds']:.0f} s; all: {r['extrapolated_seconds'] / 3600:.1f} h, "
+                f"{r['times_floor']}x its FLOP floor ({r['floor_seconds']:.0f} s at {r['matmul_gflops']} GFLOP/s)")
+    return f"{r['seconds']:.0f} s"
+
+
+CHILDREN = {"train": child_train, "flops": child_flops, "restrict": child_restrict, "drug": child_drug,
+            "tracin-all": child_tracin_all}
 
 
 def main() -> None:
@@ -304,6 +378,7 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=100_000, help="tracin-all: training triples actually scored")
     parser.add_argument("--memory-budget", default="4GB", help="evaluate: kgtrace's --memory-budget")
     parser.add_argument("--redo", action="store_true", help="run the named steps again even if done")
+    parser.add_argument("--table", action="store_true", help="print the Markdown table of the result file and stop")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -316,6 +391,9 @@ def main() -> None:
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     out = HERE / "results" / f"scale-{device}.json"
     results = json.loads(out.read_text()) if out.is_file() else {}
+    if args.table:
+        print(table(results) + "\n\n" + plan(results))
+        return
     results["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "torch": torch.__version__, "device": device}
     for name in [n.strip() for n in args.step_names.split(",") if n.strip()]:

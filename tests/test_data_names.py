@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from kgtrace.data import names
 from kgtrace.data.names import (
     describe_predicate,
     read_categories,
@@ -96,3 +97,19 @@ def test_categories_roundtrip(tmp_path):
     write_categories(cats, tmp_path / "c.tsv")
     assert (tmp_path / "c.tsv").read_text().splitlines()[0] == "A:1\tbiolink:Gene|biolink:NamedThing"
     assert read_categories(tmp_path / "c.tsv") == cats
+
+
+@pytest.mark.parametrize("text", [
+    "CHEBI:1\taspirin\nMONDO:2\theadache\nCHEBI:1\taspirin\n",  # a repeat of the same pair
+    "aspirin\tCHEBI:1\nheadache\tMONDO:2\n",  # name first
+    "CHEBI:1\tbiolink:SmallMolecule|biolink:ChemicalEntity\nMONDO:2\tbiolink:Disease||\n",
+])
+def test_polars_reader_equals_line_reader(tmp_path, monkeypatch, text):
+    """Clean two-column files are read by polars; the result equals the line-by-line reader's."""
+    path = tmp_path / "pairs.txt"
+    path.write_text(text)
+    entities = Vocab(("CHEBI:1", "MONDO:2"))
+    fast = (read_names(path), read_names(path, entities), read_categories(path))
+    assert names._pairs_fast(path) is not None
+    monkeypatch.setattr(names, "_pairs_fast", lambda _: None)
+    assert (read_names(path), read_names(path, entities), read_categories(path)) == fast

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import resources
@@ -198,8 +198,11 @@ def _load(
     # A relation the id map lists may be absent from train on purpose: `kgtrace prepare --split
     # predicate` holds a predicate out of train. Without id map files the map is built from train.
     held_out = relations.labels if map_files or from_run else ()
+    train = labeled["train"][0]
+    seen_entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
+    seen_relations = pl.concat([object_column(train[:, 1]), pl.Series(list(held_out), dtype=pl.String)]).unique()
     for split in ("valid", "test"):
-        labeled[split] = _drop_unseen(labeled[split], labeled["train"][0], held_out, splits[split], splits["train"])
+        labeled[split] = _drop_unseen(labeled[split], seen_entities, seen_relations, splits[split], splits["train"])
     # Messages about a label missing from an id map name the map actually in use.
     id_maps = ("node_dict", "rel_dict") if from_run or not map_files else (map_files[0].name, map_files[1].name)
     ids = {s: encode_triples(labeled[s][0], entities, relations, splits[s], lines=labeled[s][1],
@@ -216,16 +219,15 @@ def _load(
 
 
 def _drop_unseen(
-    split: tuple[np.ndarray, np.ndarray], train: np.ndarray, held_out: Sequence[str], path: Path, train_path: Path
+    split: tuple[np.ndarray, np.ndarray], entities: pl.Series, relations: pl.Series, path: Path, train_path: Path
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``split`` (triples, lines) without the triples whose entity, or relation not in ``held_out``, never
-    occurs in ``train``: a model cannot rank what it never trained on (PyKEEN drops them too).
+    """``split`` (triples, lines) without the triples whose entity or relation is not among those seen in train
+    (``entities``, ``relations``: the relations held out on purpose count as seen): a model cannot rank what it
+    never trained on (PyKEEN drops them too).
 
     Warns with the count and the first few lines and labels.
     """
     triples, lines = split
-    entities = pl.concat([object_column(train[:, 0]), object_column(train[:, 2])]).unique()
-    relations = pl.concat([object_column(train[:, 1]), pl.Series(list(held_out), dtype=pl.String)]).unique()
     keep = seen_mask(triples, entities, relations)
     if keep.all():
         return split

@@ -18,13 +18,14 @@ labels such as ``predicate:28``; :func:`read_edge_map` inverts it to readable st
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 
 import polars as pl
 
-from kgtrace.data._io import check_tsv_values, read_text, text_lines
+from kgtrace.data._io import check_tsv_values, open_binary, read_text, text_lines
 from kgtrace.io import atomic_write_text
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import DataError
@@ -37,6 +38,18 @@ CATEGORY_SEPARATOR = "|"
 
 def read_names(path: str | os.PathLike, entities: Vocab | None = None) -> dict[str, str]:
     """Read entity names: label -> name. With ``entities``, only names of those entities are kept."""
+    frame = _pairs_fast(path)
+    if frame is not None and _header_id_column(list(frame.row(0))) is None:
+        a, b = frame.columns
+        if entities is not None:
+            hits = [int(frame[c].is_in(entities.label_series.implode()).sum()) for c in (a, b)]
+        else:
+            hits = [int(frame[c].str.contains(CURIE.pattern).sum()) for c in (a, b)]
+        if hits != [0, 0] or entities is None:
+            labels, names = (a, b) if hits[0] >= hits[1] else (b, a)
+            if entities is not None:
+                frame = frame.filter(pl.col(labels).is_in(entities.label_series.implode()))
+            return dict(zip(frame[labels].to_list(), frame[names].to_list()))
     rows = _two_column_rows(path, "id<TAB>name")
     id_col = _header_id_column(rows[0][1]) if rows else None
     if id_col is not None:
@@ -56,6 +69,11 @@ def write_names(names: dict[str, str], path: str | os.PathLike) -> None:
 
 def read_categories(path: str | os.PathLike) -> dict[str, tuple[str, ...]]:
     """Read ``label<TAB>cat1|cat2`` lines: label -> categories."""
+    frame = _pairs_fast(path)
+    if frame is not None:
+        a, b = frame.columns
+        lists = frame[b].str.split(CATEGORY_SEPARATOR).list.eval(pl.element().filter(pl.element() != ""))
+        return dict(zip(frame[a].to_list(), map(tuple, lists.to_list())))
     pairs = _collect(path, [(n, f[0], f[1]) for n, f in _two_column_rows(path, "label<TAB>cat1|cat2")], "category")
     return {label: tuple(c for c in cats.split(CATEGORY_SEPARATOR) if c) for label, cats in pairs.items()}
 
@@ -107,6 +125,26 @@ def describe_predicate(key: str) -> str:
         return key
     qualifiers = [f"{k}={v}" for k, v in desc.items() if k != "predicate"]
     return str(desc["predicate"]) + (f" [{', '.join(qualifiers)}]" if qualifiers else "")
+
+
+def _pairs_fast(path: str | os.PathLike) -> pl.DataFrame | None:
+    """The two columns of a clean file (no blank or odd lines, no empty field, no label given two values) as a
+    polars frame, each label once; None otherwise, and the line-by-line reader then names the problem."""
+    with open_binary(path) as f:
+        data = f.read()
+    if not data or b"\r" in data or data.startswith(b"\xef\xbb\xbf") or b"\n\n" in data or data.startswith(b"\n"):
+        return None
+    try:
+        frame = pl.read_csv(io.BytesIO(data), separator="\t", has_header=False, quote_char=None, infer_schema=False)
+    except pl.exceptions.PolarsError:
+        return None
+    empty = pl.any_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))
+    if frame.width != 2 or frame.select(empty).to_series().any():
+        return None
+    unique = frame.unique(maintain_order=True)
+    if unique[unique.columns[0]].is_duplicated().any():
+        return None
+    return unique
 
 
 def _two_column_rows(path: str | os.PathLike, layout: str) -> list[tuple[int, list[str]]]:
