@@ -116,7 +116,8 @@ def draw_pairs(rng: np.random.Generator, sources: Pool, targets: Pool, count: in
     """``count`` distinct (source, target) pairs [count, 2] of global indices, no self-loops.
 
     Every touched node gets an edge first (as far as ``count`` allows), so the edge type touches
-    them all; the rest are drawn by popularity at both ends, repeats and self-loops redrawn.
+    them all; the rest are drawn by popularity at both ends, repeats and self-loops redrawn. Where
+    the touched nodes hold fewer distinct pairs than ``count`` (tiny graphs), fewer are returned.
     """
     cover = np.concatenate([
         np.stack([sources.index, rng.choice(targets.index, size=len(sources.index), p=targets.weight)], 1),
