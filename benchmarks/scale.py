@@ -27,7 +27,7 @@ runs the named steps again. The steps, in order:
 * ``index``, ``explain-index``: ``kgtrace index`` (projected gradients, ``--dim 128``: the index of
   10M triples and 4 checkpoints at 1,024 would not fit this disk), then the same ``explain`` answered
   from it (approximate).
-* ``mine``: ``kgtrace prove mine`` on the Hetionet-shaped graph.
+* ``mine``: ``kgtrace rules mine`` on the Hetionet-shaped graph.
 * ``run``: ``kgtrace run`` on the Hetionet-shaped graph with Compound-treats-Disease held out.
 """
 
@@ -191,7 +191,7 @@ def hetionet_folder(args: argparse.Namespace) -> Path:
 
 
 def step_mine(args: argparse.Namespace) -> dict:
-    result = measure([*KGTRACE, "prove", "mine", "--dataset", hetionet_folder(args), "--out",
+    result = measure([*KGTRACE, "rules", "mine", "--dataset", hetionet_folder(args), "--out",
                       args.work / "hetionet-rules.tsv", "--overwrite"])
     return {**result, "met": result["returncode"] == 0 and result["seconds"] < 300 and result["peak_rss_gb"] < 8}
 

@@ -17,6 +17,7 @@ import pytest
 from hetionet import write_hetionet
 
 from kgtrace.cli import main
+from kgtrace.cli.common import train_help
 from kgtrace.data import registry
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.registry import DATASETS, DatasetEntry, cached, fetch
@@ -203,3 +204,7 @@ def test_graph_entry_wrong_nodes_checksum(tmp_path, monkeypatch):
         fetch("tinyhet")
     assert nodes.is_file()  # the mirror's file is never removed
     assert not (registry.cache_folder("tinyhet") / nodes.name).exists()
+
+
+def test_the_dataset_option_names_every_registered_dataset():
+    assert all(name in train_help("dataset") for name in DATASETS)

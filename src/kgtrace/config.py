@@ -42,7 +42,7 @@ def help_of(cls: type, name: str) -> str:
 class TrainConfig:
     """Everything that determines a training run."""
 
-    dataset: str = option("umls", "a registered dataset (umls, kinships, nations, fb15k237, wn18rr; `kgtrace datasets` "
+    dataset: str = option("umls", "a registered dataset (umls, kinships, nations, fb15k237, wn18rr, hetionet; `kgtrace datasets` "
                                         "lists them) or a dataset folder")
     model: str = option("conve", "model: {models}")  # {models}: the registered names (help_of fills them in)
     model_args: dict[str, Any] = field(default_factory=dict, metadata={"help": "constructor keywords of the model"})
