@@ -10,9 +10,9 @@ import torch
 from kgtrace.cli import main
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.logic import Rule
-from kgtrace.prover.mining import MiningConfig, mine_rules
+from kgtrace.prover.mining import MiningConfig, _Graph, chain_paths, mine_rules
 from kgtrace.prover.rules import format_rule, parse_rules, read_rules, write_rules
 
 RELATIONS = Vocab(("parent", "grandparent", "child", "biolink:treats"))
@@ -159,3 +159,18 @@ def test_rules_mine_command(tmp_path, capsys):
     assert confidences == sorted(confidences, reverse=True)
     assert main(["rules", "mine", "--dataset", "nations", "--out", str(out)]) == 2  # exists: refused
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_chain_paths_are_counted_and_a_hub_graph_is_refused_before_any_product():
+    """chain_paths: the two-hop paths x -a-> z -> y per directed relation a, as enumerating them finds."""
+    generator = torch.Generator().manual_seed(3)
+    triples = torch.stack([torch.randint(0, 9, (40,), generator=generator), torch.randint(0, 3, (40,), generator=generator),
+                           torch.randint(0, 9, (40,), generator=generator)], 1)
+    graph = _Graph.of(triples, 9, 3)
+    edges = list(zip(graph.heads.tolist(), graph.relations.tolist(), graph.tails.tolist()))
+    brute = [sum(1 for x, d, z in edges if d == a for x2, _, _ in edges if x2 == z) for a in range(6)]
+    assert chain_paths(graph).tolist() == brute
+    hub = torch.tensor([[0, 0, leaf] for leaf in range(1, 30)])  # one node joined to 29 leaves
+    with pytest.raises(KgtraceError, match=r"841 two-hop paths .* more than --max-chain-paths 100.*--no-chains"):
+        mine_rules(hub, 30, 1, MiningConfig(max_chain_paths=100))
+    assert mine_rules(hub, 30, 1, MiningConfig(max_chain_paths=100, chains=False)) == []

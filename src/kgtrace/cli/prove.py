@@ -48,6 +48,9 @@ def add_mining_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rules-per-head", type=int, default=defaults.max_rules_per_head,
                    help="keep each head relation's best N rules (0: all); bounds the prover's branching")
     p.add_argument("--no-chains", dest="chains", action="store_false", help="mine implications and inverses only")
+    p.add_argument("--max-chain-paths", type=int, default=defaults.max_chain_paths,
+                   help="two-hop paths one first relation's chains may enumerate (about 80 bytes each); a graph with "
+                        "more is refused with the count before any work (0: no limit)")
 
 
 def mining_config(args: argparse.Namespace):

@@ -31,6 +31,9 @@ class MiningConfig:
     confidence_offset: float = 5.0  # written confidence = support / (denominator + offset): AnyBURL's damping of rare bodies
     max_rules_per_head: int = 50  # keep each head relation's best N rules (0: all); bounds the engines' branching
     chains: bool = True  # also mine length-2 chains (else implications and inverses only)
+    # Two-hop paths one first relation's chain product may enumerate (about 80 bytes each while counted);
+    # a graph with more is refused before any product, with the count (0: no limit).
+    max_chain_paths: int = 50_000_000
 
     def validate(self) -> "MiningConfig":
         problems = []
@@ -43,6 +46,8 @@ class MiningConfig:
             problems.append(f"confidence={self.confidence!r}: must be one of {', '.join(CONFIDENCES)}")
         if self.confidence_offset < 0:
             problems.append(f"confidence_offset={self.confidence_offset}: must be 0 or more")
+        if self.max_chain_paths < 0:
+            problems.append(f"max_chain_paths={self.max_chain_paths}: must be 0 (no limit) or more")
         if self.max_rules_per_head < 0:
             problems.append(f"max_rules_per_head={self.max_rules_per_head}: must be 0 (all) or more")
         if problems:
