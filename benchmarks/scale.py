@@ -234,7 +234,8 @@ def _child_json(result: dict) -> dict:
 STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train, "train-chunked": lambda a: step_train(a, 65536),
                   "evaluate": step_evaluate, "evaluate-compiled": lambda a: step_evaluate(a, compiled=True),
                   "restrict": step_restrict, "tracin-last": step_tracin_last, "tracin-all": step_tracin_all,
-                  "explain": step_explain, "explain-last": lambda a: step_explain(a, "4"), "index": step_index, "explain-index": step_explain_index,
+                  "explain": step_explain, "explain-last": lambda a: step_explain(a, "4"), "index": step_index,
+                  "explain-index": step_explain_index,
                   "mine": step_mine, "run": step_run}
 
 
