@@ -372,12 +372,18 @@ def plan(results: dict, batch: int = 128, dim: int = 200) -> str:
     if not train:
         return ""
     steps, per_step = train["steps_per_full_epoch"], train["seconds_per_1000_steps"] / 1000
+    epoch_flops = steps * train["flops_per_step"]
+    rate = results["steps"].get("tracin-all", {}).get("matmul_gflops")
+    floor = (f" (at this machine's measured {rate:.0f} GFLOP/s matmul rate: {epoch_flops / rate / 1e9 / 3600:.1f} h)"
+             if rate else "")
     rows = [f"An epoch of the prepared graph is {steps:,} steps of {batch} queries: {steps * per_step / 3600:.1f} h "
-            f"on this CPU; {train['flops_per_step'] / 1e9:,.0f} GFLOP a step, {steps * train['flops_per_step'] / 1e15:,.1f} "
-            "PFLOP an epoch (a GPU's time is that over its measured matmul rate). With `torchrun` on N machines each "
+            f"on this CPU; {train['flops_per_step'] / 1e9:,.0f} GFLOP a step, {epoch_flops / 1e15:,.1f} PFLOP an "
+            f"epoch{floor}. A GPU's epoch is that over its measured matmul rate (`scale.py --device cuda` measures "
+            "it where a GPU is lent). With `torchrun` on N machines each "
             "process takes 1/N of every batch but holds the whole model and all-reduces its dense gradient "
             f"({train['entities'] * dim * 4 / 2**30:.2f} GiB of entity table a step), so N machines cut the "
-            "compute, not the memory per process.", "",
+            "compute, not the memory per process: at 10M entities ConvE with Adam needs more than this machine's "
+            "24 GB in every process (a sparse optimizer or a sharded entity table would be the next step).", "",
             "| entities | entity table | + gradient + Adam | scores and their gradient | per process |", "|---|---|---|---|---|"]
     for entities in (2_000_000, 10_000_000):
         table_gb = entities * dim * 4 / 2**30
