@@ -25,7 +25,7 @@ import re
 
 import polars as pl
 
-from kgtrace.data._io import check_tsv_values, open_binary, read_text, text_lines
+from kgtrace.data._io import GZIP_ERRORS, check_tsv_values, open_binary, read_text, text_lines
 from kgtrace.io import atomic_write_text
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import DataError
@@ -130,8 +130,11 @@ def describe_predicate(key: str) -> str:
 def _pairs_fast(path: str | os.PathLike) -> pl.DataFrame | None:
     """The two columns of a clean file (no blank or odd lines, no empty field, no label given two values) as a
     polars frame, each label once; None otherwise, and the line-by-line reader then names the problem."""
-    with open_binary(path) as f:
-        data = f.read()
+    try:
+        with open_binary(path) as f:
+            data = f.read()
+    except GZIP_ERRORS:  # a damaged .gz: the line reader names the line where it breaks
+        return None
     if not data or b"\r" in data or data.startswith(b"\xef\xbb\xbf") or b"\n\n" in data or data.startswith(b"\n"):
         return None
     try:
