@@ -342,5 +342,5 @@ def logged_compilation(path: str | Path, enabled: bool, log: Callable[[str], obj
 
 def compile_default(device: torch.device, asked: bool | None) -> bool:
     """The one rule of every command's --compile / --no-compile: as asked; unset (``asked`` None), on CUDA
-    only, where it pays off (on a CPU it costs seconds of compiling for no gain)."""
+    only, where it pays off (on a CPU it costs seconds of compiling, repaid only on large graphs)."""
     return device.type == "cuda" if asked is None else asked

@@ -35,8 +35,8 @@ def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled corruptions")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="rank all entities through torch.compile with static buffers (default: on CUDA only; "
-                        "on a CPU it costs seconds of compiling for no gain). A failed compilation is an error, "
-                        "never a silent fallback")
+                        "on a CPU it costs seconds of compiling, which pays back only on large graphs: 1.35x faster "
+                        "at 1.1M entities). A failed compilation is an error, never a silent fallback")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="rank eagerly")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
     p.add_argument("--per-query", metavar="FILE", help="write each query's ranks and true score (.tsv or .parquet)")
