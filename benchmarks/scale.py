@@ -6,15 +6,15 @@ one), its seconds and peak memory against its target; prints JSON and writes ben
     python benchmarks/scale.py [--steps prepare,train,...] [--device auto] [--threads 2] [--redo]
 
 Every step runs as its own process (the ``kgtrace`` command a user would type where there is one),
-so its peak resident memory is its own (``wait4``); on CUDA the GPU's peak comes from the step's
-JSON. Steps already in the result file are kept, so the script resumes where it stopped; ``--redo``
+so its peak resident memory is its own (``wait4``; the GPU's peak memory is not recorded yet).
+Steps already in the result file are kept, so the script resumes where it stopped; ``--redo``
 runs the named steps again. The steps, in order:
 
 * ``prepare``: ``kgtrace prepare`` of the KGX JSONL (category pairs, a dropped predicate,
   ``biolink:treats`` held out, qualifiers folded); edges read per second.
 * ``train``: ConvE dim 200, Adam, KvsAll, batch 128, ``--steps-per-epoch`` steps for 4 epochs (a
   checkpoint each: the checkpoints TracIn reads); seconds per 1,000 steps and an epoch extrapolated.
-* ``train-chunked``: the same for a few steps with ``entity_chunk`` 65,536: the memory it saves.
+* ``train-chunked``: the same for one epoch of 10 steps with ``entity_chunk`` 65,536: what it costs and saves.
 * ``evaluate``: ``kgtrace evaluate`` of the test split (filtered, both sides, all entities);
   ``evaluate-compiled`` the same with ``--compile`` (Inductor fuses the counting of higher and tied
   scores into one pass over the scores).
@@ -22,7 +22,8 @@ runs the named steps again. The steps, in order:
   allows, and whether exactly the small molecules and diseases), then the restricted evaluation.
 * ``tracin-last``: ``kgtrace explain --test 100 --params last`` over all training triples, 4 checkpoints.
 * ``tracin-all``: ``--params all`` on a prefix of the training triples, extrapolated to all of them,
-  beside its FLOP floor (the multiply-adds of one forward and backward pass per training triple).
+  beside its floor: one forward and backward pass per training triple and checkpoint (torch's FLOP
+  counter) at the machine's measured matmul rate.
 * ``explain``: ``kgtrace explain --predict DRUG biolink:treats --top-n 10``, exact.
 * ``explain-last``: the same over the last checkpoint only (``--checkpoints 4``).
 * ``index``, ``explain-index``: ``kgtrace index`` (projected gradients, ``--dim 128``: the index of
