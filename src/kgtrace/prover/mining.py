@@ -193,10 +193,11 @@ def chain_paths(graph: "_Graph") -> Tensor:
 def _check_chain_paths(graph: "_Graph", limit: int) -> None:
     paths = chain_paths(graph)
     if limit and int(paths.max()) > limit:
-        a = int(paths.argmax())
+        a, R = int(paths.argmax()), graph.num_relations
+        first = f"relation id {a % R}{', read backwards' if a >= R else ''}"
         raise KgtraceError(
-            f"mining chains would enumerate {int(paths.max()):,} two-hop paths for one first relation (directed "
-            f"relation {a}; {int(paths.sum()):,} in all), more than --max-chain-paths {limit:,} (about 80 bytes each "
+            f"mining chains would enumerate {int(paths.max()):,} two-hop paths for one first relation ({first}; "
+            f"{int(paths.sum()):,} in all), more than --max-chain-paths {limit:,} (about 80 bytes each "
             "while counted): the graph's hub nodes join too many pairs. Fix: mine implications and inverses only "
             "(--no-chains), mine a smaller subgraph, or raise --max-chain-paths on a machine with the memory")
 
