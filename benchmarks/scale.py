@@ -160,11 +160,13 @@ def step_tracin_all(args: argparse.Namespace) -> dict:
     return {**result, **child, "met": result["returncode"] == 0}
 
 
-def step_explain(args: argparse.Namespace, checkpoints: str = "all") -> dict:
+def step_explain(args: argparse.Namespace, checkpoints: str = "all", index: bool = False) -> dict:
+    """``explain --predict`` for one drug: exact over ``checkpoints``, or answered from the projected index."""
     picked = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))
+    source = ["--index", args.work / "tracin-index"] if index else ["--checkpoints", checkpoints]
     result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", picked["drug"], picked["treats"],
-                      "--top-n", "10", "--checkpoints", checkpoints, "--device", args.device, "--no-progress", "--out",
-                      args.work / "explain-predict.json"])
+                      "--top-n", "10", *source, "--device", args.device, "--no-progress", "--out",
+                      args.work / ("explain-predict-index.json" if index else "explain-predict.json")])
     return {**result, **picked, "met": result["returncode"] == 0 and result["seconds"] < 120}
 
 
@@ -173,14 +175,6 @@ def step_index(args: argparse.Namespace) -> dict:
                       str(args.index_dim), "--device", args.device, "--no-progress"])
     size = sum(f.stat().st_size for f in (args.work / "tracin-index").rglob("*") if f.is_file())
     return {**result, "dim": args.index_dim, "index_gb": round(size / 2**30, 1), "met": result["returncode"] == 0}
-
-
-def step_explain_index(args: argparse.Namespace) -> dict:
-    picked = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))
-    result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", picked["drug"], picked["treats"],
-                      "--top-n", "10", "--index", args.work / "tracin-index", "--device", args.device,
-                      "--no-progress", "--out", args.work / "explain-predict-index.json"])
-    return {**result, **picked, "met": result["returncode"] == 0 and result["seconds"] < 120}
 
 
 def hetionet_folder(args: argparse.Namespace) -> Path:
@@ -236,7 +230,7 @@ STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train, "train-chunked":
                   "evaluate": step_evaluate, "evaluate-compiled": lambda a: step_evaluate(a, compiled=True),
                   "restrict": step_restrict, "tracin-last": step_tracin_last, "tracin-all": step_tracin_all,
                   "explain": step_explain, "explain-last": lambda a: step_explain(a, "4"), "index": step_index,
-                  "explain-index": step_explain_index,
+                  "explain-index": lambda a: step_explain(a, index=True),
                   "mine": step_mine, "run": step_run}
 
 

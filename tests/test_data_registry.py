@@ -170,16 +170,23 @@ def test_a_remote_datasets_cache_is_an_input_that_overwrite_spares(tiny, tmp_pat
     assert dataset_inputs("umls") == []
 
 
-def test_graph_entry_is_split_on_first_use(tmp_path, monkeypatch):
-    """A graph published as Hetionet's nodes and edges files: both fetched and checked, split with the entry's seed,
-    names, kinds and relation descriptions written beside the splits; a second load reads the cache."""
+def register_graph(tmp_path: Path, monkeypatch, nodes_sha256: str | None = None,
+                   fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> tuple[Path, Path]:
+    """Register tests/hetionet.py's graph (in the mirror folder tmp_path/mirror) as the graph entry 'tinyhet'."""
     nodes, edges = write_hetionet(tmp_path / "mirror")
-    graph = registry.GraphFiles(f"https://example.org/het/{nodes.name}", sha256(nodes), fractions=(0.6, 0.2, 0.2))
+    graph = registry.GraphFiles(f"https://example.org/het/{nodes.name}", nodes_sha256 or sha256(nodes), fractions)
     entry = DatasetEntry("tinyhet", "Tiny Hetionet", "a test graph", "CC0", "nobody", registry._counts(8, 7, 9, 2, 2),
                          url=f"https://example.org/het/{edges.name}", sha256=sha256(edges), graph=graph)
     monkeypatch.setitem(DATASETS, "tinyhet", entry)
     monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    return nodes, edges
+
+
+def test_graph_entry_is_split_on_first_use(tmp_path, monkeypatch):
+    """A graph published as Hetionet's nodes and edges files: both fetched and checked, split with the entry's seed,
+    names, kinds and relation descriptions written beside the splits; a second load reads the cache."""
+    nodes, edges = register_graph(tmp_path, monkeypatch, fractions=(0.6, 0.2, 0.2))
     ds = load_dataset("tinyhet")
     folder = cached("tinyhet")
     assert folder is not None and (folder / nodes.name).is_file() and (folder / edges.name).is_file()
@@ -193,13 +200,7 @@ def test_graph_entry_is_split_on_first_use(tmp_path, monkeypatch):
 
 
 def test_graph_entry_wrong_nodes_checksum(tmp_path, monkeypatch):
-    nodes, edges = write_hetionet(tmp_path / "mirror")
-    graph = registry.GraphFiles(f"https://example.org/het/{nodes.name}", "0" * 64)
-    entry = DatasetEntry("tinyhet", "Tiny Hetionet", "a test graph", "CC0", "nobody", registry._counts(8, 7, 9, 2, 2),
-                         url=f"https://example.org/het/{edges.name}", sha256=sha256(edges), graph=graph)
-    monkeypatch.setitem(DATASETS, "tinyhet", entry)
-    monkeypatch.setenv("KGTRACE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "mirror"))
+    nodes, edges = register_graph(tmp_path, monkeypatch, nodes_sha256="0" * 64)
     with pytest.raises(KgtraceError, match="hetionet-v1.0-nodes.tsv has sha256 .* expects 0000"):
         fetch("tinyhet")
     assert nodes.is_file()  # the mirror's file is never removed

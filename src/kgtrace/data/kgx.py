@@ -138,12 +138,13 @@ def read_kgx(
 
 
 def is_hetionet(path: str | os.PathLike) -> bool:
-    """True if ``path`` is a tab-separated file whose header uses Hetionet's column names."""
+    """True if ``path`` is an edge file whose header has Hetionet's column names where KGX's are required
+    (the same rule as the reader's :func:`_kgx_names`)."""
     if _format(path) != "tsv":
         return False
     with closing(raw_lines(path)) as lines:
-        header = {h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")}
-    return any(name in header for name in HETIONET_COLUMNS) and not header & {"category", "subject", "predicate"}
+        header = [h.strip() for h in decode_line(path, 1, next(lines, b"")).split("\t")]
+    return _kgx_names(header, EDGE_REQUIRED) != header
 
 
 def _metaedge_map(relations: Sequence[str]) -> dict[str, str]:
