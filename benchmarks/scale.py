@@ -149,7 +149,8 @@ def step_restrict(args: argparse.Namespace) -> dict:
 def step_tracin_last(args: argparse.Namespace) -> dict:
     out = args.work / "tracin-last.json"
     result = measure([*KGTRACE, "explain", args.work / "conve", "--test", "100", "--params", "last",
-                      "--checkpoints", "all", "--device", args.device, "--no-progress", "--out", out])
+                      "--checkpoints", "all", "--memory-budget", args.tracin_budget, "--device", args.device,
+                      "--no-progress", "--out", out])
     return {**result, "met": result["returncode"] == 0 and result["seconds"] < 900 and result["peak_rss_gb"] < 4}
 
 
@@ -165,7 +166,8 @@ def step_explain(args: argparse.Namespace, checkpoints: str = "all", index: bool
     picked = _child_json(measure([sys.executable, __file__, "--child", "drug", str(args.work / "robokop-treats")]))
     source = ["--index", args.work / "tracin-index"] if index else ["--checkpoints", checkpoints]
     result = measure([*KGTRACE, "explain", args.work / "conve", "--predict", picked["drug"], picked["treats"],
-                      "--top-n", "10", *source, "--device", args.device, "--no-progress", "--out",
+                      "--top-n", "10", *source, "--memory-budget", args.tracin_budget, "--device", args.device,
+                      "--no-progress", "--out",
                       args.work / ("explain-predict-index.json" if index else "explain-predict.json")])
     return {**result, **picked, "met": result["returncode"] == 0 and result["seconds"] < 120}
 
@@ -431,6 +433,8 @@ def main() -> None:
                         help="optimizer steps per training epoch (4 epochs, a checkpoint each)")
     parser.add_argument("--prefix", type=int, default=20_000, help="tracin-all: training triples actually scored")
     parser.add_argument("--memory-budget", default="4GB", help="evaluate: kgtrace's --memory-budget")
+    parser.add_argument("--tracin-budget", default="1GB",
+                        help="tracin-last, explain: kgtrace explain's --memory-budget (checkpoint models held at once)")
     parser.add_argument("--index-dim", type=int, default=128, help="index: numbers per training gradient and checkpoint")
     parser.add_argument("--redo", action="store_true", help="run the named steps again even if done")
     parser.add_argument("--table", action="store_true", help="print the Markdown table of the result file and stop")

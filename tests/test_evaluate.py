@@ -48,6 +48,25 @@ TIE_KEYS = ["mrr", "mr", "amr", "amri", "adjusted_mrr",
             "hits_at_1", "adjusted_hits_at_1", "hits_at_5", "adjusted_hits_at_5"]
 
 
+def test_only_the_answers_of_the_ranked_queries_are_indexed():
+    """answering keeps exactly the known triples a query of the ranked triples reads; ranks are unchanged."""
+    from kgtrace.data.answers import AnswerIndex, answering
+
+    gen = torch.Generator().manual_seed(1)
+    known = torch.randint(0, 8, (300, 3), generator=gen) % torch.tensor([8, 3, 8])
+    triples = known[:5]
+    kept = answering(known, triples, 3)
+    answers = {(h, r, "tail") for h, r, _ in triples.tolist()} | {(t, r, "head") for _, r, t in triples.tolist()}
+    expected = [x for x in known.tolist() if (x[0], x[1], "tail") in answers or (x[2], x[1], "head") in answers]
+    assert kept.tolist() == expected and 0 < len(kept) < len(known)
+    whole, part = AnswerIndex.build(known, 3), AnswerIndex.build(kept, 3)
+    queries = torch.cat([triples[:, :2], torch.stack([triples[:, 2], triples[:, 1] + 3], 1)])  # tail and head queries
+    for a, b in zip(whole.lookup(queries), part.lookup(queries)):
+        assert torch.equal(a, b)
+    scorer = TableScorer(torch.randint(0, 3, (6, 8, 8), generator=gen).float())  # [2R, E, E], many ties
+    assert evaluate(scorer, triples, known=known).both.realistic.mr == evaluate(scorer, triples, known=whole).both.realistic.mr
+
+
 def test_metrics_to_dict_is_the_json_shape_written_before():
     # The shape kgtrace evaluate --out has always written: sides in the order ranked, then both, then the
     # three counts; each side's tie policies in one order, each policy's metrics in one order.

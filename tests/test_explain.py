@@ -185,5 +185,11 @@ def test_chunk_size_and_save_every(run_dir, tmp_path):
         assert [e["train_index"] for e in a["proponents"]] == [e["train_index"] for e in b["proponents"]]
         assert [e["influence"] for e in a["proponents"]] == pytest.approx([e["influence"] for e in b["proponents"]])
     assert not (tmp_path / "chunked.json.state").exists()
+    # A checkpoint at a time (a budget of one byte): the same explanations, and nothing left beside the output.
+    grouped, _ = explain(run_dir, tmp_path, "--test", "2", "--no-progress", "--memory-budget", "1", name="grouped.json")
+    assert grouped["explanations"] == default["explanations"]
+    assert not list(tmp_path.glob("grouped.json.state*"))
     refused(["explain", run_dir, "--test", "2", "--chunk-size", "0", "--save-every", "-1", "--device", "cpu",
              "--out", tmp_path / "bad.json"], watch=tmp_path, mentions=["--chunk-size 0", "--save-every -1.0"])
+    refused(["explain", run_dir, "--test", "2", "--memory-budget", "lots", "--device", "cpu", "--out",
+             tmp_path / "bad.json"], watch=tmp_path, mentions=["--memory-budget 'lots'"])

@@ -1,14 +1,19 @@
 """TracIn attribution: every path agrees with the per-triple autograd reference (UMLS, 4 checkpoints)."""
 
+import copy
+from dataclasses import fields
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kgtrace.attribution import TracIn, select_parameters
+from kgtrace.attribution import spill as spill_module
 from kgtrace.attribution import tracin as tracin_module
 from kgtrace.attribution.reference import triple_gradient
 from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
 
@@ -142,7 +147,7 @@ def test_eval_mode_is_used(conve_run):
         conve_run.dataset.test[:1])
     assert_agrees(got, ref)
     # The check has teeth: in train mode (dropout, batch statistics) the gradients differ.
-    model, names = tracin.model, tracin.names
+    model, names = copy.deepcopy(conve_run.model), tracin.names
     pair = conve_run.dataset.train[:2]
     model.eval()
     eval_grad = triple_gradient(model, pair[0], names)
@@ -233,6 +238,78 @@ def test_top_k_resumes_after_a_kill(conve_run, tmp_path, monkeypatch):
     torch.save({"signature": "other", "next": 9, "data": {}}, state)
     other = resumed.top_k(test, k=4, state=state)
     assert torch.equal(other[0].proponents, expected[0].proponents)
+
+
+def one_model(run):
+    """Bytes of one checkpoint's model: a memory budget of this holds one checkpoint at a time."""
+    return sum(t.numel() * t.element_size() for t in [*run.model.parameters(), *run.model.buffers()])
+
+
+def test_checkpoints_a_group_at_a_time_give_the_same_results(conve_run, tmp_path):
+    rows, test = torch.arange(1000), conve_run.dataset.test[:3]
+    whole = TracIn(conve_run, train_indices=rows, chunk_size=100)
+    expected = whole.top_k(test, k=5)
+    for per_group, sizes in ((1, [1, 1, 1, 1]), (3, [3, 1])):
+        grouped = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=per_group * one_model(conve_run))
+        assert [len(g) for g in grouped.groups] == sizes
+        for a, b in zip(grouped.top_k(test, k=5, state=tmp_path / "state.pt"), expected, strict=True):
+            for field in fields(a):  # bit for bit: the spilled parts are the very floats ranked before
+                assert torch.equal(getattr(a, field.name), getattr(b, field.name)), field.name
+        assert list(tmp_path.iterdir()) == []  # the spilled parts and the state go when the pass is done
+        assert torch.equal(grouped.checkpoint_self_influence(), whole.checkpoint_self_influence())
+        torch.testing.assert_close(grouped.influence(test), whole.influence(test))
+    # Without a state file the parts spill into a temporary folder, removed after.
+    grouped = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=one_model(conve_run))
+    assert torch.equal(grouped.top_k(test, k=5)[0].proponents, expected[0].proponents)
+
+
+def test_a_group_at_a_time_resumes_after_kills(conve_run, tmp_path, monkeypatch):
+    """Killed while spilling the second checkpoint, then while ranking in the last: the resumed passes agree."""
+    rows, test = torch.arange(1000), conve_run.dataset.test[:2]
+    expected = TracIn(conve_run, train_indices=rows, chunk_size=100).top_k(test, k=4)
+    state = tmp_path / "state.pt"
+    monkeypatch.setattr(tracin_module, "SAVE_EVERY_S", 0.0)
+
+    def killed_after(calls):
+        tracin = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=one_model(conve_run))
+        real, seen = tracin._factorise, []
+
+        def dying(model, triples):
+            seen.append(len(triples))
+            if len(seen) > calls:
+                raise KeyboardInterrupt
+            return real(model, triples)
+
+        monkeypatch.setattr(tracin, "_factorise", dying)
+        with pytest.raises(KeyboardInterrupt):
+            tracin.top_k(test, k=4, state=state)
+        return torch.load(state, weights_only=True)["next"]
+
+    # Per checkpoint: its test factors, then ten chunks of 100 training triples.
+    assert killed_after((1 + 10) + (1 + 3)) == 10 + 3  # first checkpoint spilled, three chunks of the second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt", "state.pt.spill0", "state.pt.spill1",
+                                                          "state.pt.spill2"]
+    assert killed_after((1 + 7) + (1 + 10) + (1 + 5)) == 3 * 10 + 5  # resumed; killed ranking in the last
+    resumed = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=one_model(conve_run))
+    seen = []
+    real = resumed._factorise
+    monkeypatch.setattr(resumed, "_factorise", lambda m, t: seen.append(len(t)) or real(m, t))
+    got = resumed.top_k(test, k=4, state=state)
+    assert len(seen) == 1 + 5  # the last checkpoint's test factors and its five chunks left
+    assert list(tmp_path.iterdir()) == []
+    for a, b in zip(got, expected, strict=True):
+        for field in fields(a):
+            assert torch.equal(getattr(a, field.name), getattr(b, field.name)), field.name
+
+
+def test_a_group_at_a_time_refuses_without_the_disk(conve_run, tmp_path, monkeypatch):
+    monkeypatch.setattr(spill_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    tracin = TracIn(conve_run, train_indices=torch.arange(1000), memory_budget=one_model(conve_run))
+    with pytest.raises(KgtraceError, match=r"needs 0\.0 GiB.*--memory-budget"):
+        tracin.top_k(conve_run.dataset.test[:2], state=tmp_path / "state.pt")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="memory_budget='lots'"):
+        TracIn(conve_run, memory_budget="lots")
 
 
 def test_save_every_sets_how_often_a_pass_saves_its_progress(conve_run, tmp_path, monkeypatch):

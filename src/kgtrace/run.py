@@ -86,7 +86,8 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     config = read_run_config(run_dir)
     dataset = load_pinned_dataset(run_dir, config.dataset)
     path = resolve_checkpoint(run_dir, checkpoint)
-    state = load_checkpoint(path)
+    # Mapped, not read: the optimizer state stays on disk, and the weights are read as they are touched.
+    state = load_checkpoint(path, mmap=True)
     check_digests(state, dataset.entities.digest(), dataset.relations.digest(), path)
     model = model_from_checkpoint(state, device)
     return Run(run_dir, config, dataset, model, path, list_checkpoints(RunLayout(run_dir).checkpoints))

@@ -69,12 +69,14 @@ def _shares(parts: Tensor) -> list[list[float]]:
     return shares.T.tolist()
 
 
-def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]) -> list[dict]:
+def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int],
+                    memory_budget: int = 2 << 30) -> list[dict]:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
     found: each test triple's :class:`TopK` (``TracIn.top_k`` or ``ProjectedIndex.top_k``),
     whose parts follow the checkpoints ``epochs``; ``checkpoint_shares`` gives each
-    checkpoint's fraction of an influence (signed, summing to 1).
+    checkpoint's fraction of an influence (signed, summing to 1). memory_budget: bytes for
+    the ranking's scores at once.
     """
     ds = run.dataset
     test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
@@ -82,7 +84,7 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]
     run.model.eval()
     with torch.no_grad():
         scores = run.model.score_hrt(test.to(device)).float().cpu()
-    ranks = rank_queries(run.model, test, known=ds.all_triples())
+    ranks = rank_queries(run.model, test, known=ds.all_triples(), memory_budget=memory_budget)
     realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
     items = []
     for i, (triple, top) in enumerate(zip(test, found, strict=True)):

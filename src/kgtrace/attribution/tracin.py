@@ -22,6 +22,11 @@ that ConvE computes each pair's fc input once), scores every test triple against
 at every checkpoint. :meth:`TracIn.top_k` and :meth:`TracIn.self_influence` keep only what
 they return, so their memory does not grow with the training set, and with ``state=FILE``
 they save their progress now and then so that a killed run resumes where it stopped.
+
+Checkpoints a group at a time: with a ``memory_budget`` smaller than the checkpoints' models
+together, the pass goes over the training set once per group of checkpoints that fits; top-k
+keeps the earlier groups' parts on disk (:mod:`.spill`) and ranks in the last group's pass.
+Memory then holds one group's models, whatever the number of checkpoints.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +50,7 @@ from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.reference import reference_influence
 from kgtrace.attribution.rows import row_factors, row_tables
+from kgtrace.attribution.spill import Spill
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError
@@ -53,6 +60,7 @@ from kgtrace.registry import model_names, spec_named
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.system import keep_freed_memory
 from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
+from kgtrace.config import parse_size
 
 __all__ = ["TopK", "TracIn"]
 
@@ -81,6 +89,8 @@ class TracIn:
     world: the processes of a distributed job (:mod:`kgtrace.distributed`); each streams every
         ``world.size``-th training chunk and results are merged, equal to one process's. Every
         process must make the same calls; each gets the whole result.
+    memory_budget: bytes (or a size such as "2GB") for the checkpoints' models held at once; when
+        they need more, the pass goes a group of checkpoints at a time (module doc). None: all at once.
     """
 
     def __init__(
@@ -95,15 +105,18 @@ class TracIn:
         precision: Literal["fp32", "bf16", "fp16"] = "fp32",
         compile: bool = False,
         world: World = ONE,
+        memory_budget: int | str | None = None,
     ):
         self.device = torch.device(device)
         self.world = world
-        self.model = copy.deepcopy(run.model).to(self.device).eval()
+        self._run_model = run.model  # the reference path's template (it copies it); never changed
+        self.model = _weightless_copy(run.model)  # the architecture, for shapes and the fast path's choices
         self.names = select_parameters(self.model, params)
         chosen, problems = _choose_checkpoints(run.checkpoints, checkpoints)
         problems += self._path_problems(path, precision, chunk_size)
-        if problems:
-            raise ConfigError(problems)
+        budget, budget_problems = _budget(memory_budget)
+        if problems or budget_problems:
+            raise ConfigError(problems + budget_problems)
         self._fast = fast_path(self.model)  # None: the model has no fast path
         self.path = ("fast" if self._fast is not None else "general") if path == "auto" else path
         self.precision = precision
@@ -112,7 +125,8 @@ class TracIn:
         train = run.dataset.train
         self.train_indices = (torch.arange(len(train)) if train_indices is None
                               else torch.as_tensor(train_indices, dtype=torch.long).reshape(-1))
-        self.train = train[self.train_indices].to(self.device)
+        self.train = (train if train_indices is None else train[self.train_indices]).to(self.device)
+        self.groups = _groups(len(chosen), _model_bytes(self.model), budget)
         self._models: list[nn.Module] | None = None
         self.compiled = CompiledGradients(self.chunk_size, self.device) if compile else None
 
@@ -145,11 +159,17 @@ class TracIn:
     def _checkpoint_models(self) -> list[nn.Module]:
         """One eval-mode copy of the model per checkpoint, loaded once (model weights only, memory-mapped)."""
         if self._models is None:
-            self._models = []
-            for info in self.checkpoints:
-                state = load_checkpoint(info.path, map_location=self.device, mmap=True)
-                self._models.append(model_from_checkpoint(state, self.device))
+            self._models = [self._load(info) for info in self.checkpoints]
         return self._models
+
+    def _group_models(self, group: Sequence[int]) -> list[nn.Module]:
+        """The models of a group of checkpoints: kept for later calls when one group holds them all."""
+        if len(self.groups) == 1:
+            return self._checkpoint_models()
+        return [self._load(self.checkpoints[i]) for i in group]
+
+    def _load(self, info: CheckpointInfo) -> nn.Module:
+        return model_from_checkpoint(load_checkpoint(info.path, map_location=self.device, mmap=True), self.device)
 
     def _factorise(self, model: nn.Module, triples: Tensor) -> Factors:
         """Per-triple gradient factors of ``triples`` at one checkpoint's weights."""
@@ -191,36 +211,71 @@ class TracIn:
         # chunks, so the same arithmetic, whatever the number of processes.
         return list(order.split(self.chunk_size))[self.world.rank :: self.world.size]
 
-    def _stream(self, test: Tensor | None, desc: str, progress: bool, state: "_State") -> Iterator[tuple[int, Tensor, Tensor]]:
-        """(chunk number, positions [c], lr-weighted parts [C, n_test, c] or [C, c] with test None), from state.next."""
-        models = self._checkpoint_models()
-        lrs = [c.lr for c in self.checkpoints]
-        with torch.no_grad():  # kept for the whole pass: each checkpoint's test factors, computed once
-            test_factors = None if test is None else [self._factorise(m, test) for m in models]
+    def _stream(self, test: Tensor | None, desc: str, progress: bool, state: "_State",
+                data: Callable[[], dict] | None = None, whole: bool = True) -> Iterator[tuple[slice, Tensor, Tensor]]:
+        """(checkpoints, positions [c], their lr-weighted parts [G, n_test, c], or [G, c] with test None).
+
+        Starts at step ``state.next`` (step = group * chunks + chunk) and, after the consumer has
+        taken each chunk, lets ``state`` save ``data()``. whole: every yield holds all checkpoints
+        (the groups before the last are spilled to disk and joined in the last one's pass); else
+        each group's parts come in yields of their own.
+        """
         chunks = self._chunks()
+        spill = self._spill(state, len(test), chunks) if whole and test is not None and len(self.groups) > 1 else None
         if self._reuses_blocks():
             # Same-sized blocks re-allocated per test triple or per sub-chunk: keeping freed memory saves
             # their page faults (15% of forward mode's time, 25% of the upstream pass's). Not for the other
             # passes, whose chunk-sized blocks vary: kept, they fragment the heap (working memory +20%
             # from 250k to 1M training triples).
             keep_freed_memory()
-        bar = tqdm(total=len(chunks), initial=state.next, desc=desc, unit="chunk", disable=not progress,
-                   dynamic_ncols=True)
-        with bar, torch.no_grad():
-            for number in range(state.next, len(chunks)):
-                positions = chunks[number]
-                triples = self.train[positions]
-                if test is None:
-                    parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
-                elif self._forward_mode(test, triples):
-                    influence = self._fast.forward[1]
-                    influence = influence if self.compiled is None else self.compiled.wrap(influence)
-                    parts = [lr * influence(m, tf, test, triples, self.names)
-                             for m, lr, tf in zip(models, lrs, test_factors)]
-                else:
-                    parts = [lr * dot(tf, self._factorise(m, triples)) for m, lr, tf in zip(models, lrs, test_factors)]
-                yield number, positions, torch.stack(parts)
-                bar.update(1)
+        bar = tqdm(total=len(chunks) * len(self.groups), initial=state.next, desc=desc, unit="chunk",
+                   disable=not progress, dynamic_ncols=True)
+        done = False
+        try:
+            with bar, torch.no_grad():
+                for g, group in enumerate(self.groups):
+                    first = max(state.next - g * len(chunks), 0)
+                    if first >= len(chunks):
+                        continue
+                    models = self._group_models(group)
+                    lrs = [self.checkpoints[i].lr for i in group]
+                    # kept for the group's whole pass: each checkpoint's test factors, computed once
+                    test_factors = None if test is None else [self._factorise(m, test) for m in models]
+                    last = g == len(self.groups) - 1
+                    for number in range(first, len(chunks)):
+                        positions = chunks[number]
+                        parts = self._parts(models, lrs, test_factors, test, self.train[positions])
+                        if spill is not None and not last:
+                            spill.write(g, number, parts)
+                        elif spill is not None:
+                            yield slice(0, len(self.checkpoints)), positions, torch.cat([spill.read(number, self.device), parts])
+                        else:
+                            yield slice(group[0], group[-1] + 1), positions, parts
+                        state.step(g * len(chunks) + number, data)
+                        bar.update(1)
+                    del models, test_factors  # a group's models go before the next group's come
+            done = True
+        finally:
+            if spill is not None:
+                spill.close(remove=done)
+
+    def _parts(self, models: list[nn.Module], lrs: list[float], test_factors: list[Factors] | None,
+               test: Tensor | None, triples: Tensor) -> Tensor:
+        """lr-weighted parts [G, n_test, c] of the checkpoints of ``models`` (self-influence [G, c] with test None)."""
+        if test is None:
+            parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
+        elif self._forward_mode(test, triples):
+            influence = self._fast.forward[1]
+            influence = influence if self.compiled is None else self.compiled.wrap(influence)
+            parts = [lr * influence(m, tf, test, triples, self.names) for m, lr, tf in zip(models, lrs, test_factors)]
+        else:
+            parts = [lr * dot(tf, self._factorise(m, triples)) for m, lr, tf in zip(models, lrs, test_factors)]
+        return torch.stack(parts)
+
+    def _spill(self, state: "_State", n_test: int, chunks: list[Tensor]) -> Spill:
+        """Disk for the parts of the groups before the last: beside the state file, else a temporary folder."""
+        folder, stem = (None, "parts") if state.path is None else (state.path.parent, state.path.name)
+        return Spill(folder, stem, self.groups, n_test, [len(c) for c in chunks], fresh=state.next == 0)
 
     # ------------------------------------------------------------------ public
 
@@ -229,10 +284,10 @@ class TracIn:
         test = self._check_test(test)
         if self.path == "reference":
             states = ((load_checkpoint(c.path, map_location=self.device)["model_state"], c.lr) for c in self.checkpoints)
-            return reference_influence(self.model, states, test, self.train, self.names).float().cpu()
+            return reference_influence(self._run_model, states, test, self.train, self.names).float().cpu()
         total = torch.zeros(len(test), len(self.train), dtype=torch.float64, device=self.device)
-        for _, positions, parts in self._stream(test, "influence", False, _State.fresh()):
-            total[:, positions] = parts.double().sum(0)
+        for _, positions, parts in self._stream(test, "influence", False, _State.fresh(), whole=False):
+            total[:, positions] += parts.double().sum(0)
         return self.world.all_reduce_sum(total).float().cpu()  # each column is non-zero on one process only
 
     def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None,
@@ -256,10 +311,10 @@ class TracIn:
         if saved.data:
             best.load(saved.data["best"])
             worst.load(saved.data["worst"])
-        for number, positions, parts in self._stream(test, "TracIn top-k", progress, saved):
+        data = lambda: {"best": best.state(), "worst": worst.state()}  # noqa: E731
+        for _, positions, parts in self._stream(test, "TracIn top-k", progress, saved, data):
             best.update(parts, positions)
             worst.update(parts, positions)
-            saved.step(number, lambda: {"best": best.state(), "worst": worst.state()})
         self._merge_processes(best, worst)
         saved.finish()
         return top_k_results(test, self.train_indices, best, worst)
@@ -300,14 +355,14 @@ class TracIn:
             for c, info in enumerate(self.checkpoints):
                 one = [(load_checkpoint(info.path, map_location=self.device)["model_state"], info.lr)]
                 for j, z in enumerate(self.train):
-                    out[c, j] = reference_influence(self.model, one, z.view(1, 3), z.view(1, 3), self.names)[0, 0]
+                    out[c, j] = reference_influence(self._run_model, one, z.view(1, 3), z.view(1, 3), self.names)[0, 0]
             return out
         saved = _State.open(self._state_file(state), self._signature("self", None, 0), save_every)
         out = saved.data["parts"] if saved.data else torch.zeros(len(self.checkpoints), len(self.train),
                                                                  device=self.device)
-        for number, positions, parts in self._stream(None, "TracIn self-influence", progress, saved):
-            out[:, positions] = parts
-            saved.step(number, lambda: {"parts": out})
+        for checkpoints, positions, parts in self._stream(None, "TracIn self-influence", progress, saved,
+                                                          lambda: {"parts": out}, whole=False):
+            out[checkpoints, positions] = parts
         self.world.all_reduce_sum(out)  # each column is non-zero on one process only: the sum is exact
         saved.finish()
         return out.cpu()
@@ -323,13 +378,43 @@ class TracIn:
         for c in self.checkpoints:
             stat = c.path.stat()
             h.update(f"{c.path.resolve()}|{c.epoch}|{c.lr!r}|{stat.st_size}|{stat.st_mtime_ns};".encode())
-        h.update(f"{kind}|{self.names}|{self.path}|{self.precision}|{self.chunk_size}|{k};".encode())
+        # The groups too: a step of the saved progress counts the chunks of every group before it.
+        h.update(f"{kind}|{self.names}|{self.path}|{self.precision}|{self.chunk_size}|{k}|{self.groups};".encode())
         if self.world.distributed:  # a process's progress is its share of the chunks
             h.update(f"rank {self.world.rank} of {self.world.size};".encode())
         h.update(self.train.cpu().numpy().tobytes())
         if test is not None:
             h.update(test.cpu().numpy().tobytes())
         return h.hexdigest()
+
+
+def _weightless_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers live on the meta device: its structure and shapes, no memory."""
+    memo = {}
+    for t in chain(model.parameters(), model.buffers()):
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    return copy.deepcopy(model, memo).eval()
+
+
+def _model_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
+
+
+def _budget(memory_budget: int | str | None) -> tuple[int | None, list[str]]:
+    if memory_budget is None:
+        return None, []
+    try:
+        budget = parse_size(memory_budget)
+    except ValueError as e:
+        return None, [str(e)]
+    return (budget, []) if budget >= 1 else (None, [f"memory_budget={memory_budget!r}: must be 1 byte or more"])
+
+
+def _groups(checkpoints: int, model_bytes: int, budget: int | None) -> list[list[int]]:
+    """Checkpoint indices held at once, in order: as many as ``budget`` has room for, at least one."""
+    size = checkpoints if budget is None else max(1, min(checkpoints, budget // max(model_bytes, 1)))
+    return [list(range(i, min(i + size, checkpoints))) for i in range(0, checkpoints, max(size, 1))]
 
 
 def _choose_checkpoints(available: list[CheckpointInfo], wanted) -> tuple[list[CheckpointInfo], list[str]]:
@@ -377,9 +462,9 @@ class _State:
             return cls(Path(path), signature, 0, None, save_every)
         return cls(Path(path), signature, int(saved["next"]), saved["data"], save_every)
 
-    def step(self, number: int, data: Callable[[], dict]) -> None:
-        """Chunk ``number`` is done: save if it is time to."""
-        if self.path is not None and time.monotonic() - self.saved_at >= self.save_every:
+    def step(self, number: int, data: Callable[[], dict] | None) -> None:
+        """Step ``number`` is done: save ``data()`` if it is time to (data None: a pass that saves nothing)."""
+        if data is not None and self.path is not None and time.monotonic() - self.saved_at >= self.save_every:
             with atomic_open(self.path, "wb") as f:
                 torch.save({"signature": self.signature, "next": number + 1, "data": data()}, f)
             self.saved_at = time.monotonic()

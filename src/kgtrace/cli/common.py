@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kgtrace.config import TrainConfig, help_of
+from kgtrace.config import TrainConfig, help_of, parse_size
 from kgtrace.distributed import World
 from kgtrace.errors import ConfigError
 
@@ -69,6 +69,18 @@ def model_args(pairs: list[str]) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems)
     return parsed
+
+
+def memory_budget(text: str) -> tuple[int, list[str]]:
+    """--memory-budget as bytes, and the problem with it (CLI terms) when it is not a size of 1 byte or more."""
+    try:
+        budget = parse_size(text)
+    except ValueError:
+        budget = 0
+    if budget >= 1:
+        return budget, []
+    return 0, [f"--memory-budget {text!r}: not a size of 1 byte or more; "
+               "fix: e.g. --memory-budget 2GB (or 512MB, or a byte count)"]
 
 
 def output_problems(args: argparse.Namespace, outputs: tuple) -> list[str]:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import (candidates_label, compile_stats_path, output_lock, output_problems, print_metrics,
-                                write_json)
-from kgtrace.config import parse_size
+from kgtrace.cli.common import (candidates_label, compile_stats_path, memory_budget, output_lock, output_problems,
+                                print_metrics, write_json)
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
 
@@ -71,14 +70,8 @@ def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
         problems.append(f"--ks {args.ks!r}: each k of Hits@k must be a whole number, 1 or more; fix: e.g. --ks 1,3,10")
     if args.corruptions < 0:
         problems.append(f"--corruptions {args.corruptions}: must be 0 (all entities) or more")
-    try:
-        budget = parse_size(args.memory_budget)
-    except ValueError:
-        budget = 0
-    if budget < 1:
-        problems.append(f"--memory-budget {args.memory_budget!r}: not a size of 1 byte or more; "
-                        "fix: e.g. --memory-budget 2GB (or 512MB, or a byte count)")
-    problems += output_problems(args, EVALUATE_OUTPUTS)
+    budget, budget_problems = memory_budget(args.memory_budget)
+    problems += budget_problems + output_problems(args, EVALUATE_OUTPUTS)
     if problems:
         raise ConfigError(problems)
     return EvaluateOptions(sides=sides, ks=tuple(int(x) for x in items), memory_budget=budget)
@@ -218,10 +211,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     from kgtrace.run import load_run
     from kgtrace.system import resolve_device
 
-    try:
-        budget = parse_size(args.memory_budget)
-    except ValueError as e:
-        raise ConfigError([str(e)]) from None
+    budget, problems = memory_budget(args.memory_budget)
+    if problems:
+        raise ConfigError(problems)
     if args.out:
         check_json_out(args.out)
         check_outputs_spare_inputs([args.out, Path(args.out).with_suffix(".tsv")], [args.triples])

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import compile_stats_path, output_lock, parse_list, write_json
+from kgtrace.cli.common import compile_stats_path, memory_budget, output_lock, parse_list, write_json
 from kgtrace.config import PRECISIONS
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
@@ -43,6 +43,11 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, metavar="N",
                    help="training triples per chunk of the pass (bounds memory; default: 4096, less for gradients "
                         "materialised per triple)")
+    p.add_argument("--memory-budget", default="2GB", metavar="SIZE",
+                   help="memory for the checkpoints' models held at once and for ranking the explained triples "
+                        "(e.g. 2GB); when the models need more, the pass goes over the training set once per group of "
+                        "checkpoints that fits, keeping the earlier groups' influences on disk beside OUT.json until "
+                        "the last group's pass ranks them (same results)")
     p.add_argument("--save-every", type=float, default=30.0, metavar="SECONDS",
                    help="how often a long pass saves its progress to OUT.json.state (or FOLDER.state with "
                         "--out-dir), which rerunning the same command resumes from (0: after every chunk)")
@@ -100,6 +105,7 @@ def check_explain_options(args: argparse.Namespace) -> None:
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
+    problems += memory_budget(args.memory_budget)[1]
     if args.index and args.world.distributed:
         problems.append("--index: queries of a projected index run in one process; fix: run it without torchrun")
     if problems:
@@ -111,7 +117,7 @@ def tracin_options(args: argparse.Namespace) -> dict:
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
     return {"params": params, "checkpoints": checkpoints, "precision": args.precision, "compile": args.compile,
-            "chunk_size": args.chunk_size, "world": args.world}
+            "chunk_size": args.chunk_size, "world": args.world, "memory_budget": memory_budget(args.memory_budget)[0]}
 
 
 def explain_state(args: argparse.Namespace, out: Path) -> Path:
@@ -149,7 +155,7 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
-    items = report.explain_triples(run, test, found, epochs)
+    items = report.explain_triples(run, test, found, epochs, memory_budget=memory_budget(args.memory_budget)[0])
     print_explanations(items)
     if args.out_dir:
         for i, item in enumerate(items):

@@ -27,6 +27,22 @@ def reciprocal_queries(triples: Tensor, num_relations: int) -> tuple[Tensor, Ten
     return torch.stack([anchors, relations], dim=1), answers
 
 
+def answering(known: Tensor, triples: Tensor, num_relations: int) -> Tensor:
+    """The rows of ``known`` [N, 3] that answer a query of ``triples`` [n, 3]: those with a triple's head
+    and relation (its tail query) or its relation and tail (its head query).
+
+    Filtered ranks of ``triples`` read only these, so an index of them ranks ``triples`` exactly as an
+    index of all of ``known`` does, and costs memory in the queries' answers rather than in N (a few
+    explained triples of a 16M-edge graph need thousands of rows, not all of them).
+    """
+    known, triples = known.long().cpu(), triples.long().cpu()
+    tail_queries = triples[:, 0] * num_relations + triples[:, 1]  # [n] (head, relation) keys
+    head_queries = triples[:, 2] * num_relations + triples[:, 1]  # [n] (tail, relation) keys
+    keep = (torch.isin(known[:, 0] * num_relations + known[:, 1], tail_queries)
+            | torch.isin(known[:, 2] * num_relations + known[:, 1], head_queries))  # [N]
+    return known[keep]
+
+
 @dataclass(frozen=True)
 class AnswerIndex:
     """CSR index: sorted unique query keys -> sorted answer entities.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgtrace.data.answers import AnswerIndex
+from kgtrace.data.answers import AnswerIndex, answering
 from kgtrace.evaluation.candidates import (CandidateRestriction, rank_side_restricted, rank_side_sampled)
 from kgtrace.evaluation.compiled import rank_side_compiled
 from kgtrace.evaluation.ranks import RankCounts, SideMetrics, summarize
@@ -81,10 +81,12 @@ def rank_queries(
 
 def ranking_inputs(model: Scorer, triples: Tensor, known: Tensor | AnswerIndex | None,
                    device: torch.device | str | None) -> tuple[torch.device, AnswerIndex]:
-    """The device to rank on (None: the model's) and the known triples as an index (None: none)."""
+    """The device to rank on (None: the model's) and the known triples as an index (None: none); of known
+    triples given as a tensor, only those that answer a query of ``triples`` are indexed (:func:`answering`)."""
     device = model_device(model) if device is None else torch.device(device)
     if not isinstance(known, AnswerIndex):
-        known = AnswerIndex.build(known if known is not None else triples[:0], model.num_relations)
+        known = triples[:0] if known is None else answering(known, triples, model.num_relations)
+        known = AnswerIndex.build(known, model.num_relations)
     return device, known
 
 
