@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import kgtrace
+
 from kgtrace.cli import build_parser, main
 
 
@@ -97,6 +99,11 @@ def test_invalid_settings_all_reported(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"kgtrace {kgtrace.__version__}"
+
+
 def test_unknown_dataset_lists_bundled(tmp_path):
     result = run_cli("train", "--dataset", "nope", "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "umls" in result.stderr and "Traceback" not in result.stderr
@@ -105,9 +112,10 @@ def test_unknown_dataset_lists_bundled(tmp_path):
 def test_train_then_evaluate(tmp_path):
     out = tmp_path / "run"
     result = run_cli("train", "--dataset", "nations", "--model", "distmult", "--epochs", "2", "--eval-every", "1",
-                     "--out", str(out), "--no-progress", "--threads", "1", "--device", "cpu")
+                     "--out", str(out), "--threads", "1", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "filtered test metrics" in result.stdout
+    assert "\r" not in result.stderr and "batch/s" not in result.stderr  # no progress bar into a pipe
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert metrics["num_queries"] == 201 and 0 < metrics["both"]["realistic"]["mrr"] <= 1
     again = run_cli("evaluate", str(out), "--out", str(tmp_path / "m.json"))

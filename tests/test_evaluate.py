@@ -90,6 +90,10 @@ def test_metrics_to_dict_is_the_json_shape_written_before():
     sampled = evaluate(scorer, triples, known=triples, sides=("tail",), candidates=Candidates(3, seed=2))
     assert sampled.corruptions == 3 and sampled.to_dict()["candidates"] == 3 and "head" not in sampled.to_dict()
     assert list(sampled.to_dict()["tail"]["realistic"])[-2:] == ["hits_at_10", "adjusted_hits_at_10"]  # default ks
+    # More corruptions asked than any query has: every query is ranked against all of them, and says so.
+    every = evaluate(scorer, triples, known=triples, candidates=Candidates(1000, seed=2))
+    whole = evaluate(scorer, triples, known=triples)
+    assert every.corruptions == 0 and json.dumps(every.to_dict()) == json.dumps(whole.to_dict())  # NaN too
 
 
 def test_nan_score_names_the_query():

@@ -53,6 +53,13 @@ class JobSettings:
     top_n: int = 3  # new tails per query
     top_k: int = 10  # proponents and opponents per explained triple
 
+    def plan(self, out: Path) -> str:
+        """One line: what the job will do, and where."""
+        steps = "" if not self.steps_per_epoch else f" of {self.steps_per_epoch} steps"
+        return (f"kgtrace run: train {self.model} on {self.dataset} for {self.epochs} epochs{steps}, evaluate it on "
+                f"the test split, explain {self.explain_triples} test triples and the best {self.top_n} new tails of "
+                f"{self.predict_queries} test queries with TracIn, and write report.html, all into {out}")
+
     def config(self) -> TrainConfig:
         """The training config: checkpoints at a fifth of the epochs, so that TracIn has about five."""
         problems = [f"{key}={value}: must be at least 1" for key, value in
@@ -69,6 +76,7 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
             log: Callable[[str], None] = print) -> Path:
     """Train, evaluate, explain and report into ``out``, reusing finished steps; returns report.html's path."""
     out = Path(out)
+    log(settings.plan(out))
     redo = _train_step(settings, out, overwrite, progress, log)
 
     with folder_lock(out, "run folder"):

@@ -47,3 +47,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise KgtraceError("device=cuda: no CUDA device is visible. Fix: use --device cpu or --device auto")
     return torch.device(name)
+
+
+def bar_disable(progress: bool) -> bool | None:
+    """tqdm's ``disable`` for a progress bar the caller asked for (or not): None lets tqdm draw it only on
+    a terminal, so that output redirected to a log holds lines rather than every redraw of the bar."""
+    return None if progress else True

@@ -43,6 +43,7 @@ from kgtrace.data.pinned import split_digest
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_write_text
 from kgtrace.run import Run
+from kgtrace.system import bar_disable
 
 __all__ = ["IndexMeta", "ProjectedIndex", "Projector", "build_index"]
 
@@ -141,7 +142,7 @@ def _fill(tracin: TracIn, folder: Path, meta: IndexMeta, progress: bool) -> None
     chunks = tracin._chunks()
     models = tracin._checkpoint_models()
     saved_at = time.monotonic()
-    bar = tqdm(total=len(models) * len(chunks), desc="TracIn index", unit="chunk", disable=not progress)
+    bar = tqdm(total=len(models) * len(chunks), desc="TracIn index", unit="chunk", disable=bar_disable(progress))
     with bar, torch.no_grad():
         for info, model in zip(tracin.checkpoints, models):
             first = int(done["chunks"].get(str(info.epoch), 0))

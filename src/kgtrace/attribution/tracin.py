@@ -58,7 +58,7 @@ from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.precision import DTYPES, precision_context, precision_problems
 from kgtrace.registry import model_names, spec_named
 from kgtrace.run import Run, model_from_checkpoint
-from kgtrace.system import keep_freed_memory
+from kgtrace.system import bar_disable, keep_freed_memory
 from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
 from kgtrace.config import parse_size
 
@@ -229,7 +229,7 @@ class TracIn:
             # from 250k to 1M training triples).
             keep_freed_memory()
         bar = tqdm(total=len(chunks) * len(self.groups), initial=state.next, desc=desc, unit="chunk",
-                   disable=not progress, dynamic_ncols=True)
+                   disable=bar_disable(progress), dynamic_ncols=True)
         done = False
         try:
             with bar, torch.no_grad():

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from kgtrace import __version__
 from kgtrace.cli import datasets, evaluate, explain, faithfulness, interop, prove, report, train
 from kgtrace.cli.common import HelpFormatter, RawHelpFormatter
 from kgtrace.distributed import StoppedByPeer, session
@@ -91,6 +92,7 @@ def data_warnings_as_lines(prefix: str, *, show: bool = True) -> Iterator[None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtrace", description="Link prediction on knowledge graphs that shows why.")
+    parser.add_argument("--version", action="version", version=f"kgtrace {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, add, function, summary in (
         ("run", train.add_run_args, train.cmd_run,

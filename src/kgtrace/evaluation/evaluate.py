@@ -117,7 +117,7 @@ class Metrics:
     both: SideMetrics  # the queries of every side ranked, together
     ks: tuple[int, ...]  # k of each Hits@k, in order, each once
     num_queries: int  # triples ranked (each asks one query per side)
-    corruptions: int  # K sampled corruptions per query; 0: ranked against all entities
+    corruptions: int  # K sampled corruptions per query; 0: ranked against all (eligible) entities
     restricted: bool  # candidates restricted by node category
 
     def to_dict(self) -> dict:
@@ -134,12 +134,17 @@ class Metrics:
 def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> Metrics:
     """The metrics of per-query ranks; see :func:`evaluate`."""
     ks = tuple(dict.fromkeys(ks))  # a k asked twice is one Hits@k, as one JSON key
+    counts = RankCounts.cat(list(ranks.counts.values()))
+    corruptions = ranks.candidates.corruptions
+    if corruptions and len(counts.num_candidates) and int(counts.num_candidates.max()) - 1 < corruptions:
+        # No query had K eligible corruptions, so each was ranked against all of them: say "all", not K.
+        corruptions = 0
     return Metrics(
         sides={side: summarize(counts, ks) for side, counts in ranks.counts.items()},
-        both=summarize(RankCounts.cat(list(ranks.counts.values())), ks),
+        both=summarize(counts, ks),
         ks=ks,
         num_queries=len(ranks.triples),
-        corruptions=ranks.candidates.corruptions,
+        corruptions=corruptions,
         restricted=ranks.candidates.restriction is not None,
     )
 

@@ -44,6 +44,7 @@ from kgtrace.io import atomic_write_text
 from kgtrace.layout import RunLayout
 from kgtrace.run import Run, load_run
 from kgtrace.training.loop import resume, train, write_run_files
+from kgtrace.system import bar_disable
 
 __all__ = ["MODES", "Job", "job_key", "read_result", "reduced_dataset", "run_job", "run_jobs"]
 
@@ -169,7 +170,7 @@ def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True, desc: str
     """
     if not jobs:
         return
-    with tqdm(total=len(jobs), desc=desc, unit="job", disable=not progress, smoothing=0.1) as bar:
+    with tqdm(total=len(jobs), desc=desc, unit="job", disable=bar_disable(progress), smoothing=0.1) as bar:
         if workers == 1:
             for job in jobs:
                 _in_process(job)

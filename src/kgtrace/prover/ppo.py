@@ -51,6 +51,7 @@ from kgtrace.prover.search import eager_deriver
 from kgtrace.checkpoint import (check_digests, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
 from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
+from kgtrace.system import bar_disable
 
 __all__ = ["resume_policy", "train_policy"]
 
@@ -182,7 +183,7 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
         order = torch.randperm(len(dataset.train), generator=state.sampler)
         totals: dict[str, float] = {}
         chunks = order.split(config.chunk_queries)
-        for chunk in tqdm(chunks, desc=f"epoch {state.epoch + 1}/{config.epochs}", leave=False, disable=not progress):
+        for chunk in tqdm(chunks, desc=f"epoch {state.epoch + 1}/{config.epochs}", leave=False, disable=bar_disable(progress)):
             for key, value in iteration(state, config, dataset, engine, collect, keys, dataset.train[chunk]).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "overflow" else value / len(chunks))
             state.step += 1

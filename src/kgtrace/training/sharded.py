@@ -39,6 +39,7 @@ from kgtrace.distributed import World
 from kgtrace.precision import precision_context
 from kgtrace.training.batches import Batches
 from kgtrace.training.step import TrainState, backward_and_step, batch_loss, epoch_batches
+from kgtrace.system import bar_disable
 
 __all__ = ["BatchLoss", "all_reduce_gradients", "part_of_batch", "sharded_epochs"]
 
@@ -107,7 +108,7 @@ def run_sharded_epoch(state: TrainState, batches: Batches, config: TrainConfig, 
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
     bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
-               leave=False, disable=not progress, unit="batch")
+               leave=False, disable=bar_disable(progress), unit="batch")
     for pos in bar:
         part, parts = part_of_batch(pos, world)
         rows = len(pos) / parts  # the batch's rows over the parts: see the module docstring

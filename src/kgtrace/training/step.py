@@ -19,6 +19,7 @@ from kgtrace.precision import precision_context
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import compiled_batch_loss
 from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward, onevsall_ce
+from kgtrace.system import bar_disable
 
 
 @dataclass
@@ -83,7 +84,7 @@ def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: 
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
     bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
-               leave=False, disable=not progress, unit="batch")
+               leave=False, disable=bar_disable(progress), unit="batch")
     for pos in bar:
         state.optimizer.zero_grad(set_to_none=True)
         with autocast:
