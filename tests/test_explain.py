@@ -1,6 +1,7 @@
 """kgtrace explain: TracIn explanations of triples and self-influence rankings, written as JSON + TSV."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -70,11 +71,33 @@ def test_explain_one_triple_by_labels(run_dir, run, influence, tmp_path, capsys)
         shares = entry["checkpoint_shares"]
         assert len(shares) == len(run.checkpoints) and sum(shares) == pytest.approx(1, abs=1e-9)
 
-    assert tsv[0].split("\t")[:6] == ["test_index", "test_head", "test_relation", "test_tail", "kind", "rank"]
+        h, t = int(triple[0]), int(triple[2])
+        ends = set(run.dataset.train[entry["train_index"]][[0, 2]].tolist())
+        assert entry["shares"] == {(True, True): "both", (True, False): "head", (False, True): "tail",
+                                   (False, False): "neither"}[(h in ends, t in ends)]
+    assert item["split"] == "test" and item["probability"] == pytest.approx(1 / (1 + math.exp(-item["score"])))
+
+    header = tsv[0].split("\t")
+    assert header[:7] == ["test_index", "test_head", "test_relation", "test_tail", "test_split", "kind", "rank"]
     assert len(tsv) == 1 + 2 * K
-    assert [r.split("\t")[4] for r in tsv[1:]] == ["proponent"] * K + ["opponent"] * K
+    rows = [dict(zip(header, r.split("\t"))) for r in tsv[1:]]
+    assert [r["kind"] for r in rows] == ["proponent"] * K + ["opponent"] * K
+    assert {r["test_split"] for r in rows} == {"test"}
+    assert [r["shares"] for r in rows] == [e["shares"] for e in item["proponents"] + item["opponents"]]
     printed = capsys.readouterr().out
     assert "proponents" in printed and "opponents" in printed and item["test"]["head_name"] in printed
+    assert "training triple: its strongest proponent is itself" not in printed
+    assert f"probability {item['probability']:.3f}" in printed and "training row (train_index)" in printed
+
+
+def test_a_training_triple_says_so(run_dir, run, tmp_path, capsys):
+    triple = run.dataset.train[7]
+    data, tsv = explain(run_dir, tmp_path, "--triple", *labels(run, triple))
+    (item,) = data["explanations"]
+    assert item["split"] == "train"
+    assert item["proponents"][0]["train_index"] == 7 and item["proponents"][0]["shares"] == "both"  # itself
+    assert tsv[1].split("\t")[4] == "train"
+    assert "(a training triple: its strongest proponent is itself)" in capsys.readouterr().out
 
 
 def test_checkpoint_shares_match_per_epoch_tracin(run_dir, run, tmp_path):
@@ -152,6 +175,7 @@ def test_predict_explains_the_best_new_tails(run_dir, run, tmp_path):
         row = run.model.score_t(torch.tensor([[h, r]]))[0]
     new = [e for e in torch.argsort(row, descending=True).tolist() if (h, r, e) not in known]
     assert [i["test"]["ids"][2] for i in items] == new[:3]
+    assert [i["split"] for i in items] == [None] * 3  # new predictions: in no split
 
 
 def test_out_dir_writes_one_file_per_triple(run_dir, run, tmp_path):

@@ -38,8 +38,9 @@ def test_a_rerun_reuses_every_step(job):
     before = {name: (out / name).stat().st_mtime_ns for name in OUTPUTS}
     lines = []
     run_job(SETTINGS, out, progress=False, log=lines.append)
-    assert [line.split(":")[0] for line in lines] == ["train", "evaluate", "explain", "report"]
-    assert all("reusing" in line for line in lines)
+    assert lines[0] == SETTINGS.plan(out) and lines[0].startswith("kgtrace run: train") and str(out) in lines[0]
+    assert [line.split(":")[0] for line in lines[1:]] == ["train", "evaluate", "explain", "report"]
+    assert all("reusing" in line for line in lines[1:])
     assert {name: (out / name).stat().st_mtime_ns for name in OUTPUTS} == before
 
 
@@ -51,7 +52,7 @@ def test_more_epochs_resume_and_redo_later_steps(tmp_path):
     lines = []
     run_job(JobSettings(dataset="nations", model="distmult", epochs=3, threads=1), out, progress=False,
             log=lines.append)
-    assert lines[0].startswith("train: resuming") and not any("reusing" in line for line in lines)
+    assert lines[1].startswith("train: resuming") and not any("reusing" in line for line in lines)
     assert (out / "checkpoints/epoch-0003.pt").is_file() and (out / "test_metrics.json").read_text() != metrics
 
 

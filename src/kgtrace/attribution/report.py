@@ -28,8 +28,9 @@ from kgtrace.run import Run
 __all__ = ["explain_triples", "predicted_triples", "self_influence_ranking", "write_explanations",
            "write_self_influence"]
 
-EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "kind", "rank", "train_index", "head",
-                   "relation", "tail", "head_name", "relation_name", "tail_name", "influence")
+EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "test_split", "kind", "rank", "train_index",
+                   "head", "relation", "tail", "head_name", "relation_name", "tail_name", "shares", "influence")
+ENTRY_COLUMNS = EXPLAIN_COLUMNS[7:]  # the columns an influencer's own dict fills
 SELF_COLUMNS = ("rank", "train_index", "head", "relation", "tail", "head_name", "relation_name", "tail_name",
                 "self_influence")
 
@@ -77,6 +78,12 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]
     whose parts follow the checkpoints ``epochs``; ``checkpoint_shares`` gives each
     checkpoint's fraction of an influence (signed, summing to 1). memory_budget: bytes for
     the ranking's scores at once.
+
+    Each item's ``split`` says where the triple itself is ("train": its strongest proponent is
+    then itself, as TracIn's self-influence is large; "valid", "test", or None for a new
+    prediction); ``probability`` is sigmoid(score), the model's belief that the triple is true
+    (its training loss is binary cross-entropy on that). Each influencer's ``shares`` says which
+    of the explained triple's entities it contains: "head", "tail", "both" or "neither".
     """
     ds = run.dataset
     test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
@@ -86,18 +93,29 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]
         scores = run.model.score_hrt(test.to(device)).float().cpu()
     ranks = rank_queries(run.model, test, known=ds.all_triples(), memory_budget=memory_budget)
     realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
+    splits = ds.split_of(test)
     items = []
     for i, (triple, top) in enumerate(zip(test, found, strict=True)):
         item = {"test": {"ids": [int(x) for x in triple], **_triple_dict(ds, triple)},
+                "split": splits[i],
                 "score": float(scores[i]),
+                "probability": float(torch.sigmoid(scores[i])),
                 "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
                 "checkpoints": epochs}
         for kind, index, values, parts in (("proponents", top.proponents, top.proponent_influence, top.proponent_parts),
                                            ("opponents", top.opponents, top.opponent_influence, top.opponent_parts)):
             shares = _shares(parts.T.double())
-            item[kind] = [_influencer(ds, int(j), float(v), shares[n]) for n, (j, v) in enumerate(zip(index, values))]
+            item[kind] = [_influencer(ds, int(j), float(v), shares[n]) | {"shares": _shared_entities(triple, ds.train[j])}
+                          for n, (j, v) in enumerate(zip(index, values))]
         items.append(item)
     return items
+
+
+def _shared_entities(test: Tensor, influencer: Tensor) -> str:
+    """Which entities of the explained triple [3] the influencer [3] contains, in either of its slots."""
+    entities = {int(influencer[0]), int(influencer[2])}
+    head, tail = int(test[0]) in entities, int(test[2]) in entities
+    return "both" if head and tail else "head" if head else "tail" if tail else "neither"
 
 
 def _influencer(ds: Dataset, index: int, value: float, shares: list[float], key: str = "influence") -> dict:
@@ -150,8 +168,8 @@ def write_explanations(items: list[dict], path_json: str | Path) -> Path:
         test = item["test"]
         for kind in ("proponents", "opponents"):
             for rank, entry in enumerate(item[kind], 1):
-                values = [i, test["head"], test["relation"], test["tail"], kind[:-1], rank] + \
-                    [entry[c] for c in EXPLAIN_COLUMNS[6:]]
+                values = [i, test["head"], test["relation"], test["tail"], item.get("split") or "", kind[:-1], rank] + \
+                    [entry.get(c, "") for c in ENTRY_COLUMNS]
                 rows.append("\t".join(_tsv(v) for v in values) + "\n")
     tsv = _tsv_path(path_json)
     atomic_write_text(tsv, rows)

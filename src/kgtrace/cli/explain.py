@@ -10,6 +10,7 @@ from kgtrace.cli.common import compile_stats_path, memory_budget, output_lock, p
 from kgtrace.config import PRECISIONS
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
+from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -245,20 +246,25 @@ def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> 
     if len(items) > triples:
         print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
     for item in items[:triples]:
-        t = item["test"]
-        print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f}   "
-              f"filtered rank: tail {item['rank']['tail']:g}, head {item['rank']['head']:g}")
+        t, rank = item["test"], item["rank"]
+        print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f} "
+              f"(probability {item['probability']:.3f})   filtered rank: tail {rank_text(rank['tail'])}, "
+              f"head {rank_text(rank['head'])}")
+        if item.get("split") == "train":
+            print("  (a training triple: its strongest proponent is itself)")
         for kind in ("proponents", "opponents"):
-            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}):")
+            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}):  influence, training row "
+                  "(train_index), entities shared with the triple above, training triple")
             for e in item[kind][:shown]:
-                print(f"    {e['influence']:+.4e}  #{e['train_index']:<6} {e['head_name']} --{e['relation_name']}--> "
-                      f"{e['tail_name']}")
+                print(f"    {e['influence']:+.4e}  row {e['train_index']:<7} shares {e['shares']:<7}  {e['head_name']} "
+                      f"--{e['relation_name']}--> {e['tail_name']}")
 
 
 def print_self_influence(ranking: dict) -> None:
-    print(f"most self-influential training triples (of {len(ranking['all'])}; all of them in the TSV):")
+    print(f"most self-influential training triples (of {len(ranking['all'])}; all of them in the TSV): "
+          "rank, self-influence, training row (train_index), triple")
     for rank, e in enumerate(ranking["top"], 1):
-        print(f"  {rank:>3}. {e['self_influence']:.4e}  #{e['train_index']:<6} {e['head_name']} "
+        print(f"  {rank:>3}. {e['self_influence']:.4e}  row {e['train_index']:<7} {e['head_name']} "
               f"--{e['relation_name']}--> {e['tail_name']}")
 
 

@@ -100,6 +100,19 @@ class Dataset:
         train + valid for valid (validation never sees test)."""
         return self.all_triples() if split == "test" else torch.cat([self.train, self.valid])
 
+    def split_of(self, triples: torch.Tensor) -> list[str | None]:
+        """The split holding each triple of ``triples`` [n, 3] ("train" first when several do), or None for
+        a triple in none (a new prediction)."""
+        def keys(t: torch.Tensor) -> torch.Tensor:  # [m] one integer per (h, r, t)
+            t = t.long().reshape(-1, 3)
+            return (t[:, 0] * self.num_relations + t[:, 1]) * self.num_entities + t[:, 2]
+
+        query, found = keys(triples), [None] * len(triples)
+        for split in reversed(SPLITS):  # train last, so that it wins
+            for i in torch.isin(query, keys(getattr(self, split))).nonzero().flatten().tolist():
+                found[i] = split
+        return found
+
     def entity_label(self, i: int) -> str:
         return self.entities.labels[int(i)]
 

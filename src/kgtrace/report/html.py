@@ -75,6 +75,13 @@ def number(value: object, digits: int = 4) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}f}"
 
 
+def rank_text(value: object) -> str:
+    """A rank as read: whole ranks as integers (12,345), a tie's half rank with one decimal (3.5)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return esc(value)
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.1f}"
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[bool] = (),
           row_classes: Sequence[str] = ()) -> str:
     """A table of cells that are already HTML (escape them first); ``numeric`` right-aligns columns."""
