@@ -1,5 +1,8 @@
-"""kgtrace report in a real browser: headless Chromium renders the page offline and every image decodes."""
+"""kgtrace report in a real browser: headless Chromium renders the page offline, every image decodes, and the
+drawings' labels, as the browser lays them out, neither overlap nor hide the explained edge's name."""
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -46,5 +49,64 @@ def test_every_image_decodes_offline(page, tmp_path):
     dom = chromium(tmp_path, "--run-all-compositor-stages-before-draw", "--virtual-time-budget=5000", "--dump-dom",
                    page.as_uri()).stdout
     count = int(re.search(r'data-image-count="(\d+)"', dom).group(1))
-    assert count == page.read_text().count("data:image/png;base64,") == 4
+    assert count == page.read_text().count("data:image/png;base64,") == 2
     assert 'data-images-loaded="true"' in dom
+
+
+# Appended to a copy of the page (not the page itself): records where the browser drew each drawing's labels.
+MEASURE = """<script>
+window.addEventListener("load", function () {
+  var drawings = Array.prototype.map.call(document.querySelectorAll("svg.subgraph"), function (svg) {
+    var labels = Array.prototype.map.call(svg.querySelectorAll("g.node-label, g.test-label, g.edge-label"),
+      function (g) {
+        var t = g.querySelector("text").getBoundingClientRect(), r = g.querySelector("rect").getBoundingClientRect();
+        var top = document.elementFromPoint((t.left + t.right) / 2, (t.top + t.bottom) / 2);
+        return {kind: g.getAttribute("class"), text: [t.left, t.top, t.right, t.bottom],
+                rect: [r.left, r.top, r.right, r.bottom], on_top: g.contains(top)};
+      });
+    var b = svg.getBoundingClientRect();
+    return {box: [b.left, b.top, b.right, b.bottom], labels: labels};
+  });
+  document.documentElement.setAttribute("data-drawings", JSON.stringify(drawings));
+});
+</script>"""
+
+
+def overlap(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_drawings_keep_their_labels_apart_in_the_browser(page, tmp_path):
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = chromium(tmp_path, "--window-size=1280,12000", "--virtual-time-budget=5000", "--dump-dom",
+                   measured.as_uri()).stdout
+    drawings = json.loads(html.unescape(re.search(r'data-drawings="([^"]*)"', dom).group(1)))
+    assert len(drawings) == 2
+    for drawing in drawings:
+        labels = drawing["labels"]
+        assert sum(label["kind"] == "test-label" for label in labels) == 1
+        assert sum(label["kind"] == "node-label" for label in labels) >= 2
+        for label in labels:
+            x0, y0, x1, y1 = label["text"]
+            assert x1 - x0 > 5 and y1 - y0 > 5, label  # drawn, with a size
+            r = label["rect"]  # the text fits the box it was placed by
+            assert r[0] - 0.5 <= x0 and x1 <= r[2] + 0.5 and r[1] - 0.5 <= y0 and y1 <= r[3] + 0.5, label
+            b = drawing["box"]
+            assert b[0] <= x0 and x1 <= b[2] and b[1] <= y0 and y1 <= b[3], label  # inside the figure
+        texts = [label["text"] for label in labels]
+        assert [(a, b) for i, a in enumerate(texts) for b in texts[i + 1:] if overlap(a, b)] == []
+        test_label = next(label for label in labels if label["kind"] == "test-label")
+        assert test_label["on_top"]  # the explained edge's name is what the browser shows there
+
+
+def test_screenshots_of_the_top_and_of_an_explanation(page, tmp_path):
+    import matplotlib.image
+
+    top, explained = tmp_path / "top.png", tmp_path / "explanation.png"
+    chromium(tmp_path, f"--screenshot={top}", "--window-size=1280,900", page.as_uri())
+    chromium(tmp_path, f"--screenshot={explained}", "--window-size=1280,900", page.as_uri() + "#explain-0")
+    first, second = matplotlib.image.imread(top), matplotlib.image.imread(explained)
+    assert first.shape[:2] == second.shape[:2] == (900, 1280)
+    assert first[:80, :, :3].mean() < 0.6  # the top: the dark header
+    assert second[:80, :, :3].mean() > 0.6 and not (first == second).all()  # scrolled to the explanations

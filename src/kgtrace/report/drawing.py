@@ -1,24 +1,68 @@
-"""A small drawing of an explained triple: its two entities and the influential training edges around them.
+"""A drawing of an explained triple, as inline SVG: its two entities and the influential training edges around them.
 
-Deterministic layout: the test triple's head and tail sit fixed left and right of the
-centre; every other entity sits on a circle around them, in order of first appearance,
-labelled outside the circle. Proponent edges are green, opponent edges red (width grows
-with |influence|), and the test edge is a thick dashed blue arrow. Only the strongest
-``DRAWN`` proponents and opponents are drawn (the tables list them all).
+Layout: networkx's spring layout, seeded (the same item gives the same drawing), with the test
+triple's head pinned left of the centre and its tail right of it, so that the test edge (a
+dashed blue arrow) runs straight between them with its relation name on it. Proponent edges are
+green, opponent edges red, wider with |influence|; edges between the same two entities bend
+apart; only the strongest ``DRAWN`` proponents and opponents are drawn (the tables list them all).
+
+Labels are placed one at a time, the test edge's first, then the nodes' (the test triple's
+first) and, when few edges are drawn, the edges' relation names: each at the first spot around
+its anchor where its box (measured with matplotlib's metrics of the page's font, with a margin)
+meets no label placed before it and no node, so that no two labels overlap. Every node, edge and
+label carries an SVG ``<title>`` with the full name, shown on hover; the figure is cut to its content.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import count
 
-from matplotlib.patches import FancyArrowPatch
+import networkx as nx
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import TextToPath
 
-from kgtrace.plots import plt, png_bytes
+from kgtrace.report.html import esc
 
 PRO, OPP, TEST = "#1a7f4b", "#c0392b", "#2b6cb0"
-LABEL_CHARS = 28
+FONT = "DejaVu Sans"  # the page's fallback font, and the one matplotlib measures with
+LABEL_CHARS = 32
 DRAWN = 6
-RADIUS = 1.5
+UNIT = 190.0  # pixels between the layout's unit positions: the test head and tail sit 2 units apart
+NODE_R, TEST_R = 7.0, 11.0
+MARGIN = 10.0
+
+
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned rectangle in pixels (y down, as in SVG)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    def overlaps(self, other: "Box") -> bool:
+        return self.x0 < other.x1 and other.x0 < self.x1 and self.y0 < other.y1 and other.y0 < self.y1
+
+    @classmethod
+    def around(cls, x: float, y: float, width: float, height: float) -> "Box":
+        return cls(x - width / 2, y - height / 2, x + width / 2, y + height / 2)
+
+
+@dataclass(frozen=True)
+class Label:
+    box: Box
+    text: str
+    title: str
+    size: float
+    colour: str
+    kind: str  # the CSS class: node-label, test-label, edge-label
+    bold: bool = False
 
 
 def short(text: str, limit: int = LABEL_CHARS) -> str:
@@ -27,79 +71,40 @@ def short(text: str, limit: int = LABEL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def layout(test_head: str, test_tail: str, others: list[str]) -> dict[str, tuple[float, float]]:
-    """Positions: the test entities at (-0.6, 0) and (0.6, 0), the others evenly on a circle of radius RADIUS."""
-    pos = {test_head: (-0.6, 0.0), test_tail: (0.6, 0.0)}
-    rest = [e for e in dict.fromkeys(others) if e not in pos]
-    for i, entity in enumerate(rest):
-        angle = math.pi / 2 + 2 * math.pi * i / max(len(rest), 1)
-        pos[entity] = (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
-    return pos
+@lru_cache(maxsize=4096)
+def text_size(text: str, size: float, bold: bool = False) -> tuple[float, float]:
+    """(width, height) in pixels of ``text`` in the page's font at ``size`` px, with room for the box's padding
+    (and 10% for a browser whose font is a little wider)."""
+    props = FontProperties(family=FONT, size=size, weight="bold" if bold else "normal")
+    width, _, _ = TextToPath().get_text_width_height_descent(text, props, ismath=False)
+    return 1.1 * width + 8.0, 1.35 * size + 4.0
 
 
-def _edges(item: dict) -> list[tuple[str, str, str, str, float]]:
-    """(head, tail, relation name, colour, |influence|) of the DRAWN strongest proponents and opponents."""
+def layout(test_head: str, test_tail: str, edges: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    """Pixel positions (y down): the test head at (-UNIT, 0), the tail at (UNIT, 0), the others by a seeded
+    spring layout around them. A test triple whose head is its tail sits at the centre."""
+    graph = nx.MultiGraph()
+    graph.add_nodes_from([test_head, test_tail])
+    graph.add_edges_from(edges)
+    graph.add_edge(test_head, test_tail)
+    fixed = {test_head: (-1.0, 0.0), test_tail: (1.0, 0.0)} if test_head != test_tail else {test_head: (0.0, 0.0)}
+    if len(graph) > len(fixed):
+        spread = nx.spring_layout(nx.Graph(graph), pos=fixed, fixed=list(fixed), k=1.1, iterations=200, seed=0)
+    else:
+        spread = fixed
+    return {node: (UNIT * float(x), -UNIT * float(y)) for node, (x, y) in spread.items()}
+
+
+def _edges(item: dict, names: dict[str, str]) -> list[tuple[str, str, str, str, float, str]]:
+    """(head, tail, relation name, colour, |influence|, hover text) of the DRAWN strongest proponents and opponents."""
     edges = []
     for kind, colour in (("proponents", PRO), ("opponents", OPP)):
         for e in sorted(item.get(kind, []), key=lambda e: -abs(e["influence"]))[:DRAWN]:
-            edges.append((e["head"], e["tail"], e.get("relation_name", e["relation"]), colour, abs(e["influence"])))
+            relation = e.get("relation_name", e["relation"])
+            hover = (f"{kind[:-1]}: {names[e['head']]} \u2014{relation}\u2192 {names[e['tail']]} "
+                     f"(influence {e['influence']:+.3e})")
+            edges.append((e["head"], e["tail"], relation, colour, abs(e["influence"]), hover))
     return edges
-
-
-def _arrow(ax, a, b, colour: str, width: float, rad: float, style: str = "-", zorder: float = 2) -> None:
-    ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=colour, lw=width, linestyle=style,
-                                 connectionstyle=f"arc3,rad={rad}", shrinkA=14, shrinkB=14, alpha=0.85, zorder=zorder))
-
-
-def _self_loop(ax, p, colour: str, width: float) -> None:
-    ax.add_patch(plt.Circle((p[0], p[1] + 0.2), 0.2, fill=False, color=colour, lw=width, alpha=0.85, zorder=2))
-
-
-def _edge_label(ax, a, b, rad: float, text: str, colour: str) -> None:
-    """The relation name near the middle of an arc (arc3 bends by rad times the chord, to its left)."""
-    mx, my = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
-    dx, dy = b[0] - a[0], b[1] - a[1]
-    x, y = mx + rad * dy / 2, my - rad * dx / 2
-    ax.text(x, y, short(text, 20), fontsize=7, color=colour, ha="center", va="center", parse_math=False, zorder=3.6,
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
-
-
-def _draw_edges(ax, pos: dict, edges: list) -> None:
-    """Influential edges; edges sharing a pair of entities bend apart so that none hides another."""
-    largest = max((e[4] for e in edges), default=0.0) or 1.0
-    seen: dict[frozenset, int] = {}
-    for head, tail, relation, colour, size in edges:
-        width = 0.8 + 3.2 * size / largest
-        if head == tail:
-            _self_loop(ax, pos[head], colour, width)
-            continue
-        n = seen[frozenset((head, tail))] = seen.get(frozenset((head, tail)), 0) + 1
-        rad = 0.15 * (n if n % 2 else -n) + (0.25 if {head, tail} == set(list(pos)[:2]) else 0)
-        _arrow(ax, pos[head], pos[tail], colour, width, rad)
-        if len(edges) <= DRAWN:  # few edges: room for their relation names
-            _edge_label(ax, pos[head], pos[tail], rad, relation, colour)
-
-
-def _label_place(x: float, y: float, main: bool) -> dict:
-    """Text position and alignment: below the test head, above the test tail, radially outside on the circle."""
-    if main:
-        below = x < 0
-        return {"x": x, "y": y - 0.2 if below else y + 0.2, "ha": "center", "va": "top" if below else "bottom"}
-    norm = math.hypot(x, y) or 1.0
-    ha = "center" if abs(x) < 0.3 else ("left" if x > 0 else "right")
-    va = "center" if abs(y) < 0.3 else ("bottom" if y > 0 else "top")
-    return {"x": x + 0.14 * x / norm, "y": y + 0.14 * y / norm, "ha": ha, "va": va}
-
-
-def _draw_nodes(ax, pos: dict, names: dict[str, str], test: tuple[str, str]) -> None:
-    for entity, (x, y) in pos.items():
-        main = entity in test
-        ax.scatter([x], [y], s=280 if main else 110, color=TEST if main else "#9aa5b1", zorder=4,
-                   edgecolors="white", linewidths=1.5)
-        place = _label_place(x, y, main)
-        ax.text(place.pop("x"), place.pop("y"), short(names.get(entity, entity)), **place,
-                fontsize=9 if main else 8, fontweight="bold" if main else "normal", parse_math=False, zorder=5,
-                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#d0d7de", "alpha": 0.9})
 
 
 def _names(item: dict) -> dict[str, str]:
@@ -107,27 +112,127 @@ def _names(item: dict) -> dict[str, str]:
     names = {}
     for entry in [item["test"], *item.get("proponents", []), *item.get("opponents", [])]:
         for side in ("head", "tail"):
-            names[entry[side]] = entry.get(f"{side}_name") or entry[side]
+            if entry.get(f"{side}_name") or entry[side] not in names:  # a bare label never hides a name
+                names[entry[side]] = entry.get(f"{side}_name") or entry[side]
     return names
 
 
-def subgraph_png(item: dict) -> bytes:
-    """The drawing of one explanation item (as ``kgtrace explain`` writes it), as PNG bytes."""
-    test = item["test"]
-    edges = _edges(item)
-    pos = layout(test["head"], test["tail"], [e for h, t, *_ in edges for e in (h, t)])
-    fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
-    if test["head"] != test["tail"]:
-        _arrow(ax, pos[test["head"]], pos[test["tail"]], TEST, 3.5, 0.0, "--", zorder=3.5)
-        _edge_label(ax, pos[test["head"]], pos[test["tail"]], 0.0, test.get("relation_name", test["relation"]), TEST)
-    _draw_edges(ax, pos, edges)
-    _draw_nodes(ax, pos, _names(item), (test["head"], test["tail"]))
-    handles = [plt.Line2D([], [], color=c, lw=2.5, linestyle=s) for c, s in ((TEST, "--"), (PRO, "-"), (OPP, "-"))]
-    ax.legend(handles, ["test triple", "proponent", "opponent"], loc="lower center", ncol=3, fontsize=7.5,
-              frameon=False, bbox_to_anchor=(0.5, -0.04))
-    ax.set_xlim(-3.1, 3.1)
-    ax.set_ylim(-2.05, 1.95)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    fig.tight_layout(pad=0.3)
-    return png_bytes(fig)
+def _place(label: Label, anchor: tuple[float, float], start: tuple[float, float], taken: list[Box]) -> Label:
+    """``label`` moved to the first free spot: ``start`` (an offset from ``anchor``), then rings around it."""
+    width, height = label.box.x1 - label.box.x0, label.box.y1 - label.box.y0
+    x, y = anchor[0] + start[0], anchor[1] + start[1]
+    for ring in count():
+        steps = 1 if ring == 0 else 12 * ring
+        for step in range(steps):
+            angle = math.pi / 2 + 2 * math.pi * step / steps  # below first, then around
+            box = Box.around(x + 9 * ring * math.cos(angle), y + 9 * ring * math.sin(angle), width, height)
+            if not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                return Label(box, label.text, label.title, label.size, label.colour, label.kind, label.bold)
+    raise AssertionError("unreachable: the rings grow without bound")
+
+
+def _label(text: str, title: str, size: float, colour: str, kind: str, bold: bool = False) -> Label:
+    width, height = text_size(text, size, bold)
+    return Label(Box.around(0, 0, width, height), text, title, size, colour, kind, bold)
+
+
+def _curve(a: tuple[float, float], b: tuple[float, float], bend: float) -> tuple[float, float]:
+    """The control point of a quadratic curve from a to b that bows ``bend`` times the chord to its left."""
+    mx, my = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
+    return mx + bend * (b[1] - a[1]), my - bend * (b[0] - a[0])
+
+
+def _trim(a, c, b, r_a: float, r_b: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The curve's ends pulled back along their tangents by the nodes' radii, so arrowheads touch the circles."""
+    def pull(p, q, r):
+        dx, dy = q[0] - p[0], q[1] - p[1]
+        n = math.hypot(dx, dy) or 1.0
+        return p[0] + r * dx / n, p[1] + r * dy / n
+    return pull(a, c, r_a + 1), pull(b, c, r_b + 4)
+
+
+def subgraph_svg(item: dict) -> str:
+    """The drawing of one explanation item (as ``kgtrace explain`` writes it), as an inline ``<svg>`` element."""
+    test, names = item["test"], _names(item)
+    head, tail = test["head"], test["tail"]
+    edges = _edges(item, names)
+    pos = layout(head, tail, [(h, t) for h, t, *_ in edges])
+    radius = {n: TEST_R if n in (head, tail) else NODE_R for n in pos}
+    uid = hashlib.sha1(json.dumps(test, sort_keys=True).encode()).hexdigest()[:10]
+    taken = [Box.around(x, y, 2 * radius[n] + 4, 2 * radius[n] + 4) for n, (x, y) in pos.items()]
+    shapes, labels, extent = [], [], list(taken)
+
+    def edge_path(a_node, b_node, bend, colour, width, dash, title, marker):
+        a, b = pos[a_node], pos[b_node]
+        c = _curve(a, b, bend)
+        start, end = _trim(a, c, b, radius[a_node], radius[b_node])
+        extent.append(Box(min(a[0], b[0], c[0]), min(a[1], b[1], c[1]), max(a[0], b[0], c[0]), max(a[1], b[1], c[1])))
+        shapes.append(f'<path d="M{start[0]:.1f},{start[1]:.1f} Q{c[0]:.1f},{c[1]:.1f} {end[0]:.1f},{end[1]:.1f}" '
+                      f'fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.85"{dash} '
+                      f'marker-end="url(#{marker}-{uid})"><title>{esc(title)}</title></path>')
+        return 0.25 * a[0] + 0.5 * c[0] + 0.25 * b[0], 0.25 * a[1] + 0.5 * c[1] + 0.25 * b[1]
+
+    test_relation = test.get("relation_name", test["relation"])
+    test_title = f"explained triple: {names[head]} \u2014{test_relation}\u2192 {names[tail]}"
+    if head != tail:
+        middle = edge_path(head, tail, 0.0, TEST, 3.0, ' stroke-dasharray="7 4"', test_title, "test")
+        labels.append(_place(_label(short(test_relation, 40), test_title, 12, TEST, "test-label", True), middle,
+                             (0, 0), taken))
+    largest = max((e[4] for e in edges), default=0.0) or 1.0
+    seen: dict[frozenset, int] = {}
+    edge_labels = []
+    for h, t, relation, colour, size, hover in edges:
+        width = 1.0 + 3.0 * size / largest
+        if h == t:
+            x, y = pos[h]
+            r = radius[h]
+            shapes.append(f'<path d="M{x - 5:.1f},{y - r:.1f} C{x - 24:.1f},{y - r - 34:.1f} {x + 24:.1f},{y - r - 34:.1f} '
+                          f'{x + 5:.1f},{y - r - 2:.1f}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" '
+                          f'stroke-opacity="0.85"><title>{esc(hover)}</title></path>')
+            extent.append(Box(x - 24, y - r - 34, x + 24, y))
+            edge_labels.append(((x, y - r - 30), relation, hover, colour))
+            continue
+        key = frozenset((h, t))
+        n = seen[key] = seen.get(key, 0) + 1
+        bend = 0.14 * ((n + 1) // 2) * (1 if n % 2 else -1) * (1 if (h, t) == tuple(sorted((h, t))) else -1)
+        bend += 0.12 * (1 if bend >= 0 else -1) if key == frozenset((head, tail)) else 0.0  # clear of the test edge
+        middle = edge_path(h, t, bend, colour, width, "", hover, "pro" if colour == PRO else "opp")
+        edge_labels.append((middle, relation, hover, colour))
+    for n in sorted(pos, key=lambda n: n not in (head, tail)):  # the test triple's entities first
+        main = n in (head, tail)
+        below = (0, radius[n] + 12) if pos[n][1] >= 0 or main else (0, -radius[n] - 12)
+        text = _label(short(names[n]), f"{names[n]} ({n})" if names[n] != n else n, 13 if main else 12,
+                      "#1f2933", "node-label", main)
+        labels.append(_place(text, pos[n], below, taken))
+    if len(edges) <= DRAWN:  # few edges: room for their relation names
+        for middle, relation, hover, colour in edge_labels:
+            labels.append(_place(_label(short(relation, 24), hover, 11, colour, "edge-label"), middle, (0, 0), taken))
+    nodes = [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius[n]:.0f}" fill="{TEST if n in (head, tail) else "#9aa5b1"}" '
+             f'stroke="#fff" stroke-width="2"><title>{esc(f"{names[n]} ({n})" if names[n] != n else n)}</title></circle>'
+             for n, (x, y) in pos.items()]
+    return _svg(uid, shapes, nodes, labels, extent + [label.box for label in labels], test_title)
+
+
+def _svg(uid: str, shapes: list[str], nodes: list[str], labels: list[Label], extent: list[Box], title: str) -> str:
+    """The <svg> element: edges under nodes under labels (the test edge's label on top), cut to ``extent``."""
+    x0, y0 = min(b.x0 for b in extent) - MARGIN, min(b.y0 for b in extent) - MARGIN
+    x1, y1 = max(b.x1 for b in extent) + MARGIN, max(b.y1 for b in extent) + MARGIN
+    markers = "".join(
+        f'<marker id="{name}-{uid}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="5" markerHeight="5" '
+        f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
+        for name, colour in (("test", TEST), ("pro", PRO), ("opp", OPP)))
+    texts = []
+    for label in sorted(labels, key=lambda lab: lab.kind == "test-label"):
+        b = label.box
+        weight = ' font-weight="bold"' if label.bold else ""
+        texts.append(f'<g class="{label.kind}"><title>{esc(label.title)}</title>'
+                     f'<rect x="{b.x0:.1f}" y="{b.y0:.1f}" width="{b.x1 - b.x0:.1f}" height="{b.y1 - b.y0:.1f}" '
+                     f'rx="4" fill="#fff" fill-opacity="0.92" stroke="#d0d7de"/>'
+                     f'<text x="{(b.x0 + b.x1) / 2:.1f}" y="{(b.y0 + b.y1) / 2:.1f}" text-anchor="middle" '
+                     f'dominant-baseline="central" font-size="{label.size:g}" fill="{label.colour}"{weight}>'
+                     f'{esc(label.text)}</text></g>')
+    return (f'<svg class="subgraph" role="img" aria-label="{esc(title)}" '
+            f'width="{x1 - x0:.0f}" height="{y1 - y0:.0f}" viewBox="{x0:.1f} {y0:.1f} {x1 - x0:.1f} {y1 - y0:.1f}" '
+            f'font-family="{FONT}, sans-serif"><defs>{markers}</defs>{"".join(shapes)}{"".join(nodes)}'
+            f'{"".join(texts)}</svg>')

@@ -38,8 +38,11 @@ tr.main td { font-weight: 600; }
 .missing { background: #fff8e6; border-left: 4px solid #e0a800; padding: 10px 14px; border-radius: 4px; }
 .missing code, p code { background: #f0f2f5; padding: 1px 5px; border-radius: 3px; }
 figure { margin: 8px 0; }
-.grid td { overflow-wrap: break-word; }
-.grid table { width: 100%; }
+.label { white-space: nowrap; }
+.scroll { overflow-x: auto; }
+figure.drawing { text-align: center; }
+figure.drawing svg { max-width: 100%; height: auto; }
+.legend svg { vertical-align: middle; }
 figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 .triple { border-top: 1px solid var(--line); padding-top: 6px; margin-top: 18px; }
 .facts { color: var(--muted); font-size: 13.5px; }

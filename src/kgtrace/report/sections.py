@@ -7,6 +7,7 @@ that cannot be parsed gives a notice with the parser's message. Neither stops th
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ import yaml
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.layout import RunLayout
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
-from kgtrace.report.drawing import DRAWN, subgraph_png
-from kgtrace.report.html import esc, image, missing, number, table
+from kgtrace.report.drawing import DRAWN, OPP, PRO, TEST, subgraph_svg
+from kgtrace.report.html import esc, image, missing, number, rank_text, table
 
 SIDES = ("head", "tail", "both")
 POLICIES = ("realistic", "optimistic", "pessimistic")
@@ -87,10 +88,15 @@ def training_section(run_dir: Path) -> str:
     valid = [r for r in records if "valid_mrr" in r]
     facts = f"{len(records)} epochs, final loss <b>{number(last['loss'], 5)}</b>, " \
             f"{number(sum(r.get('seconds', 0.0) for r in records), 1)} s of training"
+    note = ""
     if valid:
         best = max(valid, key=lambda r: r["valid_mrr"])
         facts += f"; best validation MRR <b>{number(best['valid_mrr'])}</b> at epoch {number(best['epoch'])}"
-    return f'<p class="facts">{facts}</p>' + image(png_bytes(training_curve_figure(records)), "training curve")
+        note = ('<p class="facts">Validation ranks are filtered with the training and validation triples only: the '
+                "test triples stay unseen until the end, so a test triple that answers a validation query counts "
+                "against it. That is why validation MRR sits below the test MRR, which is filtered with all three "
+                "splits.</p>")
+    return f'<p class="facts">{facts}</p>{note}' + image(png_bytes(training_curve_figure(records)), "training curve")
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -104,14 +110,25 @@ def metrics_section(run_dir: Path, name: str = "test_metrics.json") -> str:
     metrics = json.loads(path.read_text(encoding="utf-8"))
     rows, classes = [], []
     for side in (s for s in SIDES if s in metrics):
-        for policy in (p for p in POLICIES if p in metrics[side]):
-            values = metrics[side][policy]
-            rows.append([esc(side), esc(policy)] + [number(values.get(key), 2 if key == "mr" else 4)
-                                                    for key, _ in METRICS])
+        policies = [p for p in POLICIES if p in metrics[side]]
+        cells = {p: [number(metrics[side][p].get(key), 2 if key == "mr" else 4) for key, _ in METRICS] for p in policies}
+        if len({tuple(c) for c in cells.values()}) == 1:  # no tie changes a rank: one row says it all
+            rows.append([esc(side), "all three agree"] + cells[policies[0]])
+            classes.append("main")
+            continue
+        for policy in policies:
+            rows.append([esc(side), esc(policy)] + cells[policy])
             classes.append("main" if policy == "realistic" else "")
-    facts = f"{number(metrics.get('num_queries', '?'))} test triples, candidates: {esc(metrics.get('candidates', '?'))}"
-    return f'<p class="facts">{facts}</p>' + table(("side", "ties") + tuple(n for _, n in METRICS), rows,
-                                                     numeric=(False, False) + (True,) * len(METRICS), row_classes=classes)
+    candidates = metrics.get("candidates", "?")
+    against = "all entities" if candidates == "all" else f"{esc(candidates)} sampled entities"
+    facts = (f"{number(metrics.get('num_queries', '?'))} test triples, each ranked on both sides against {against}, "
+             "filtered: the other known true answers (train, valid and test) are left out of the ranking.")
+    ties = ('<p class="facts">Ties: when candidates score exactly as the true answer, <i>realistic</i> ranks it in '
+            "the middle of them (the figure to quote), <i>optimistic</i> first and <i>pessimistic</i> last; a side "
+            "shows one row when the three agree.</p>")
+    return f'<p class="facts">{facts}</p>{ties}' + table(("side", "ties") + tuple(n for _, n in METRICS), rows,
+                                                          numeric=(False, False) + (True,) * len(METRICS),
+                                                          row_classes=classes)
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -141,15 +158,19 @@ def explain_title(path: Path) -> str:
     return EXPLAIN_TITLES.get(path.stem, path.stem.replace("_", " ").replace("-", " ").title())
 
 
-def breakable(text: object) -> str:
-    """Escaped text that may wrap after underscores (long snake_case labels in narrow columns)."""
-    return esc(text).replace("_", "_<wbr>")
+def label(text: object) -> str:
+    """Escaped text kept on one line: a label (snake_case, CURIE) is never broken inside."""
+    return f'<span class="label">{esc(text)}</span>'
 
 
 def _entity(entry: dict, side: str) -> str:
     """The readable name of an entity, with its label in small print when they differ."""
-    label, name = entry[side], entry.get(f"{side}_name") or entry[side]
-    return breakable(name) if name == label else f'{breakable(name)} <span class="rel">({breakable(label)})</span>'
+    key, name = entry[side], entry.get(f"{side}_name") or entry[side]
+    return label(name) if name == key else f'{label(name)} <span class="rel">({label(key)})</span>'
+
+
+SHARES = {"head": "its head", "tail": "its tail", "both": "both", "neither": "neither"}
+INFLUENCE_HEADER = ("#", "training row", "head", "relation", "tail", "shares with the triple", "influence")
 
 
 def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list[str]]:
@@ -157,9 +178,10 @@ def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list
     rows = []
     for i, e in enumerate(entries, 1):
         width = round(60 * abs(e["influence"]) / largest) if largest else 0
-        rows.append([str(i), _entity(e, "head"), f'<span class="rel">{breakable(e.get("relation_name", e["relation"]))}</span>',
-                     _entity(e, "tail"), f'<span class="bar {bar}" style="width:{width}px"></span>'
-                                         f"{number(e['influence'], 5)}"])
+        rows.append([str(i), number(e["train_index"]), _entity(e, "head"),
+                     f'<span class="rel">{label(e.get("relation_name", e["relation"]))}</span>', _entity(e, "tail"),
+                     esc(SHARES.get(e.get("shares"), e.get("shares", "?"))),
+                     f'<span class="bar {bar}" style="width:{width}px"></span>{number(e["influence"], 5)}'])
     return rows
 
 
@@ -170,9 +192,10 @@ def influence_tables(item: dict) -> str:
     parts = []
     for kind, cls in (("proponents", "kind-pro"), ("opponents", "kind-opp")):
         if item.get(kind):
-            header = ("#", "head", "relation", "tail", "influence")
-            parts.append(f'<h3 class="{cls}">{kind.title()}</h3>'
-                         + table(header, _influence_rows(item[kind], kind, largest), numeric=(True, False, False, False, True)))
+            rows = _influence_rows(item[kind], kind, largest)
+            parts.append(f'<div><h3 class="{cls}">{kind.title()}</h3><div class="scroll">'
+                         + table(INFLUENCE_HEADER, rows, numeric=(True, True, False, False, False, False, True))
+                         + "</div></div>")
     return "".join(parts) or "<p>No influential training triple was recorded.</p>"
 
 
@@ -181,9 +204,9 @@ def proof_steps(item: dict) -> str:
     if not item.get("proved"):
         return (f"<p>The {esc(item.get('method', ''))} prover found no proof within "
                 f"{esc(item.get('depth_limit', '?'))} steps.</p>")
-    rows = [[str(i), breakable(step["goal"]),
-             f"fact {breakable(step['fact'])}" if step["kind"] == "fact" else f"rule {breakable(step['rule'])}",
-             breakable(step["goals_after"])] for i, step in enumerate(item["steps"], 1)]
+    rows = [[str(i), esc(step["goal"]),
+             f"fact {esc(step['fact'])}" if step["kind"] == "fact" else f"rule {esc(step['rule'])}",
+             esc(step["goals_after"])] for i, step in enumerate(item["steps"], 1)]
     return (f'<p class="facts">proved in {len(rows)} steps, confidence <b>{number(item.get("confidence"))}</b> '
             f'({esc(item.get("method", ""))} prover)</p>'
             + table(("#", "goal", "resolved with", "goals left"), rows, numeric=(True, False, False, False)))
@@ -193,21 +216,43 @@ def proof_key(item: dict) -> tuple[str, str, str]:
     return item["head"], item["relation"], item["tail"]
 
 
+SPLIT_NOTES = {"train": "a training triple: its strongest proponent is itself",
+               "valid": "a validation triple", "test": "a test triple (never trained on)",
+               None: "a new prediction (in no split)"}
+INFLUENCE_NOTE = ("TracIn influence of a training triple on a prediction: the sum over the saved checkpoints of "
+                  "the learning rate times the dot product of the two triples' loss gradients. Positive "
+                  "(<i>proponents</i>): a training step on that triple raised the prediction's score; negative "
+                  "(<i>opponents</i>): it lowered it. Sizes compare within one prediction.")
+LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PRO, "", "proponent"), (OPP, "", "opponent"))
+
+
+def _legend() -> str:
+    keys = "".join(f'<svg width="26" height="10"><line x1="1" y1="5" x2="25" y2="5" stroke="{colour}" '
+                   f'stroke-width="3"{dash}/></svg> {text} &nbsp; ' for colour, dash, text in LEGEND)
+    return (f'<p class="facts legend">{keys}the strongest {DRAWN} of each; width grows with |influence|; '
+            "hover a name for all of it</p>")
+
+
 def explanation(item: dict, proofs: dict | None = None) -> str:
-    """One explained triple: title, score and ranks, drawing beside the influence tables (and its proof, if any)."""
+    """One explained triple: title, probability and ranks, the drawing, the influence tables (and its proof, if any)."""
     test = item["test"]
-    title = (f"{_entity(test, 'head')} <span class=\"rel\">\u2014 {esc(test.get('relation_name', test['relation']))}"
+    title = (f"{_entity(test, 'head')} <span class=\"rel\">\u2014 {label(test.get('relation_name', test['relation']))}"
              f" \u2192</span> {_entity(test, 'tail')}")
-    rank = item.get("rank", {})
-    facts = (f"score <b>{number(item.get('score'))}</b> &middot; filtered rank (realistic): tail <b>"
-             f"{number(rank.get('tail', '?'), 1)}</b>, head <b>{number(rank.get('head', '?'), 1)}</b>"
+    rank, score = item.get("rank", {}), item.get("score")
+    probability = item.get("probability")
+    if probability is None and isinstance(score, int | float):  # files written before it was recorded
+        probability = 1 / (1 + math.exp(-score))
+    facts = (f"probability <b>{number(probability, 3)}</b> (score {number(score)}, a logit: probability = "
+             f"sigmoid(score)) &middot; filtered rank (realistic): tail <b>{rank_text(rank.get('tail', '?'))}</b>, "
+             f"head <b>{rank_text(rank.get('head', '?'))}</b>"
              f" &middot; checkpoints {esc(', '.join(map(str, item.get('checkpoints', []))))}")
-    drawing = image(subgraph_png(item), f"subgraph around {test['head']} {test['relation']} {test['tail']}") + \
-        f'<p class="facts">The strongest {DRAWN} proponents (green) and opponents (red); width grows with |influence|.</p>'
+    if "split" in item:
+        facts += f" &middot; {esc(SPLIT_NOTES.get(item['split'], item['split']))}"
     proof = (proofs or {}).get((test["head"], test["relation"], test["tail"]))
     proved = f'<h3>Proof</h3>{proof_steps(proof)}' if proof else ""
     return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
-            f'<div class="grid"><div>{drawing}</div><div>{influence_tables(item)}{proved}</div></div></div>')
+            f'<figure class="drawing">{subgraph_svg(item)}</figure>{_legend()}'
+            f'<div class="grid">{influence_tables(item)}</div>{proved}</div>')
 
 
 def proofs_in(files: list[Path]) -> dict:
@@ -230,13 +275,13 @@ def explain_section(path: Path, proofs: dict | None = None) -> str:
     if "proofs" in data:
         items = data["proofs"]
         return f'<p class="facts">{len(items)} proof(s) from <code>{esc(path.name)}</code></p>' + "".join(
-            f'<div class="triple"><h3>{breakable(item["relation"])}({breakable(item["head"])}, '
-            f'{breakable(item["tail"])})</h3>{proof_steps(item)}</div>' for item in items)
+            f'<div class="triple"><h3>{label(item["relation"])}({label(item["head"])}, '
+            f'{label(item["tail"])})</h3>{proof_steps(item)}</div>' for item in items)
     items = data["explanations"]
     if not items:
         return "<p>The file lists no explained triple.</p>"
-    return f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code></p>' + \
-        "".join(explanation(item, proofs) for item in items)
+    return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {INFLUENCE_NOTE}</p>'
+            + "".join(explanation(item, proofs) for item in items))
 
 
 # ----------------------------------------------------------------------------- faithfulness
