@@ -162,6 +162,8 @@ def test_drawing_keeps_labels_apart_and_the_test_edge_readable():
     assert height <= max(b[3] for b in boxes) - min(b[1] for b in boxes) + 60
     pos = layout("h", "t", [("h", "x"), ("x", "t")])
     assert pos["h"] == (-UNIT, 0.0) and pos["t"] == (UNIT, 0.0) and set(pos) == {"h", "t", "x"}
+    apart = layout("h", "t", [("x", "y"), ("p", "q")])  # edges touching neither entity stay beside the triple
+    assert max(abs(x) + abs(y) for x, y in apart.values()) < 3 * UNIT
 
 
 def test_drawing_survives_odd_graphs():

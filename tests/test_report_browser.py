@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from kgtrace.report import write_report
@@ -68,6 +69,8 @@ window.addEventListener("load", function () {
     return {box: [b.left, b.top, b.right, b.bottom], labels: labels};
   });
   document.documentElement.setAttribute("data-drawings", JSON.stringify(drawings));
+  var first = document.getElementById("explain-0");
+  document.documentElement.setAttribute("data-explain-top", String(first.getBoundingClientRect().top));
 });
 </script>"""
 
@@ -76,12 +79,16 @@ def overlap(a, b):
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def test_drawings_keep_their_labels_apart_in_the_browser(page, tmp_path):
+def measure(page, tmp_path) -> str:
+    """The DOM of the page with MEASURE's records, after Chromium laid it out in a tall window."""
     measured = tmp_path / "measured.html"
     measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
-    dom = chromium(tmp_path, "--window-size=1280,12000", "--virtual-time-budget=5000", "--dump-dom",
-                   measured.as_uri()).stdout
-    drawings = json.loads(html.unescape(re.search(r'data-drawings="([^"]*)"', dom).group(1)))
+    return chromium(tmp_path, "--window-size=1280,12000", "--virtual-time-budget=5000", "--dump-dom",
+                    measured.as_uri()).stdout
+
+
+def test_drawings_keep_their_labels_apart_in_the_browser(page, tmp_path):
+    drawings = json.loads(html.unescape(re.search(r'data-drawings="([^"]*)"', measure(page, tmp_path)).group(1)))
     assert len(drawings) == 2
     for drawing in drawings:
         labels = drawing["labels"]
@@ -100,13 +107,21 @@ def test_drawings_keep_their_labels_apart_in_the_browser(page, tmp_path):
         assert test_label["on_top"]  # the explained edge's name is what the browser shows there
 
 
-def test_screenshots_of_the_top_and_of_an_explanation(page, tmp_path):
+def screenshots(page, tmp_path, height: int = 900) -> tuple:
+    """Screenshots (pixel arrays) of the top of the page and of its first explanation, ``height`` pixels each."""
     import matplotlib.image
 
-    top, explained = tmp_path / "top.png", tmp_path / "explanation.png"
-    chromium(tmp_path, f"--screenshot={top}", "--window-size=1280,900", page.as_uri())
-    chromium(tmp_path, f"--screenshot={explained}", "--window-size=1280,900", page.as_uri() + "#explain-0")
-    first, second = matplotlib.image.imread(top), matplotlib.image.imread(explained)
-    assert first.shape[:2] == second.shape[:2] == (900, 1280)
+    top = round(float(re.search(r'data-explain-top="([\d.]+)"', measure(page, tmp_path)).group(1)))
+    shot = tmp_path / "page.png"  # one tall screenshot, cut into the two views
+    chromium(tmp_path, f"--screenshot={shot}", f"--window-size=1280,{top + height}", page.as_uri())
+    pixels = matplotlib.image.imread(shot)
+    return pixels[:height], pixels[top : top + height]
+
+
+def test_screenshots_of_the_top_and_of_an_explanation(page, tmp_path):
+    first, explained = screenshots(page, tmp_path)
+    assert first.shape[:2] == explained.shape[:2] == (900, 1280)
     assert first[:80, :, :3].mean() < 0.6  # the top: the dark header
-    assert second[:80, :, :3].mean() > 0.6 and not (first == second).all()  # scrolled to the explanations
+    assert explained[..., :3].std() > 0.05  # not a blank stretch of the page
+    blue = (np.abs(explained[..., :3] - np.array([0x2B, 0x6C, 0xB0]) / 255).max(-1) < 0.02).sum()
+    assert blue > 200  # the drawing: the explained triple's blue nodes and dashed edge

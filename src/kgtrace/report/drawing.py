@@ -82,14 +82,21 @@ def text_size(text: str, size: float, bold: bool = False) -> tuple[float, float]
 
 def layout(test_head: str, test_tail: str, edges: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     """Pixel positions (y down): the test head at (-UNIT, 0), the tail at (UNIT, 0), the others by a seeded
-    spring layout around them. A test triple whose head is its tail sits at the centre."""
+    spring layout around them. A test triple whose head is its tail sits at the centre.
+
+    An edge that touches neither test entity is tied, for the layout only, head to the test head and tail
+    to the test tail: a spring layout pushes unconnected parts far apart, and these belong beside the triple.
+    """
     graph = nx.MultiGraph()
     graph.add_nodes_from([test_head, test_tail])
     graph.add_edges_from(edges)
     graph.add_edge(test_head, test_tail)
+    for head, tail in edges:
+        if not {head, tail} & {test_head, test_tail}:
+            graph.add_edges_from([(head, test_head), (tail, test_tail)])
     fixed = {test_head: (-1.0, 0.0), test_tail: (1.0, 0.0)} if test_head != test_tail else {test_head: (0.0, 0.0)}
     if len(graph) > len(fixed):
-        spread = nx.spring_layout(nx.Graph(graph), pos=fixed, fixed=list(fixed), k=1.1, iterations=200, seed=0)
+        spread = nx.spring_layout(nx.Graph(graph), pos=fixed, fixed=list(fixed), k=0.6, iterations=200, seed=0)
     else:
         spread = fixed
     return {node: (UNIT * float(x), -UNIT * float(y)) for node, (x, y) in spread.items()}

@@ -48,7 +48,7 @@ figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 6px;
 .facts { color: var(--muted); font-size: 13.5px; }
 .facts b { color: var(--ink); }
 .rel { color: var(--muted); font-style: italic; }
-.grid { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 18px; align-items: start; }
+.influencers h3 { margin-top: 14px; }
 .bar { display: inline-block; height: 9px; border-radius: 2px; vertical-align: middle; margin-right: 6px; }
 .pro { background: var(--pro); } .opp { background: var(--opp); }
 .kind-pro { color: var(--pro); } .kind-opp { color: var(--opp); }

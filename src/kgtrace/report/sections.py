@@ -178,7 +178,7 @@ def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list
     rows = []
     for i, e in enumerate(entries, 1):
         width = round(60 * abs(e["influence"]) / largest) if largest else 0
-        rows.append([str(i), number(e["train_index"]), _entity(e, "head"),
+        rows.append([str(i), esc(e["train_index"]), _entity(e, "head"),
                      f'<span class="rel">{label(e.get("relation_name", e["relation"]))}</span>', _entity(e, "tail"),
                      esc(SHARES.get(e.get("shares"), e.get("shares", "?"))),
                      f'<span class="bar {bar}" style="width:{width}px"></span>{number(e["influence"], 5)}'])
@@ -252,7 +252,7 @@ def explanation(item: dict, proofs: dict | None = None) -> str:
     proved = f'<h3>Proof</h3>{proof_steps(proof)}' if proof else ""
     return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
             f'<figure class="drawing">{subgraph_svg(item)}</figure>{_legend()}'
-            f'<div class="grid">{influence_tables(item)}</div>{proved}</div>')
+            f'<div class="influencers">{influence_tables(item)}</div>{proved}</div>')
 
 
 def proofs_in(files: list[Path]) -> dict:
