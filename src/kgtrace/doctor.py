@@ -279,13 +279,15 @@ def tracin_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe
     """TracIn's compiled gradient functions for the run's model, as ``kgtrace explain --compile`` (params last)."""
 
     tracin = TracIn(run, device=device, compile=True)
-    return [_tracin_probe(tracin, name, gen) for name in entry_points_for(tracin.model, tracin.path, tracin.names)]
+    model = copy.deepcopy(run.model).to(device).eval()  # TracIn's own copy has the architecture, not the weights
+    return [_tracin_probe(tracin, model, name, gen)
+            for name in entry_points_for(tracin.model, tracin.path, tracin.names)]
 
 
-def _tracin_probe(tracin, name: str, gen: torch.Generator) -> Probe:
+def _tracin_probe(tracin, model: nn.Module, name: str, gen: torch.Generator) -> Probe:
 
     fn, key, _ = ENTRY_POINTS[name]
-    model, train = tracin.model, tracin.train
+    train = tracin.train
     static = (ScoreHRT(model), tuple(tracin.names)) if key == "triples" else (model,)
     call = tracin.compiled.call(name)
 

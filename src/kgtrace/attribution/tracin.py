@@ -311,7 +311,9 @@ class TracIn:
         if saved.data:
             best.load(saved.data["best"])
             worst.load(saved.data["worst"])
-        data = lambda: {"best": best.state(), "worst": worst.state()}  # noqa: E731
+        def data() -> dict:  # what a save of the progress holds
+            return {"best": best.state(), "worst": worst.state()}
+
         for _, positions, parts in self._stream(test, "TracIn top-k", progress, saved, data):
             best.update(parts, positions)
             worst.update(parts, positions)

@@ -121,7 +121,8 @@ def metrics_section(run_dir: Path, name: str = "test_metrics.json") -> str:
             classes.append("main" if policy == "realistic" else "")
     candidates = metrics.get("candidates", "?")
     against = "all entities" if candidates == "all" else f"{esc(candidates)} sampled entities"
-    facts = (f"{number(metrics.get('num_queries', '?'))} test triples, each ranked on both sides against {against}, "
+    sides = " and ".join(side for side in ("head", "tail") if side in metrics)
+    facts = (f"{number(metrics.get('num_queries', '?'))} test triples, each ranked ({sides}) against {against}, "
              "filtered: the other known true answers (train, valid and test) are left out of the ranking.")
     ties = ('<p class="facts">Ties: when candidates score exactly as the true answer, <i>realistic</i> ranks it in '
             "the middle of them (the figure to quote), <i>optimistic</i> first and <i>pessimistic</i> last; a side "
@@ -222,7 +223,9 @@ SPLIT_NOTES = {"train": "a training triple: its strongest proponent is itself",
 INFLUENCE_NOTE = ("TracIn influence of a training triple on a prediction: the sum over the saved checkpoints of "
                   "the learning rate times the dot product of the two triples' loss gradients. Positive "
                   "(<i>proponents</i>): a training step on that triple raised the prediction's score; negative "
-                  "(<i>opponents</i>): it lowered it. Sizes compare within one prediction.")
+                  "(<i>opponents</i>): it lowered it. Sizes compare within one prediction. A prediction's "
+                  "probability is the sigmoid of its score; what makes it a prediction is its rank among all "
+                  "candidates (training on every entity at once, with label smoothing, keeps probabilities modest).")
 LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PRO, "", "proponent"), (OPP, "", "opponent"))
 
 
