@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,9 +11,9 @@ import torch
 from kgtrace.cli import main
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.errors import ConfigError
 from kgtrace.prover.logic import Rule
-from kgtrace.prover.mining import MiningConfig, _Graph, chain_paths, mine_rules
+from kgtrace.prover.mining import MiningConfig, _Graph, _row_blocks, chain_paths, mine_rules
 from kgtrace.prover.rules import format_rule, parse_rules, read_rules, write_rules
 
 RELATIONS = Vocab(("parent", "grandparent", "child", "biolink:treats"))
@@ -161,7 +162,7 @@ def test_rules_mine_command(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
-def test_chain_paths_are_counted_and_a_hub_graph_is_refused_before_any_product():
+def test_chain_paths_are_counted_and_blocks_of_rows_mine_the_same_rules():
     """chain_paths: the two-hop paths x -a-> z -> y per directed relation a, as enumerating them finds."""
     generator = torch.Generator().manual_seed(3)
     triples = torch.stack([torch.randint(0, 9, (40,), generator=generator), torch.randint(0, 3, (40,), generator=generator),
@@ -170,7 +171,20 @@ def test_chain_paths_are_counted_and_a_hub_graph_is_refused_before_any_product()
     edges = list(zip(graph.heads.tolist(), graph.relations.tolist(), graph.tails.tolist()))
     brute = [sum(1 for x, d, z in edges if d == a for x2, _, _ in edges if x2 == z) for a in range(6)]
     assert chain_paths(graph).tolist() == brute
-    hub = torch.tensor([[0, 0, leaf] for leaf in range(1, 30)])  # one node joined to 29 leaves
-    with pytest.raises(KgtraceError, match=r"841 two-hop paths .* more than --max-chain-paths 100.*--no-chains"):
-        mine_rules(hub, 30, 1, MiningConfig(max_chain_paths=100))
-    assert mine_rules(hub, 30, 1, MiningConfig(max_chain_paths=100, chains=False)) == []
+    # The chain products a block of rows at a time: the same rules, supports and confidences as all at once,
+    # down to blocks of one row, and with a hub row whose paths alone exceed the limit.
+    hub = torch.cat([triples, torch.tensor([[0, 1, leaf] for leaf in range(1, 9)] + [[leaf, 2, 0] for leaf in range(1, 9)])])
+    loose = MiningConfig(min_support=1, min_head_coverage=0.0, min_confidence=0.0, max_rules_per_head=0)
+    for graph_triples in (triples, hub):
+        whole = mine_rules(graph_triples, 9, 3, replace(loose, max_chain_paths=0))
+        assert len(whole) > 20
+        for limit in (1, 7, 40):
+            assert mine_rules(graph_triples, 9, 3, replace(loose, max_chain_paths=limit)) == whole
+    hub_graph = _Graph.of(hub, 9, 3)
+    per_x = {x: sum(1 for h, d, z in zip(hub_graph.heads.tolist(), hub_graph.relations.tolist(),
+                                          hub_graph.tails.tolist()) if d == 1 and h == x
+                    for h2 in hub_graph.heads.tolist() if h2 == z) for x in range(9)}
+    blocks = _row_blocks(hub_graph, 1, 7)
+    assert [x for rows in blocks for x in rows] == list(range(9))  # every row once, in order
+    assert all(len(rows) == 1 or sum(per_x[x] for x in rows) <= 7 for rows in blocks)
+    assert any(len(rows) == 1 and per_x[rows[0]] > 7 for rows in blocks)  # the hub: a block of its own

@@ -22,13 +22,15 @@ is not as sure as one seen a hundred times and right a hundred times. Thresholds
 the undamped measures.
 
 Chains are computed one first relation a at a time: ``D_a @ [D_0 | D_1 | ... | D_{2R-1}]``,
-one sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs, so
-memory is bounded by one a's pairs. Those are at most the two-hop paths that start with a,
-``sum over a's edges (x, z) of deg(z)``; on a graph with hubs this runs to billions (a
-Hetionet-shaped graph: 3.6e9 for one relation, 1.4e10 in all), so more than
-``max_chain_paths`` for some a is refused before any product, naming the count. Supports come from looking the pairs up among the
-sorted fact keys (searchsorted); the PCA denominators from a second sparse product of the
-bodies' per-x pair counts with the [E, R] "x has an r-edge" matrix.
+a sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs. Their number
+is at most the two-hop paths that start with a, ``sum over a's edges (x, z) of deg(z)``, which
+on a graph with hubs runs to billions (a Hetionet-shaped graph: 3.6e9 for one relation, 1.4e10
+in all). So the product is taken a block of rows x at a time, each block holding at most
+``max_chain_paths`` paths (a row with more is a block of its own: its pairs are at most 2R E).
+Every count below sums over the rows x, and a pair (x, y) belongs to the block of its x, so the
+blocks' counts add up to the whole product's exactly. Supports come from looking the pairs up
+among the sorted fact keys (searchsorted); the PCA denominators from a second sparse product of
+the bodies' per-x pair counts with the [E, R] "x has an r-edge" matrix.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.errors import KgtraceError
 from kgtrace.prover.config import MiningConfig
 from kgtrace.prover.logic import Atom, Rule
 from kgtrace.prover.rules import RuleSet
@@ -85,10 +86,13 @@ class _Graph:
         return cls(E, R, torch.cat([h, t]), torch.cat([r, r + R]), torch.cat([t, h]), fact_keys,
                    torch.bincount(r, minlength=R), domain)
 
-    def directed(self, d: int) -> Tensor:
-        """Sparse CSR [E, E] of directed relation d."""
+    def directed(self, d: int, rows: range | None = None) -> Tensor:
+        """Sparse CSR [E, E] of directed relation d; with ``rows``, its rows x in that range only, [len(rows), E]."""
         keep = self.relations == d
-        return _csr(self.heads[keep], self.tails[keep], (self.num_entities, self.num_entities))
+        if rows is None:
+            return _csr(self.heads[keep], self.tails[keep], (self.num_entities, self.num_entities))
+        keep &= (self.heads >= rows.start) & (self.heads < rows.stop)
+        return _csr(self.heads[keep] - rows.start, self.tails[keep], (len(rows), self.num_entities))
 
     def all_directed(self) -> Tensor:
         """Sparse CSR [E, 2R * E]: [D_0 | D_1 | ... ], column d * E + y."""
@@ -128,6 +132,11 @@ class _Counts:
     support: Tensor
     body_sizes: Tensor
     pca_sizes: Tensor
+
+    def __add__(self, other: "_Counts") -> "_Counts":
+        """The counts of two disjoint sets of rows x, together (every count is a sum over x)."""
+        return _Counts(self.support + other.support, self.body_sizes + other.body_sizes,
+                       self.pca_sizes + other.pca_sizes)
 
 
 def _count(graph: _Graph, body: Tensor, x: Tensor, y: Tensor, num_bodies: int) -> _Counts:
@@ -173,12 +182,14 @@ def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
         counts = _count(graph, torch.zeros(int(keep.sum()), dtype=torch.long), graph.heads[keep], graph.tails[keep], 1)
         blocks.append(_select(counts, torch.tensor([a]), graph, config))
     if config.chains:
-        _check_chain_paths(graph, config.max_chain_paths)
         right = graph.all_directed()
         for a in range(2 * R):
-            product = _sparse_mm(graph.directed(a), right)  # [E, 2R E]: (x, b E + y) joined through some z
-            x, column = _nonzeros(product)
-            counts = _count(graph, column // E, x, column % E, 2 * R)
+            counts = None
+            for rows in _row_blocks(graph, a, config.max_chain_paths):
+                product = _sparse_mm(graph.directed(a, rows), right)  # [rows, 2R E]: (x, b E + y) joined via some z
+                x, column = _nonzeros(product)
+                part = _count(graph, column // E, x + rows.start, column % E, 2 * R)
+                counts = part if counts is None else counts + part
             blocks.append(_select(counts, 2 * R + 2 * R * a + torch.arange(2 * R), graph, config))
     kept = _order(_Block.cat(blocks), config)
     return [_mined(kept, i, R) for i in range(len(kept.head))]
@@ -190,16 +201,23 @@ def chain_paths(graph: "_Graph") -> Tensor:
     return torch.zeros(2 * graph.num_relations, dtype=torch.long).index_add_(0, graph.relations, degree[graph.tails])
 
 
-def _check_chain_paths(graph: "_Graph", limit: int) -> None:
-    paths = chain_paths(graph)
-    if limit and int(paths.max()) > limit:
-        a, R = int(paths.argmax()), graph.num_relations
-        first = f"relation id {a % R}{', read backwards' if a >= R else ''}"
-        raise KgtraceError(
-            f"mining chains would enumerate {int(paths.max()):,} two-hop paths for one first relation ({first}; "
-            f"{int(paths.sum()):,} in all), more than --max-chain-paths {limit:,} (about 80 bytes each "
-            "while counted): the graph's hub nodes join too many pairs. Fix: mine implications and inverses only "
-            "(--no-chains), mine a smaller subgraph, or raise --max-chain-paths on a machine with the memory")
+def _row_blocks(graph: "_Graph", a: int, limit: int) -> list[range]:
+    """Consecutive ranges of rows x whose two-hop paths starting with a (x -a-> z -> y) are at most ``limit``
+    each (0: one block of every row); a row with more paths than that is a block of its own."""
+    E = graph.num_entities
+    if not limit:
+        return [range(0, E)]
+    degree = torch.bincount(graph.heads, minlength=E)  # every directed edge leaving z
+    keep = graph.relations == a
+    per_x = torch.zeros(E, dtype=torch.long).index_add_(0, graph.heads[keep], degree[graph.tails[keep]])  # [E]
+    cumulative = torch.cumsum(per_x, 0)  # [E] paths of rows 0..x
+    blocks, start = [], 0
+    while start < E:
+        before = int(cumulative[start - 1]) if start else 0
+        stop = int(torch.searchsorted(cumulative, before + limit, right=True))  # rows up to it stay within limit
+        blocks.append(range(start, max(stop, start + 1)))
+        start = blocks[-1].stop
+    return blocks
 
 
 @dataclass(frozen=True)
