@@ -159,66 +159,92 @@ def _trim(a, c, b, r_a: float, r_b: float) -> tuple[tuple[float, float], tuple[f
     return pull(a, c, r_a + 1), pull(b, c, r_b + 4)
 
 
+def _node_title(names: dict[str, str], node: str) -> str:
+    return f"{names[node]} ({node})" if names[node] != node else node
+
+
+class _Canvas:
+    """What a drawing collects: edge and node shapes, placed labels, the boxes labels must avoid, its extent."""
+
+    def __init__(self, pos: dict[str, tuple[float, float]], radius: dict[str, float], uid: str):
+        self.pos, self.radius, self.uid = pos, radius, uid
+        self.taken = [Box.around(x, y, 2 * radius[n] + 4, 2 * radius[n] + 4) for n, (x, y) in pos.items()]
+        self.extent = list(self.taken)
+        self.shapes: list[str] = []
+        self.labels: list[Label] = []
+
+    def edge(self, a_node: str, b_node: str, bend: float, colour: str, width: float, title: str, marker: str,
+             dash: str = "") -> tuple[float, float]:
+        """A curved arrow from a_node to b_node; returns the curve's middle (where its label goes)."""
+        a, b = self.pos[a_node], self.pos[b_node]
+        c = _curve(a, b, bend)
+        start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
+        self.extent.append(Box(min(a[0], b[0], c[0]), min(a[1], b[1], c[1]), max(a[0], b[0], c[0]),
+                               max(a[1], b[1], c[1])))
+        self.shapes.append(f'<path d="M{start[0]:.1f},{start[1]:.1f} Q{c[0]:.1f},{c[1]:.1f} {end[0]:.1f},{end[1]:.1f}" '
+                           f'fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.85"{dash} '
+                           f'marker-end="url(#{marker}-{self.uid})"><title>{esc(title)}</title></path>')
+        return 0.25 * a[0] + 0.5 * c[0] + 0.25 * b[0], 0.25 * a[1] + 0.5 * c[1] + 0.25 * b[1]
+
+    def loop(self, node: str, colour: str, width: float, title: str) -> tuple[float, float]:
+        """A loop above ``node`` (a triple whose head is its tail); returns where its label goes."""
+        (x, y), r = self.pos[node], self.radius[node]
+        self.shapes.append(f'<path d="M{x - 5:.1f},{y - r:.1f} C{x - 24:.1f},{y - r - 34:.1f} {x + 24:.1f},'
+                           f'{y - r - 34:.1f} {x + 5:.1f},{y - r - 2:.1f}" fill="none" stroke="{colour}" '
+                           f'stroke-width="{width:.2f}" stroke-opacity="0.85"><title>{esc(title)}</title></path>')
+        self.extent.append(Box(x - 24, y - r - 34, x + 24, y))
+        return x, y - r - 30
+
+    def place(self, label: Label, anchor: tuple[float, float], start: tuple[float, float] = (0, 0)) -> None:
+        self.labels.append(_place(label, anchor, start, self.taken))
+
+
+def _draw_influencers(canvas: _Canvas, edges: list, test_pair: frozenset) -> list[tuple]:
+    """The influential edges, those between the same two entities bent apart (and clear of the test edge);
+    returns (anchor, relation, hover, colour) for their labels."""
+    largest = max((e[4] for e in edges), default=0.0) or 1.0
+    seen: dict[frozenset, int] = {}
+    anchors = []
+    for h, t, relation, colour, size, hover in edges:
+        width = 1.0 + 3.0 * size / largest
+        if h == t:
+            anchors.append((canvas.loop(h, colour, width, hover), relation, hover, colour))
+            continue
+        key = frozenset((h, t))
+        n = seen[key] = seen.get(key, 0) + 1
+        bend = 0.14 * ((n + 1) // 2) * (1 if n % 2 else -1) * (1 if (h, t) == tuple(sorted((h, t))) else -1)
+        bend += 0.12 * (1 if bend >= 0 else -1) if key == test_pair else 0.0
+        middle = canvas.edge(h, t, bend, colour, width, hover, "pro" if colour == PRO else "opp")
+        anchors.append((middle, relation, hover, colour))
+    return anchors
+
+
 def subgraph_svg(item: dict) -> str:
     """The drawing of one explanation item (as ``kgtrace explain`` writes it), as an inline ``<svg>`` element."""
     test, names = item["test"], _names(item)
     head, tail = test["head"], test["tail"]
     edges = _edges(item, names)
     pos = layout(head, tail, [(h, t) for h, t, *_ in edges])
-    radius = {n: TEST_R if n in (head, tail) else NODE_R for n in pos}
-    uid = hashlib.sha1(json.dumps(test, sort_keys=True).encode()).hexdigest()[:10]
-    taken = [Box.around(x, y, 2 * radius[n] + 4, 2 * radius[n] + 4) for n, (x, y) in pos.items()]
-    shapes, labels, extent = [], [], list(taken)
-
-    def edge_path(a_node, b_node, bend, colour, width, dash, title, marker):
-        a, b = pos[a_node], pos[b_node]
-        c = _curve(a, b, bend)
-        start, end = _trim(a, c, b, radius[a_node], radius[b_node])
-        extent.append(Box(min(a[0], b[0], c[0]), min(a[1], b[1], c[1]), max(a[0], b[0], c[0]), max(a[1], b[1], c[1])))
-        shapes.append(f'<path d="M{start[0]:.1f},{start[1]:.1f} Q{c[0]:.1f},{c[1]:.1f} {end[0]:.1f},{end[1]:.1f}" '
-                      f'fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.85"{dash} '
-                      f'marker-end="url(#{marker}-{uid})"><title>{esc(title)}</title></path>')
-        return 0.25 * a[0] + 0.5 * c[0] + 0.25 * b[0], 0.25 * a[1] + 0.5 * c[1] + 0.25 * b[1]
-
-    test_relation = test.get("relation_name", test["relation"])
-    test_title = f"explained triple: {names[head]} \u2014{test_relation}\u2192 {names[tail]}"
-    if head != tail:
-        middle = edge_path(head, tail, 0.0, TEST, 3.0, ' stroke-dasharray="7 4"', test_title, "test")
-        labels.append(_place(_label(short(test_relation, 40), test_title, 12, TEST, "test-label", True), middle,
-                             (0, 0), taken))
-    largest = max((e[4] for e in edges), default=0.0) or 1.0
-    seen: dict[frozenset, int] = {}
-    edge_labels = []
-    for h, t, relation, colour, size, hover in edges:
-        width = 1.0 + 3.0 * size / largest
-        if h == t:
-            x, y = pos[h]
-            r = radius[h]
-            shapes.append(f'<path d="M{x - 5:.1f},{y - r:.1f} C{x - 24:.1f},{y - r - 34:.1f} {x + 24:.1f},{y - r - 34:.1f} '
-                          f'{x + 5:.1f},{y - r - 2:.1f}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" '
-                          f'stroke-opacity="0.85"><title>{esc(hover)}</title></path>')
-            extent.append(Box(x - 24, y - r - 34, x + 24, y))
-            edge_labels.append(((x, y - r - 30), relation, hover, colour))
-            continue
-        key = frozenset((h, t))
-        n = seen[key] = seen.get(key, 0) + 1
-        bend = 0.14 * ((n + 1) // 2) * (1 if n % 2 else -1) * (1 if (h, t) == tuple(sorted((h, t))) else -1)
-        bend += 0.12 * (1 if bend >= 0 else -1) if key == frozenset((head, tail)) else 0.0  # clear of the test edge
-        middle = edge_path(h, t, bend, colour, width, "", hover, "pro" if colour == PRO else "opp")
-        edge_labels.append((middle, relation, hover, colour))
+    uid = hashlib.sha1(json.dumps(test, sort_keys=True).encode()).hexdigest()[:10]  # marker ids, unique per page
+    canvas = _Canvas(pos, {n: TEST_R if n in (head, tail) else NODE_R for n in pos}, uid)
+    relation = test.get("relation_name", test["relation"])
+    title = f"explained triple: {names[head]} \u2014{relation}\u2192 {names[tail]}"
+    if head != tail:  # the test edge and its label first: every other label keeps clear of it
+        middle = canvas.edge(head, tail, 0.0, TEST, 3.0, title, "test", ' stroke-dasharray="7 4"')
+        canvas.place(_label(short(relation, 40), title, 12, TEST, "test-label", True), middle)
+    anchors = _draw_influencers(canvas, edges, frozenset((head, tail)))
     for n in sorted(pos, key=lambda n: n not in (head, tail)):  # the test triple's entities first
         main = n in (head, tail)
-        below = (0, radius[n] + 12) if pos[n][1] >= 0 or main else (0, -radius[n] - 12)
-        text = _label(short(names[n]), f"{names[n]} ({n})" if names[n] != n else n, 13 if main else 12,
-                      "#1f2933", "node-label", main)
-        labels.append(_place(text, pos[n], below, taken))
+        below = (0, canvas.radius[n] + 12) if pos[n][1] >= 0 or main else (0, -canvas.radius[n] - 12)
+        canvas.place(_label(short(names[n]), _node_title(names, n), 13 if main else 12, "#1f2933", "node-label", main),
+                     pos[n], below)
     if len(edges) <= DRAWN:  # few edges: room for their relation names
-        for middle, relation, hover, colour in edge_labels:
-            labels.append(_place(_label(short(relation, 24), hover, 11, colour, "edge-label"), middle, (0, 0), taken))
-    nodes = [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius[n]:.0f}" fill="{TEST if n in (head, tail) else "#9aa5b1"}" '
-             f'stroke="#fff" stroke-width="2"><title>{esc(f"{names[n]} ({n})" if names[n] != n else n)}</title></circle>'
-             for n, (x, y) in pos.items()]
-    return _svg(uid, shapes, nodes, labels, extent + [label.box for label in labels], test_title)
+        for anchor, name, hover, colour in anchors:
+            canvas.place(_label(short(name, 24), hover, 11, colour, "edge-label"), anchor)
+    nodes = [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{canvas.radius[n]:.0f}" '
+             f'fill="{TEST if n in (head, tail) else "#9aa5b1"}" stroke="#fff" stroke-width="2">'
+             f'<title>{esc(_node_title(names, n))}</title></circle>' for n, (x, y) in pos.items()]
+    return _svg(uid, canvas.shapes, nodes, canvas.labels, canvas.extent + [lab.box for lab in canvas.labels], title)
 
 
 def _svg(uid: str, shapes: list[str], nodes: list[str], labels: list[Label], extent: list[Box], title: str) -> str:
