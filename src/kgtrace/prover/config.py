@@ -33,7 +33,7 @@ class MiningConfig:
     chains: bool = True  # also mine length-2 chains (else implications and inverses only)
     # Two-hop paths a chain product enumerates at once (about 80 bytes each while counted): the product is
     # taken a block of rows at a time, each within this many paths (0: all rows at once).
-    max_chain_paths: int = 50_000_000
+    max_chain_paths: int = 10_000_000
 
     def validate(self) -> "MiningConfig":
         problems = []
