@@ -13,7 +13,7 @@ from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError
 from kgtrace.prover.logic import Rule
-from kgtrace.prover.mining import MiningConfig, _Graph, _row_blocks, chain_paths, mine_rules
+from kgtrace.prover.mining import MiningConfig, _Graph, _paths_per_x, _row_blocks, chain_paths, mine_rules
 from kgtrace.prover.rules import format_rule, parse_rules, read_rules, write_rules
 
 RELATIONS = Vocab(("parent", "grandparent", "child", "biolink:treats"))
@@ -184,7 +184,7 @@ def test_chain_paths_are_counted_and_blocks_of_rows_mine_the_same_rules():
     per_x = {x: sum(1 for h, d, z in zip(hub_graph.heads.tolist(), hub_graph.relations.tolist(),
                                           hub_graph.tails.tolist()) if d == 1 and h == x
                     for h2 in hub_graph.heads.tolist() if h2 == z) for x in range(9)}
-    blocks = _row_blocks(hub_graph, 1, 7)
+    blocks = _row_blocks(_paths_per_x(hub_graph, 1), 7)
     assert [x for rows in blocks for x in rows] == list(range(9))  # every row once, in order
     assert all(len(rows) == 1 or sum(per_x[x] for x in rows) <= 7 for rows in blocks)
     assert any(len(rows) == 1 and per_x[rows[0]] > 7 for rows in blocks)  # the hub: a block of its own

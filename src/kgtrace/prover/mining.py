@@ -26,11 +26,13 @@ a sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs
 is at most the two-hop paths that start with a, ``sum over a's edges (x, z) of deg(z)``, which
 on a graph with hubs runs to billions (a Hetionet-shaped graph: 3.6e9 for one relation, 1.4e10
 in all). So the product is taken a block of rows x at a time, each block holding at most
-``max_chain_paths`` paths (a row with more is a block of its own: its pairs are at most 2R E).
-Every count below sums over the rows x, and a pair (x, y) belongs to the block of its x, so the
-blocks' counts add up to the whole product's exactly. Supports come from looking the pairs up
-among the sorted fact keys (searchsorted); the PCA denominators from a second sparse product of
-the bodies' per-x pair counts with the [E, R] "x has an r-edge" matrix.
+``max_chain_paths`` paths; a hub row with more than that alone is done on its own, its middle
+entities z a chunk at a time within the limit, marking the columns it reaches in a dense [2R E]
+mask (its distinct pairs are at most 2R E). Every count below sums over the rows x, and a pair
+(x, y) belongs to the block of its x, so the blocks' counts add up to the whole product's exactly.
+Supports come from looking the pairs up among the sorted fact keys (searchsorted); the PCA
+denominators from a second sparse product of the bodies' per-x pair counts with the [E, R]
+"x has an r-edge" matrix.
 """
 
 from __future__ import annotations
@@ -184,15 +186,45 @@ def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
     if config.chains:
         right = graph.all_directed()
         for a in range(2 * R):
-            counts = None
-            for rows in _row_blocks(graph, a, config.max_chain_paths):
-                product = _sparse_mm(graph.directed(a, rows), right)  # [rows, 2R E]: (x, b E + y) joined via some z
-                x, column = _nonzeros(product)
-                part = _count(graph, column // E, x + rows.start, column % E, 2 * R)
+            counts, per_x = None, _paths_per_x(graph, a)
+            for rows in _row_blocks(per_x, config.max_chain_paths):
+                x, column = _chain_pairs(graph, right, a, rows, per_x, config.max_chain_paths)
+                part = _count(graph, column // E, x, column % E, 2 * R)
                 counts = part if counts is None else counts + part
             blocks.append(_select(counts, 2 * R + 2 * R * a + torch.arange(2 * R), graph, config))
     kept = _order(_Block.cat(blocks), config)
     return [_mined(kept, i, R) for i in range(len(kept.head))]
+
+
+def _chain_pairs(graph: "_Graph", right: Tensor, a: int, rows: range, per_x: Tensor,
+                 limit: int) -> tuple[Tensor, Tensor]:
+    """(x, column b E + y) of every nonzero of rows ``rows`` of D_a @ right: a sparse product, or for one hub
+    row with more than ``limit`` paths, :func:`_hub_row`."""
+    if limit and len(rows) == 1 and int(per_x[rows.start]) > limit:
+        column = _hub_row(graph, right, a, rows.start, limit)
+        return torch.full_like(column, rows.start), column
+    x, column = _nonzeros(_sparse_mm(graph.directed(a, rows), right))  # [rows, 2R E]: (x, b E + y) via some z
+    return x + rows.start, column
+
+
+def _hub_row(graph: "_Graph", right: Tensor, a: int, x: int, limit: int) -> Tensor:
+    """The columns (b E + y) row x of D_a @ right reaches, sorted: x's middle entities z a chunk at a time (at
+    most ``limit`` paths each), the columns of their rows of ``right`` marked in a dense [2R E] mask."""
+    middles = torch.unique(graph.tails[(graph.relations == a) & (graph.heads == x)])  # [k] z with a(x, z)
+    crow, col = right.crow_indices(), right.col_indices()
+    starts, counts = crow[middles], crow[middles + 1] - crow[middles]  # [k] each z's row of right
+    cumulative = torch.cumsum(counts, 0)  # [k]
+    mask = torch.zeros(right.shape[1], dtype=torch.bool)  # [2R E]
+    begin = 0
+    while begin < len(middles):
+        before = int(cumulative[begin - 1]) if begin else 0
+        end = max(int(torch.searchsorted(cumulative, before + limit, right=True)), begin + 1)
+        s, c = starts[begin:end], counts[begin:end]
+        # Positions in col of the chunk's rows: each row's start, then 0, 1, ..., count - 1 within it.
+        within = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+        mask[col[torch.repeat_interleave(s, c) + within]] = True
+        begin = end
+    return torch.nonzero(mask).squeeze(1)
 
 
 def chain_paths(graph: "_Graph") -> Tensor:
@@ -201,15 +233,20 @@ def chain_paths(graph: "_Graph") -> Tensor:
     return torch.zeros(2 * graph.num_relations, dtype=torch.long).index_add_(0, graph.relations, degree[graph.tails])
 
 
-def _row_blocks(graph: "_Graph", a: int, limit: int) -> list[range]:
-    """Consecutive ranges of rows x whose two-hop paths starting with a (x -a-> z -> y) are at most ``limit``
-    each (0: one block of every row); a row with more paths than that is a block of its own."""
+def _paths_per_x(graph: "_Graph", a: int) -> Tensor:
+    """[E] the two-hop paths x -a-> z -> y of each row x: deg(z) summed over x's a-edges."""
     E = graph.num_entities
-    if not limit:
-        return [range(0, E)]
     degree = torch.bincount(graph.heads, minlength=E)  # every directed edge leaving z
     keep = graph.relations == a
-    per_x = torch.zeros(E, dtype=torch.long).index_add_(0, graph.heads[keep], degree[graph.tails[keep]])  # [E]
+    return torch.zeros(E, dtype=torch.long).index_add_(0, graph.heads[keep], degree[graph.tails[keep]])
+
+
+def _row_blocks(per_x: Tensor, limit: int) -> list[range]:
+    """Consecutive ranges of rows x whose paths ``per_x`` [E] sum to at most ``limit`` each (0: one block of
+    every row); a row with more paths than that is a block of its own."""
+    E = len(per_x)
+    if not limit:
+        return [range(0, E)]
     cumulative = torch.cumsum(per_x, 0)  # [E] paths of rows 0..x
     blocks, start = [], 0
     while start < E:
