@@ -88,18 +88,29 @@ class _Graph:
         return cls(E, R, torch.cat([h, t]), torch.cat([r, r + R]), torch.cat([t, h]), fact_keys,
                    torch.bincount(r, minlength=R), domain)
 
-    def directed(self, d: int, rows: range | None = None) -> Tensor:
-        """Sparse CSR [E, E] of directed relation d; with ``rows``, its rows x in that range only, [len(rows), E]."""
-        keep = self.relations == d
-        if rows is None:
-            return _csr(self.heads[keep], self.tails[keep], (self.num_entities, self.num_entities))
-        keep &= (self.heads >= rows.start) & (self.heads < rows.stop)
-        return _csr(self.heads[keep] - rows.start, self.tails[keep], (len(rows), self.num_entities))
+    def directed(self, d: int, rows: range) -> Tensor:
+        """Sparse COO [len(rows), E]: the rows x in ``rows`` of directed relation d."""
+        keep = (self.relations == d) & (self.heads >= rows.start) & (self.heads < rows.stop)
+        return _coo(self.heads[keep] - rows.start, self.tails[keep], torch.ones(int(keep.sum())),
+                    (len(rows), self.num_entities))
 
-    def all_directed(self) -> Tensor:
-        """Sparse CSR [E, 2R * E]: [D_0 | D_1 | ... ], column d * E + y."""
+    def all_directed(self) -> "_Right":
+        """[D_0 | D_1 | ... ], [E, 2R E], column d * E + y."""
         E = self.num_entities
-        return _csr(self.heads, self.relations * E + self.tails, (E, 2 * self.num_relations * E))
+        matrix = _coo(self.heads, self.relations * E + self.tails, torch.ones(len(self.heads)),
+                      (E, 2 * self.num_relations * E))
+        rows, col = matrix.indices()  # sorted by row, then column
+        return _Right(matrix, torch.searchsorted(rows, torch.arange(E + 1)), col)
+
+
+@dataclass(frozen=True)
+class _Right:
+    """The right factor of every chain product: a COO matrix (torch's CSR x CSR product on CPU keeps about
+    20 MB per call, gigabytes over a thousand blocks; COO's does not), and its rows as CSR arrays."""
+
+    matrix: Tensor  # sparse COO [E, 2R E]
+    crow: Tensor  # [E + 1] row z's nonzeros are col[crow[z]:crow[z + 1]]
+    col: Tensor  # [nnz]
 
 
 def _coo(rows: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
@@ -108,23 +119,10 @@ def _coo(rows: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int]) -> T
         return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, size).coalesce()
 
 
-def _csr(rows: Tensor, cols: Tensor, size: tuple[int, int]) -> Tensor:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return _coo(rows, cols, torch.ones(len(rows)), size).to_sparse_csr()
-
-
 def _sparse_mm(a: Tensor, b: Tensor) -> Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse.mm(a, b)
-
-
-def _nonzeros(matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """(rows, cols) of a sparse CSR matrix's nonzeros."""
-    crow, col = matrix.crow_indices(), matrix.col_indices()
-    rows = torch.repeat_interleave(torch.arange(len(crow) - 1), crow[1:] - crow[:-1])
-    return rows, col
 
 
 @dataclass(frozen=True)
@@ -196,25 +194,25 @@ def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
     return [_mined(kept, i, R) for i in range(len(kept.head))]
 
 
-def _chain_pairs(graph: "_Graph", right: Tensor, a: int, rows: range, per_x: Tensor,
+def _chain_pairs(graph: "_Graph", right: _Right, a: int, rows: range, per_x: Tensor,
                  limit: int) -> tuple[Tensor, Tensor]:
     """(x, column b E + y) of every nonzero of rows ``rows`` of D_a @ right: a sparse product, or for one hub
     row with more than ``limit`` paths, :func:`_hub_row`."""
     if limit and len(rows) == 1 and int(per_x[rows.start]) > limit:
         column = _hub_row(graph, right, a, rows.start, limit)
         return torch.full_like(column, rows.start), column
-    x, column = _nonzeros(_sparse_mm(graph.directed(a, rows), right))  # [rows, 2R E]: (x, b E + y) via some z
+    x, column = _sparse_mm(graph.directed(a, rows), right.matrix).coalesce().indices()  # (x, b E + y) via some z
     return x + rows.start, column
 
 
-def _hub_row(graph: "_Graph", right: Tensor, a: int, x: int, limit: int) -> Tensor:
+def _hub_row(graph: "_Graph", right: _Right, a: int, x: int, limit: int) -> Tensor:
     """The columns (b E + y) row x of D_a @ right reaches, sorted: x's middle entities z a chunk at a time (at
     most ``limit`` paths each), the columns of their rows of ``right`` marked in a dense [2R E] mask."""
     middles = torch.unique(graph.tails[(graph.relations == a) & (graph.heads == x)])  # [k] z with a(x, z)
-    crow, col = right.crow_indices(), right.col_indices()
+    crow, col = right.crow, right.col
     starts, counts = crow[middles], crow[middles + 1] - crow[middles]  # [k] each z's row of right
     cumulative = torch.cumsum(counts, 0)  # [k]
-    mask = torch.zeros(right.shape[1], dtype=torch.bool)  # [2R E]
+    mask = torch.zeros(right.matrix.shape[1], dtype=torch.bool)  # [2R E]
     begin = 0
     while begin < len(middles):
         before = int(cumulative[begin - 1]) if begin else 0
