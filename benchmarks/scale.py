@@ -404,7 +404,7 @@ def _measured(name: str, r: dict) -> str:
         return f"{r['test_triples']:,} test triples in {r['seconds']:.0f} s ({r['seconds_per_10000']:.0f} s per 10,000)"
     if name == "mine":
         chains = r["with_chains"]
-        done = (f"{chains['rules']} rules in {chains['seconds']:.0f} s" if not chains["returncode"]
+        done = (f"{chains['rules']} rules in {chains['seconds']:.0f} s, {chains['peak_rss_gb']} GB" if not chains["returncode"]
                 else f"stopped after {chains['seconds']:.0f} s" if chains["returncode"] < 0 else "refused")
         return f"with chains: {done}; `--no-chains`: {r['rules']} rules in {r['seconds']:.0f} s"
     if name == "run":
