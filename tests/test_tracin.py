@@ -302,6 +302,29 @@ def test_a_group_at_a_time_resumes_after_kills(conve_run, tmp_path, monkeypatch)
             assert torch.equal(getattr(a, field.name), getattr(b, field.name)), field.name
 
 
+def test_a_cut_spill_file_is_an_error_not_zeros(conve_run, tmp_path, monkeypatch):
+    """A resumed pass whose spilled parts lost their end says which file, and how to start over."""
+    rows, test, state = torch.arange(1000), conve_run.dataset.test[:2], tmp_path / "state.pt"
+    monkeypatch.setattr(tracin_module, "SAVE_EVERY_S", 0.0)
+    tracin = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=one_model(conve_run))
+    real, calls = tracin._factorise, []
+
+    def dying(model, triples):
+        calls.append(len(triples))
+        if len(calls) > 3 * (1 + 10) + (1 + 2):  # three checkpoints spilled, two chunks ranked in the last
+            raise KeyboardInterrupt
+        return real(model, triples)
+
+    monkeypatch.setattr(tracin, "_factorise", dying)
+    with pytest.raises(KeyboardInterrupt):
+        tracin.top_k(test, k=4, state=state)
+    spilled = tmp_path / "state.pt.spill1"
+    spilled.write_bytes(spilled.read_bytes()[:1000])
+    resumed = TracIn(conve_run, train_indices=rows, chunk_size=100, memory_budget=one_model(conve_run))
+    with pytest.raises(KgtraceError, match=r"state.pt.spill1: holds 0 of the \d+ bytes of chunk 2.*delete it"):
+        resumed.top_k(test, k=4, state=state)
+
+
 def test_a_group_at_a_time_refuses_without_the_disk(conve_run, tmp_path, monkeypatch):
     monkeypatch.setattr(spill_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
     tracin = TracIn(conve_run, train_indices=torch.arange(1000), memory_budget=one_model(conve_run))
