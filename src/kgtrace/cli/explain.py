@@ -156,7 +156,7 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
-    items = report.explain_triples(run, test, found, epochs, memory_budget=memory_budget(args.memory_budget)[0])
+    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"])
     print_explanations(items)
     if args.out_dir:
         for i, item in enumerate(items):
