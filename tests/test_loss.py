@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,11 +12,13 @@ from torch.utils._pytree import tree_leaves
 
 from kgtrace.errors import ConfigError
 from kgtrace.models import build_model
+from kgtrace.config import TrainConfig
 from kgtrace.training.loss import (
     dense_bce_reference,
     kvsall_bce,
     kvsall_bce_chunked_backward,
     onevsall_ce,
+    smoothed_label_values,
 )
 
 REL = {"rtol": 1e-6, "atol": 0.0}
@@ -74,6 +78,43 @@ def test_kvsall_bce_spans_several_softplus_blocks():
         torch.testing.assert_close(kvsall_bce(scores, rows, cols, eps), expected, **REL)
 
 
+def test_conve_style_smoothing_is_the_conve_authors_labels():
+    """style "conve": y = (1 - eps) * labels + 1 / C (Dettmers et al.'s main.py), dense and sparse alike."""
+    batch, classes, eps = 6, 11, 0.1
+    scores = torch.randn(batch, classes, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 4
+    rows, cols = sparse_positives(batch, classes)
+    labels = dense_labels(batch, classes, rows, cols, 0.0) * (1 - eps) + 1.0 / classes
+    sparse_scores, dense_scores = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    loss = kvsall_bce(sparse_scores, rows, cols, eps, smoothing_style="conve")
+    expected = F.binary_cross_entropy_with_logits(dense_scores, labels)
+    torch.testing.assert_close(loss, expected, **REL)
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(sparse_scores.grad, dense_scores.grad, rtol=1e-6, atol=1e-12)
+    assert not torch.allclose(loss, kvsall_bce(scores, rows, cols, eps))  # not PyKEEN's
+    assert smoothed_label_values(0.0, classes, "conve") == (1.0, 0.0)  # no smoothing: 0/1 in either style
+    with pytest.raises(ConfigError, match="label_smoothing_style='dettmers'"):
+        smoothed_label_values(0.1, classes, "dettmers")
+    with pytest.raises(ConfigError, match="label_smoothing_style='dettmers': must be one of pykeen, conve"):
+        TrainConfig(label_smoothing_style="dettmers").validate()
+
+
+def test_training_takes_the_smoothing_style(tmp_path):
+    """Eager and compiled training read config.label_smoothing_style (the compiled step through step_static)."""
+    from kgtrace.training.compiled import step_static
+    from kgtrace.training.loop import train
+
+    model = build_model("distmult", 14, 55, embedding_dim=4)
+    assert step_static(model, TrainConfig(label_smoothing_style="conve"))[1:] == smoothed_label_values(0.1, 14, "conve")
+    losses = {}
+    for style in ("pykeen", "conve"):
+        config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 8}, epochs=1,
+                             eval_every=0, threads=1, device="cpu", label_smoothing_style=style)
+        train(config, tmp_path / style, progress=False, log=lambda *_: None)
+        losses[style] = json.loads((tmp_path / style / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert losses["conve"] != losses["pykeen"]  # same seed, same start: only the labels differ
+
+
 @pytest.mark.parametrize("eps", [-0.1, 1.0, float("nan")])
 def test_kvsall_bce_rejects_bad_label_smoothing(eps):
     with pytest.raises(ConfigError) as info:
@@ -122,15 +163,15 @@ def test_kvsall_bce_creates_no_dense_tensor():
     assert dense == [(batch, classes)], recorder.shapes
 
 
-def _losses_and_grads(model, queries, rows, cols, eps, chunk_size):
+def _losses_and_grads(model, queries, rows, cols, eps, chunk_size, style="pykeen"):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(7)  # same dropout masks in both runs
     if chunk_size is None:
-        loss = kvsall_bce(model.score_t(queries), rows, cols, eps)
+        loss = kvsall_bce(model.score_t(queries), rows, cols, eps, smoothing_style=style)
         loss.backward()
         loss = loss.detach()
     else:
-        loss = kvsall_bce_chunked_backward(model, queries, rows, cols, eps, chunk_size)
+        loss = kvsall_bce_chunked_backward(model, queries, rows, cols, eps, chunk_size, smoothing_style=style)
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss, grads
 
@@ -149,9 +190,14 @@ def test_chunked_backward_gradients_equal_unchunked(name, settings):
     model = build_model(name, num_entities, num_relations, **settings).double().train()
     queries = torch.stack([torch.randint(num_entities, (batch,)), torch.randint(2 * num_relations, (batch,))], 1)
     rows, cols = sparse_positives(batch, num_entities, seed=6)
-    full_loss, full_grads = _losses_and_grads(model, queries, rows, cols, 0.1, None)
+    for style in ("pykeen", "conve"):
+        _chunks_agree(model, queries, rows, cols, style)
+
+
+def _chunks_agree(model, queries, rows, cols, style):
+    full_loss, full_grads = _losses_and_grads(model, queries, rows, cols, 0.1, None, style)
     for chunk_size in (5, 23, 100):
-        loss, grads = _losses_and_grads(model, queries, rows, cols, 0.1, chunk_size)
+        loss, grads = _losses_and_grads(model, queries, rows, cols, 0.1, chunk_size, style)
         assert not loss.requires_grad
         torch.testing.assert_close(loss, full_loss, **REL)
         assert grads.keys() == full_grads.keys()

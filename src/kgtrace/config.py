@@ -23,6 +23,8 @@ from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "1vsall")
+#: How label smoothing spreads eps (training.loss.smoothed_label_values): PyKEEN's, or the ConvE authors' code's.
+SMOOTHING_STYLES = ("pykeen", "conve")
 OPTIMIZERS = ("adam", "adagrad")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -59,6 +61,9 @@ class TrainConfig:
                                  "eval_every); 0: after every epoch")
     weight_decay: float = option(0.0, "weight decay (L2 penalty, applied by the optimizer)")
     label_smoothing: float = option(0.1, "label smoothing of the 1-N BCE loss")
+    label_smoothing_style: str = option("pykeen", "pykeen (positives 1 - eps, negatives eps / (E - 1)) or conve (the "
+                                                  "ConvE authors' code: 1/E added to every label after scaling by "
+                                                  "1 - eps)")
     training: str = option("kvsall", "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)")
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
     seed: int = option(0, "random seed (weights, query order, dropout)")
@@ -99,6 +104,7 @@ class TrainConfig:
             problems.append(f"lr_patience={self.lr_patience}: counts validations, but eval_every is 0; set eval_every")
         problems += choice_problems(self, "precision", PRECISIONS)
         problems += choice_problems(self, "training", TRAINING_MODES)
+        problems += choice_problems(self, "label_smoothing_style", SMOOTHING_STYLES)
         problems += choice_problems(self, "device", DEVICES)
         if self.entity_chunk and self.training != "kvsall":
             problems.append(f"entity_chunk={self.entity_chunk}: only applies to training=kvsall; set it to 0")

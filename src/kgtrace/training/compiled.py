@@ -117,7 +117,8 @@ def step_inputs(batches: "Batches", pos: Tensor, num_entities: int, device: torc
 def step_static(model: nn.Module, config: TrainConfig) -> tuple:
     """The compiled call's leading arguments: the model, and for KvsAll the smoothed label values."""
     if config.training == "kvsall":
-        return (model, *smoothed_label_values(config.label_smoothing, model.num_entities))
+        return (model, *smoothed_label_values(config.label_smoothing, model.num_entities,
+                                              config.label_smoothing_style))
     return (model,)
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kgtrace.config import SMOOTHING_STYLES
 from kgtrace.errors import ConfigError
 from kgtrace.models.base import FactorisedScorer
 
@@ -34,15 +35,18 @@ _CPU_BLOCK_ELEMENTS = 1 << 15
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 22
 
 
-def smoothed_label_values(label_smoothing: float, num_classes: int) -> tuple[float, float]:
-    """(positive, negative) label values after PyKEEN-style label smoothing.
+def smoothed_label_values(label_smoothing: float, num_classes: int, style: str = "pykeen") -> tuple[float, float]:
+    """(positive, negative) label values after label smoothing.
 
-    PyKEEN's ``apply_label_smoothing`` computes, for 0/1 labels and ``eps > 0``::
+    style "pykeen": PyKEEN's ``apply_label_smoothing`` computes, for 0/1 labels and ``eps > 0``::
 
         y = labels * (1 - eps) + (1 - labels) * eps / (num_classes - 1)
 
-    so a positive becomes ``1 - eps`` and a negative ``eps / (num_classes - 1)``; with
-    ``eps == 0`` the labels stay 0/1.
+    so a positive becomes ``1 - eps`` and a negative ``eps / (num_classes - 1)``. style "conve":
+    the ConvE authors' code (Dettmers et al. 2018, ``main.py``) computes
+    ``y = (1 - eps) * labels + 1 / num_classes``: a positive ``1 - eps + 1 / num_classes``, a
+    negative ``1 / num_classes``, which for FB15k-237's 14,541 entities is eps / (E - 1) times
+    about ten. With ``eps == 0`` the labels stay 0/1 in either style.
     """
     problems = []
     if (
@@ -58,10 +62,14 @@ def smoothed_label_values(label_smoothing: float, num_classes: int) -> tuple[flo
             f"label_smoothing={label_smoothing!r}: needs at least 2 classes but num_classes={num_classes}; "
             "fix: set label_smoothing to 0 or score more candidates"
         )
+    if style not in SMOOTHING_STYLES:
+        problems.append(f"label_smoothing_style={style!r}: must be one of {', '.join(SMOOTHING_STYLES)}")
     if problems:
         raise ConfigError(problems)
     if label_smoothing == 0:
         return 1.0, 0.0
+    if style == "conve":
+        return 1.0 - label_smoothing + 1.0 / num_classes, 1.0 / num_classes
     return 1.0 - label_smoothing, label_smoothing / (num_classes - 1)
 
 
@@ -130,6 +138,7 @@ def kvsall_bce(
     *,
     num_classes: int | None = None,
     denominator: float | None = None,
+    smoothing_style: str = "pykeen",
 ) -> Tensor:
     """Mean binary cross-entropy (with logits) of KvsAll scores against sparse positives.
 
@@ -143,12 +152,13 @@ def kvsall_bce(
     :param pos_cols: LongTensor [P], column of each positive (< C); (row, col) pairs unique.
     :param label_smoothing: eps in [0, 1).
     :param num_classes: the smoothing's class count; defaults to C.
+    :param smoothing_style: "pykeen" (above) or "conve" (:func:`smoothed_label_values`).
     :param denominator: what the summed loss is divided by; defaults to B * C (the mean). A process
         holding part of a distributed batch passes the whole batch's count (see training.sharded).
     :return: scalar loss. Extra memory is O(B + P) plus one softplus block of at most
         max(C, block budget) elements; the backward pass allocates only the [B, C] gradient.
     """
-    pos_label, neg_label = smoothed_label_values(label_smoothing, num_classes or scores.shape[1])
+    pos_label, neg_label = smoothed_label_values(label_smoothing, num_classes or scores.shape[1], smoothing_style)
     return _KvsAllBCESum.apply(scores, pos_rows, pos_cols, pos_label, neg_label, denominator or scores.numel())
 
 
@@ -170,6 +180,7 @@ def kvsall_bce_chunked_backward(
     label_smoothing: float,
     chunk_size: int,
     denominator: float | None = None,
+    smoothing_style: str = "pykeen",
 ) -> Tensor:
     """KvsAll BCE over all E entities, scored and back-propagated one entity chunk at a time.
 
@@ -186,12 +197,13 @@ def kvsall_bce_chunked_backward(
     :param label_smoothing: eps in [0, 1), smoothing over E classes.
     :param chunk_size: entities scored at once (>= 1).
     :param denominator: what the summed loss is divided by; defaults to B * E (as :func:`kvsall_bce`).
+    :param smoothing_style: as for :func:`kvsall_bce`.
     :return: the loss, a detached scalar tensor.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError([f"chunk_size={chunk_size!r}: must be an integer >= 1; fix: use e.g. 4096"])
     num_entities = model.num_entities
-    pos_label, neg_label = smoothed_label_values(label_smoothing, num_entities)
+    pos_label, neg_label = smoothed_label_values(label_smoothing, num_entities, smoothing_style)
     q = model.encode_query(queries)  # [B, D]
     qd = q.detach().requires_grad_()
     denominator = denominator or q.shape[0] * num_entities

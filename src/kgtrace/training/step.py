@@ -55,8 +55,9 @@ def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainCon
     denominator = batch_rows * model.num_entities if batch_rows is not None else None
     if config.entity_chunk:
         return kvsall_bce_chunked_backward(model, queries, rows, cols, config.label_smoothing, config.entity_chunk,
-                                           denominator)
-    return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing, denominator=denominator)
+                                           denominator, smoothing_style=config.label_smoothing_style)
+    return kvsall_bce(model.score_t(queries).float(), rows, cols, config.label_smoothing, denominator=denominator,
+                      smoothing_style=config.label_smoothing_style)
 
 
 def backward_and_step(state: TrainState, loss: Tensor, sync: Callable[[], None] | None = None) -> None:
