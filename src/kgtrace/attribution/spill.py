@@ -51,6 +51,7 @@ class Spill:
         self._stack = ExitStack()
         if folder is None:
             folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="kgtrace-tracin-")))
+        folder.mkdir(parents=True, exist_ok=True)
         self.paths = [folder / f"{stem}.spill{g}" for g in range(len(groups) - 1)]
         self.widths = [len(g) for g in groups[:-1]]
         self.n_test = n_test
