@@ -18,10 +18,20 @@ remaining epochs). Measured against the run's last checkpoint: score drop, filte
 change, PD (fraction whose probability, softmax over all tails, drops), TC (fraction no longer
 top-1) and the MRR drop of the set. Finished trainings are kept in --out, so a rerun resumes;
 running both modes into one --out also reports how far fine-tuning agrees with retraining.
+
+--lds: the linear datamodeling score instead. --subsets M random subsets of --fraction of the
+training triples (seeded by --seed), one model trained from scratch on each (the run's config and
+seed; kept in --out, so a rerun resumes); each --methods attribution method (then: tracin-last,
+tracin-all, tracin-last-final, grad-dot, grad-cos, influence, trak, random, neighbourhood, ...)
+predicts each subset model's score and log-probability of each prediction by summing its
+attributions over the subset; LDS = Spearman correlation of prediction and truth over the subsets,
+averaged over the predictions, with a bootstrap interval. Writes lds.tsv, lds.json and
+lds-predictions.tsv.
 """
 
 
 def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.faithfulness.lds import DEFAULT_METHODS
     from kgtrace.faithfulness.methods import METHODS
 
     p.epilog = FAITHFULNESS_EPILOG
@@ -32,8 +42,9 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--sample", type=int, metavar="N", help="explain N of the rank-first test triples, drawn at "
                                                               "random; unset: all of them")
     p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
-    p.add_argument("--methods", default=",".join(m for m in METHODS if m != "proof"),
-                   help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run)")
+    p.add_argument("--methods", default=None,
+                   help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run); "
+                        f"default all but proof. With --lds, attribution methods; default {','.join(DEFAULT_METHODS)}")
     p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
                                                        "method removes the facts of its proof of each prediction")
     p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
@@ -48,11 +59,19 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the trainings run")
     p.add_argument("--keep-runs", action="store_true", help="keep every trained run under OUT/runs/ to inspect it")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
+    lds = p.add_argument_group("linear datamodeling score (--lds)")
+    lds.add_argument("--lds", action="store_true", help="score attribution methods by the LDS instead of removals")
+    lds.add_argument("--subsets", type=int, default=50, help="random training subsets, one model trained on each")
+    lds.add_argument("--fraction", type=float, default=0.5, help="fraction of the training triples in each subset")
+    lds.add_argument("--bootstrap", type=int, default=1000, help="resamples of the predictions for the interval")
+    lds.add_argument("--damping", type=float, default=1e-3, help="influence functions: the first damping tried")
+    lds.add_argument("--trak-dim", type=int, default=2048, help="TRAK: the projection dimension")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
-    from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
-    from kgtrace.run import load_run
+    if args.lds:
+        return cmd_lds(args)
+    from kgtrace.faithfulness import METHODS, FaithfulnessSettings, check_faithfulness
 
     problems = []
     try:
@@ -60,7 +79,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     except ValueError:
         problems.append(f"--k {args.k!r}: write whole numbers separated by commas, e.g. 1,5,10")
         ks = (1,)  # a placeholder, so that the other settings are still checked
-    methods = tuple(x.strip() for x in args.methods.split(",") if x.strip())
+    methods = _methods(args.methods, tuple(m for m in METHODS if m != "proof"))
     settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
                                     sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
                                     device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run)
@@ -70,13 +89,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         problems += e.problems
     if problems:
         raise ConfigError(problems)
-    triples = None
-    if args.triples:
-        from kgtrace.data.lookup import encode_named_triples
-
-        triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
-        if len(triples) == 0:
-            raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+    triples = _given_triples(args)
     summary = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,
                                  progress=args.progress)
     print_faithfulness(summary)
@@ -84,6 +97,57 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     print(f"wrote {out / 'faithfulness.tsv'}, {out / 'faithfulness.json'}, {out / 'cells.tsv'} and "
           f"{out / 'faithfulness.png'}" + (f" and {out / 'agreement.tsv'}" if summary["agreement"] else ""))
     return 0
+
+
+def cmd_lds(args: argparse.Namespace) -> int:
+    from kgtrace.faithfulness.lds import DEFAULT_METHODS, LdsSettings, check_lds
+
+    settings = LdsSettings(subsets=args.subsets, fraction=args.fraction, methods=_methods(args.methods, DEFAULT_METHODS),
+                           sample=args.sample, seed=args.seed, bootstrap=args.bootstrap, jobs=args.jobs,
+                           threads=args.threads, device=args.device, damping=args.damping, trak_dim=args.trak_dim)
+    settings.validate()
+    summary = check_lds(args.run_dir, args.out, settings, triples=_given_triples(args), triples_source=args.triples,
+                        progress=args.progress)
+    print_lds(summary)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "faithfulness"
+    print(f"wrote {out / 'lds.tsv'}, {out / 'lds.json'} and {out / 'lds-predictions.tsv'}")
+    return 0
+
+
+def _methods(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    return default if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _given_triples(args: argparse.Namespace):
+    """The ids [N, 3] of --triples FILE's labelled triples; None without --triples."""
+    if not args.triples:
+        return None
+    from kgtrace.data.lookup import encode_named_triples
+    from kgtrace.run import load_run
+
+    triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
+    if len(triples) == 0:
+        raise KgtraceError(f"{args.triples}: no triples. Fix: write head<TAB>relation<TAB>tail per line")
+    return triples
+
+
+def print_lds(summary) -> None:
+    """The LDS table: per method, the mean LDS with its interval on both outputs, and the seconds."""
+    print(f"LDS over {summary.subsets} subsets of {summary.fraction:g} of the training triples "
+          f"({len(summary.predictions)} predictions; a subset training took {summary.training_seconds:.1f} s)")
+    print(f"{'method':<18} {'LDS score':>10} {'interval':>17} {'LDS log-prob':>12} {'interval':>17} {'seconds':>8}")
+    by_method: dict[str, dict] = {}
+    for row in summary.rows:
+        by_method.setdefault(row.method, {})[row.output] = row
+    for method, rows in by_method.items():
+        score, logp = rows["score"], rows["log_prob"]
+        print(f"{method:<18} {score.lds:10.3f} {f'[{score.low:.3f}, {score.high:.3f}]':>17} {logp.lds:12.3f} "
+              f"{f'[{logp.low:.3f}, {logp.high:.3f}]':>17} {score.seconds:8.2f}")
+    for method, error in summary.errors.items():
+        print(f"{method}: not scored: {error}")
+    if summary.rows:
+        best = summary.best("score")
+        print(f"best on the score: {best.method} (LDS {best.lds:.3f})")
 
 
 def print_faithfulness(summary: dict) -> None:

@@ -132,7 +132,7 @@ def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: 
                     log: Callable[[str], None]) -> dict:
     """The check's work in its claimed, locked folder ``out``."""
     known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
-    predictions, how = choose_predictions(run, known, settings, triples, triples_source)
+    predictions, how = choose_predictions(run, known, settings.sample, settings.seed, triples, triples_source)
     here = variant(settings.mode, start)
     log(f"explaining {len(predictions)} predictions ({how}); {here}, to epoch {epochs}")
     before = measure(run.model, predictions, known)
@@ -185,19 +185,20 @@ def claim_folder(out: Path, run: Run) -> None:
     atomic_write_text(marker, json.dumps(identity, indent=2) + "\n")
 
 
-def choose_predictions(run: Run, known: AnswerIndex, settings: FaithfulnessSettings, triples: Tensor | None,
+def choose_predictions(run: Run, known: AnswerIndex, sample: int | None, seed: int, triples: Tensor | None,
                        source: str | None) -> tuple[Tensor, str]:
-    """The predictions [N, 3] and a sentence saying where they come from."""
+    """The predictions [N, 3] and a sentence saying where they come from (``sample`` of the rank-first
+    test triples drawn by ``seed``, all of them, or the given ``triples``)."""
     if triples is not None:
-        if settings.sample is not None:
+        if sample is not None:
             raise ConfigError(["sample: applies to the rank-first test triples, not to given triples; drop one of them"])
         return triples.long().reshape(-1, 3), f"the triples of {source or 'the caller'}"
     first = rank_first_test(run, known)
     how = f"the {len(first)} test triples ranked first, tail side, filtered"
-    if settings.sample is None or settings.sample >= len(first):
+    if sample is None or sample >= len(first):
         return first, how
-    chosen = first[sample_rows(len(first), settings.sample, settings.seed)]
-    return chosen, f"{settings.sample} drawn (seed {settings.seed}) from {how}"
+    chosen = first[sample_rows(len(first), sample, seed)]
+    return chosen, f"{sample} drawn (seed {seed}) from {how}"
 
 
 def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cache: Path,

@@ -1,0 +1,117 @@
+"""Attribution methods scored by the LDS: each gives every training triple's attribution to each prediction.
+
+A method maps (run, predictions [N, 3], inputs) to a matrix [N, n_train]: entry (i, j) says
+how much training triple j raises prediction i's score (positive: a proponent). Methods:
+
+* ``tracin-last`` / ``tracin-all``: TracInCP over every epoch checkpoint (lr-weighted), with
+  the last-layer or all parameters (:class:`~kgtrace.attribution.TracIn`);
+* ``tracin-last-final`` / ``tracin-all-final``: the same over the last checkpoint only;
+* ``grad-dot``: the dot product of the two triples' loss gradients at the final weights, over
+  every parameter (Bhardwaj et al., 2021): ``tracin-all-final`` without the learning rate;
+* ``grad-cos``: their cosine, grad-dot over the product of the two gradients' norms;
+* ``influence`` / ``influence-last``: influence functions with the exact, damped Hessian of the
+  training objective at the final weights (:class:`~kgtrace.attribution.influence.InfluenceFunction`),
+  over every parameter or the last layer; refused for models too large to form the Hessian;
+* ``trak``: TRAK's projected-gradient estimator averaged over the run's checkpoints
+  (:func:`~kgtrace.attribution.trak.trak`);
+* ``random``: independent standard normal draws, seeded (a baseline: LDS near 0);
+* ``neighbourhood``: 1 for a training triple that shares an entity with the prediction, else 0
+  (GradRollback's baseline as a score).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kgtrace.attribution import TracIn
+from kgtrace.attribution.influence import InfluenceFunction
+from kgtrace.attribution.trak import trak
+from kgtrace.run import Run
+
+__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs"]
+
+
+@dataclass(frozen=True)
+class AttributionInputs:
+    """What a method may need besides the run and the predictions."""
+
+    seed: int = 0  # random: the draw; trak: the projections
+    progress: bool = False
+    damping: float = 1e-3  # influence: the first damping tried
+    trak_dim: int = 2048  # trak: the projection dimension
+
+
+Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]
+
+
+def _tracin(params: str, final_only: bool) -> Attribution:
+    def method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+        checkpoints = [run.checkpoints[-1].epoch] if final_only else "all"
+        return TracIn(run, params=params, checkpoints=checkpoints).influence(predictions).double()
+    return method
+
+
+def grad_dot(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+    last = run.checkpoints[-1]
+    return TracIn(run, params="all", checkpoints=[last.epoch]).influence(predictions).double() / last.lr
+
+
+def grad_cos(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+    """grad-dot / (|g_prediction| |g_train|); a zero gradient (a saturated triple) gets cosine 0."""
+    last = run.checkpoints[-1]
+    dot = grad_dot(run, predictions, inputs)  # [N, n]
+    train_norm = _gradient_norms(run, run.dataset.train, last.epoch) / last.lr ** 0.5  # [n]
+    test_norm = _gradient_norms(run, predictions, last.epoch) / last.lr ** 0.5  # [N]
+    denominator = test_norm.unsqueeze(1) * train_norm.unsqueeze(0)  # [N, n]
+    return torch.where(denominator > 0, dot / denominator.clamp_min(1e-300), torch.zeros_like(dot))
+
+
+def _gradient_norms(run: Run, triples: Tensor, epoch: int) -> Tensor:
+    """sqrt(lr) |grad l(z)| [len(triples)] at the checkpoint of ``epoch``: TracIn's self-influence of ``triples``."""
+    as_train = dataclasses.replace(run, dataset=dataclasses.replace(run.dataset, train=triples.long().reshape(-1, 3)))
+    return TracIn(as_train, params="all", checkpoints=[epoch]).self_influence().double().clamp_min(0).sqrt()
+
+
+def _influence(params: str) -> Attribution:
+    def method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+        return InfluenceFunction(run, params=params, damping=inputs.damping).influence(predictions).double()
+    return method
+
+
+def trak_method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+    return trak(run, predictions, dim=inputs.trak_dim, seed=inputs.seed)
+
+
+def random_scores(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+    generator = torch.Generator().manual_seed(inputs.seed)
+    return torch.randn(len(predictions), len(run.dataset.train), generator=generator, dtype=torch.float64)
+
+
+def neighbourhood_scores(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+    train = run.dataset.train
+    rows = []
+    for triple in predictions.long().reshape(-1, 3):
+        ends = triple[[0, 2]]  # [2] the prediction's head and tail
+        rows.append((torch.isin(train[:, 0], ends) | torch.isin(train[:, 2], ends)).double())  # [n]
+    return torch.stack(rows) if rows else torch.zeros(0, len(train), dtype=torch.float64)
+
+
+#: Attribution methods by name (module doc).
+ATTRIBUTIONS: dict[str, Attribution] = {
+    "tracin-last": _tracin("last", final_only=False),
+    "tracin-all": _tracin("all", final_only=False),
+    "tracin-last-final": _tracin("last", final_only=True),
+    "tracin-all-final": _tracin("all", final_only=True),
+    "grad-dot": grad_dot,
+    "grad-cos": grad_cos,
+    "influence": _influence("all"),
+    "influence-last": _influence("last"),
+    "trak": trak_method,
+    "random": random_scores,
+    "neighbourhood": neighbourhood_scores,
+}

@@ -1,0 +1,241 @@
+"""The linear datamodeling score and the attribution methods it scores: hand-computed values, slow references."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch.func import functional_call
+
+from kgtrace.attribution.influence import InfluenceFunction, dense_hessian, row_hessian
+from kgtrace.attribution.trak import trak
+from kgtrace.checkpoint import load_checkpoint
+from kgtrace.cli import main
+from kgtrace.config import TrainConfig
+from kgtrace.errors import ConfigError
+from kgtrace.faithfulness.attributions import ATTRIBUTIONS, AttributionInputs
+from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
+                                      summarize_lds)
+from kgtrace.run import load_run, model_from_checkpoint
+from kgtrace.training.batches import Batches
+from kgtrace.training.loop import train
+from kgtrace.training.loss import dense_bce_reference
+
+
+@pytest.fixture(scope="module")
+def tiny_distmult(tmp_path_factory):
+    """DistMult width 4 on Nations, 6 epochs, checkpoints at 3 and 6 (552 parameters: every method runs)."""
+    out = tmp_path_factory.mktemp("lds") / "run"
+    config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 4}, epochs=6, lr=0.05,
+                         checkpoint_every=3, eval_every=0, threads=1, device="cpu", label_smoothing=0.1)
+    train(config, out, progress=False, log=lambda *_: None)
+    return out
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+def test_spearman_by_hand_with_ties():
+    # a ranks [1, 2.5, 2.5, 4], b ranks [1, 3, 2, 4]; centred: [-1.5, 0, 0, 1.5] and [-1.5, .5, -.5, 1.5]
+    # -> 4.5 / sqrt(4.5 * 5) = 0.9487
+    a = np.array([[1.0], [2.0], [2.0], [3.0]])
+    b = np.array([[10.0], [30.0], [20.0], [40.0]])
+    assert spearman_rows(a, b)[0] == pytest.approx(4.5 / np.sqrt(22.5))
+
+
+def test_spearman_equals_scipy_per_column_and_nan_for_constant():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 4, size=(12, 5)).astype(float)  # many ties
+    b = rng.normal(size=(12, 5))
+    ours = spearman_rows(a, b)
+    for i in range(5):
+        assert ours[i] == pytest.approx(stats.spearmanr(a[:, i], b[:, i]).statistic, abs=1e-12)
+    assert np.isnan(spearman_rows(np.ones((4, 1)), b[:4, :1]))[0]
+
+
+def test_lds_of_exact_and_reversed_attributions():
+    masks = draw_subsets(6, 8, 0.5, seed=1)  # [8, 6]
+    attributions = np.array([[3.0, -1.0, 0.5, 2.0, 0.0, -2.5], [1.0, 1.0, -1.0, 0.25, 4.0, 0.0]])  # [2, 6]
+    truth = masks @ attributions.T  # outputs that are exactly the subset sums
+    assert lds_scores(truth, masks, attributions) == pytest.approx([1.0, 1.0])
+    assert lds_scores(-truth, masks, attributions) == pytest.approx([-1.0, -1.0])
+
+
+def test_subsets_are_seeded_sized_and_stable_when_more_are_drawn():
+    few, more = draw_subsets(101, 3, 0.3, seed=7), draw_subsets(101, 5, 0.3, seed=7)
+    assert few.shape == (3, 101) and (few.sum(axis=1) == 30).all()
+    assert (more[:3] == few).all()
+    assert not (draw_subsets(101, 3, 0.3, seed=8) == few).all()
+
+
+def test_summary_skips_undefined_and_brackets_the_mean():
+    mean, low, high = summarize_lds(np.array([0.2, np.nan, 0.4, 0.6, 0.8]), bootstrap=500, seed=0)
+    assert mean == pytest.approx(0.5)
+    assert 0.2 <= low <= mean <= high <= 0.8
+
+
+def test_settings_report_every_problem():
+    with pytest.raises(ConfigError) as e:
+        LdsSettings(subsets=2, fraction=1.5, methods=("tracin-last", "shapley"), jobs=0).validate()
+    text = str(e.value)
+    for part in ("subsets=2", "fraction=1.5", "shapley", "jobs=0"):
+        assert part in text
+
+
+# ----------------------------------------------------------------------------- methods against slow references
+
+
+def _score_gradient(model, triple, names):
+    """Reference: d score_hrt(triple) / d params, by plain autograd, flattened in ``names`` order."""
+    params = dict(model.named_parameters())
+    score = model.score_hrt(triple.view(1, 3)).sum()
+    grads = torch.autograd.grad(score, [params[n] for n in names])
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult):
+    run = load_run(tiny_distmult)
+    test = run.dataset.test[:3]
+    dim = 16
+    expected = torch.zeros(3, len(run.dataset.train), dtype=torch.float64)
+    for c, info in enumerate(run.checkpoints):
+        model = model_from_checkpoint(load_checkpoint(info.path)).double()
+        names = [n for n, _ in model.named_parameters()]
+        size = sum(p.numel() for p in model.parameters())
+        projection = (torch.randn(size, dim, generator=torch.Generator().manual_seed(5 * 1_000_003 + c))
+                      / dim ** 0.5).double()
+        phi = torch.stack([_score_gradient(model, z, names) for z in run.dataset.train]) @ projection  # [n, k]
+        phi_test = torch.stack([_score_gradient(model, z, names) for z in test]) @ projection  # [3, k]
+        kernel = phi.T @ phi
+        kernel = kernel + (1e-6 * kernel.diagonal().mean() + 1e-12) * torch.eye(dim, dtype=torch.float64)
+        q = 1 - torch.sigmoid(model.score_hrt(run.dataset.train).detach())
+        expected += (phi_test @ torch.linalg.solve(kernel, phi.T)).detach() * q
+    expected /= len(run.checkpoints)
+    got = trak(run, test, dim=dim, seed=5)
+    assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4 * expected.abs().max())
+
+
+def _reference_hessian(run):
+    """Reference: autograd's Hessian of the whole KvsAll objective (dense labels, one batch), float64."""
+    model = copy.deepcopy(run.model).double().eval()
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
+    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "kvsall")
+    rows, cols = batches.index.pairs_at(torch.arange(len(batches)))
+
+    def loss(flat):
+        weights, offset = {}, 0
+        for name, shape, size in shapes:
+            weights[name] = flat[offset:offset + size].view(shape)
+            offset += size
+        scores = functional_call(_ScoreT(model), {f"model.{k}": v for k, v in weights.items()},
+                                            (batches.queries,))
+        return dense_bce_reference(scores, rows, cols, run.config.label_smoothing)
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return model, names, torch.autograd.functional.hessian(loss, flat)
+
+
+class _ScoreT(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, queries):
+        return self.model.score_t(queries)
+
+
+def test_training_hessians_agree_with_autograd(tiny_distmult):
+    run = load_run(tiny_distmult)
+    model, names, expected = _reference_hessian(run)
+    rows = row_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
+    dense = dense_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
+    scale = expected.abs().max()
+    assert (rows - expected).abs().max() < 1e-10 * scale
+    assert (dense - expected).abs().max() < 1e-10 * scale
+
+
+def test_influence_equals_the_damped_inverse_hessian_product(tiny_distmult):
+    run = load_run(tiny_distmult)
+    model, names, hessian = _reference_hessian(run)
+    test = run.dataset.test[:2]
+    found = InfluenceFunction(run, damping=1e-3)
+    damped = hessian + found.damping * torch.eye(len(hessian), dtype=torch.float64)
+
+    def loss_gradient(z):  # d softplus(-score) / d params
+        params = dict(model.named_parameters())
+        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    g_train = torch.stack([loss_gradient(z) for z in run.dataset.train])  # [n, P]
+    g_test = torch.stack([loss_gradient(z) for z in test])  # [2, P]
+    expected = g_test @ torch.linalg.solve(damped, g_train.T)  # [2, n]
+    got = found.influence(test)
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())
+
+
+def test_grad_cos_is_the_cosine_of_loss_gradients_at_the_final_weights(tiny_distmult):
+    run = load_run(tiny_distmult)
+    model = model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path)).double()
+    names = [n for n, _ in model.named_parameters()]
+
+    def loss_gradient(z):
+        params = dict(model.named_parameters())
+        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    test = run.dataset.test[:2]
+    g_train = torch.stack([loss_gradient(z) for z in run.dataset.train])
+    g_test = torch.stack([loss_gradient(z) for z in test])
+    expected_dot = g_test @ g_train.T
+    expected_cos = expected_dot / g_test.norm(dim=1, keepdim=True) / g_train.norm(dim=1)
+    inputs = AttributionInputs()
+    assert torch.allclose(ATTRIBUTIONS["grad-dot"](run, test, inputs), expected_dot, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(ATTRIBUTIONS["grad-cos"](run, test, inputs), expected_cos, rtol=1e-4, atol=1e-6)
+
+
+def test_neighbourhood_marks_triples_sharing_an_entity(tiny_distmult):
+    run = load_run(tiny_distmult)
+    test = run.dataset.test[:2]
+    got = ATTRIBUTIONS["neighbourhood"](run, test, AttributionInputs())
+    for i, (h, _, t) in enumerate(test.tolist()):
+        for j, (a, _, b) in enumerate(run.dataset.train.tolist()):
+            assert got[i, j] == float(bool({a, b} & {h, t}))
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def test_check_lds_writes_its_tables_and_resumes(tiny_distmult, tmp_path):
+    out = tmp_path / "out"
+    settings = LdsSettings(subsets=4, sample=3, methods=("tracin-last", "influence", "random", "trak"), bootstrap=50,
+                           trak_dim=2 ** 30)  # TRAK's projection would not fit: refused, the rest go on
+    summary = check_lds(tiny_distmult, out, settings, progress=False, log=lambda *_: None)
+    assert {r.method for r in summary.rows} == {"tracin-last", "influence", "random"}
+    assert "trak" in summary.errors and "--trak-dim" in summary.errors["trak"]
+    assert all(-1 <= r.lds <= 1 and r.low <= r.lds <= r.high and r.n <= 3 for r in summary.rows)
+    assert len(list((out / "jobs" / "retrain").glob("*.json"))) == 4
+    saved = json.loads((out / "lds.json").read_text())
+    assert saved["subsets"] == 4 and len(saved["prediction_ids"]) == 3
+    assert (out / "lds.tsv").read_text().startswith("method\toutput\tlds")
+    inputs = load_lds_inputs(out)
+    assert inputs.masks.shape == (4, len(load_run(tiny_distmult).dataset.train))
+    assert inputs.outputs["score"].shape == (4, 3)
+    # The same call again retrains nothing and recomputes no attribution.
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".pt", ".json") and p.name != "lds.json"}
+    again = check_lds(tiny_distmult, out, settings, progress=False, log=lambda *_: None)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert again.rows == summary.rows
+
+
+def test_cli_lds_prints_the_table(tiny_distmult, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["faithfulness", str(tiny_distmult), "--lds", "--subsets", "3", "--sample", "2", "--methods",
+                 "grad-cos,neighbourhood", "--bootstrap", "20", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "LDS over 3 subsets of 0.5" in printed
+    assert "grad-cos" in printed and "neighbourhood" in printed and "best on the score" in printed
+    assert (out / "lds-predictions.tsv").is_file()
