@@ -17,8 +17,12 @@ batch, a padded last chunk (1 and batch - 1 rows) and more than a batch; the tra
 at their sizes. Calls of all entry points are interleaved, as in a command that calls several
 compiled graphs in one step. A row of the table fails when:
 
-* parity: a call's outputs differ from the eager function's on the same inputs (ranks
-  exactly; losses and factors by more than 1e-4 relative to the largest value). The eager
+* parity: a call's outputs differ from the eager function's on the same inputs (losses and
+  factors by more than 1e-4 relative to the largest value; ranks as :func:`rank_parity`:
+  ``num_candidates`` and ``nonfinite`` exactly, ``greater`` and ``equal`` by no more than the
+  row's candidates whose eager score lies within 1e-4 x the row's largest |score| of the true
+  answer's score, which rounding alone can move across it; rows that differ within that band are
+  counted in a note under the table, as Inductor may compute the scores in another order). The eager
   training step runs on a twin of the model from the same random state, so that dropout draws
   the same masks, and the gradient over all parameters is compared too, by the norm of the
   difference over the norm of the gradient (at most 1e-3): a pre-activation within rounding of
@@ -58,9 +62,12 @@ from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
 from kgtrace.training.loop import train
 
-__all__ = ["Check", "Probe", "cuda_graph_problems", "doctor", "format_table", "run_probes"]
+__all__ = ["Check", "Probe", "RankParity", "cuda_graph_problems", "doctor", "format_table", "near_candidates",
+           "rank_parity", "run_probes"]
 
-TOLERANCE = 1e-4  # relative to the largest eager value of an output
+TOLERANCE = 1e-4  # relative to the largest eager value of an output; for ranks, the width of the rounding band
+RANK_OUTPUTS = ("greater", "equal", "num_candidates", "nonfinite")  # rank_chunk's outputs, in order
+BANDED = ("greater", "equal")  # the rank outputs that rounding of the scores can move
 GRADIENT_TOLERANCE = 1e-3  # norm of the difference over the norm of the eager gradient
 TINY_CONVE = {"embedding_dim": 32, "embedding_height": 4, "output_channels": 8}
 
@@ -77,6 +84,7 @@ class Probe:
     mode: Callable[[], AbstractContextManager]  # grad mode and autocast of the command
     held: int = 0  # how many leading outputs are the call's own (checked for being held); 0: all
     gradient: bool = False  # the last output is a flat gradient, compared by norm (module docstring)
+    ranks: bool = False  # rank_chunk's counts; eager adds near_candidates: compared by rank_parity
 
 
 @dataclass
@@ -87,12 +95,14 @@ class Check:
     batch_size: int
     calls: int
     sizes: list[int]
-    max_error: float  # largest relative difference to eager over every call and output (the gradient's aside)
+    max_error: float  # largest relative difference to eager over every call and output (the gradient's aside);
+    # for a ranking, the largest count difference beyond the rounding band (rank_parity)
     recompilations: int
     graph_breaks: int
     compile_seconds: float
     problems: list[str] = field(default_factory=list)
     gradient_error: float | None = None  # largest norm-relative gradient difference (training steps)
+    rounding_rows: int | None = None  # rows whose greater/equal differed within the rounding band; None: no ranking
 
     @property
     def ok(self) -> bool:
@@ -108,6 +118,82 @@ def relative_error(got: Tensor, expected: Tensor) -> float:
     scale = float(expected.abs().max()) if expected.numel() else 0.0
     diff = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
     return diff / max(scale, 1e-30)
+
+
+@dataclass
+class RankParity:
+    """How a ranking's counts compare with eager's, over one or more calls (:func:`rank_parity`)."""
+
+    # output -> (rows, largest difference) beyond what rounding explains; only the outputs that differ so
+    beyond: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rounding: int = 0  # rows whose greater/equal differed, each by no more than its candidates in the band
+    shapes: list[tuple[str, str]] = field(default_factory=list)  # output, its shape and eager's where they differ
+
+    def __add__(self, other: RankParity) -> RankParity:
+        beyond = dict(self.beyond)
+        for name, (rows, largest) in other.beyond.items():
+            before = beyond.get(name, (0, 0))
+            beyond[name] = (before[0] + rows, max(before[1], largest))
+        return RankParity(beyond, self.rounding + other.rounding, self.shapes + other.shapes)
+
+    @property
+    def error(self) -> float:
+        """The largest count difference beyond the band; 0 when rounding explains all, inf for a wrong shape."""
+        if self.shapes:
+            return float("inf")
+        return float(max((largest for _, largest in self.beyond.values()), default=0))
+
+    def problems(self) -> list[str]:
+        """One line per output that differs beyond what rounding explains, in rank_chunk's order."""
+        lines = [f"{name} differs from eager: {shape}" for name, shape in dict.fromkeys(self.shapes)]
+        for name in (n for n in RANK_OUTPUTS if n in self.beyond):
+            rows, largest = self.beyond[name]
+            why = (f"{largest} more than the row's candidates within {TOLERANCE:g} x its largest |score| of the "
+                   "true answer's score" if name in BANDED else f"{largest}, where it must be equal")
+            lines.append(f"{name} differs from eager on {rows} row(s), by up to {why}")
+        return lines
+
+
+def near_candidates(scores: Tensor, answers: Tensor, filtered: Tensor) -> Tensor:
+    """Candidates per row whose score lies within the rounding band of the true answer's: [B] long.
+
+    scores [B, E] float (eager), answers [B] long, filtered [B, E] bool as rank_chunk takes them.
+    The band is TOLERANCE x the row's largest |score|; candidates are the entities rank_chunk
+    counts, neither filtered nor the true answer. Rounding the scores in another order moves a
+    score by far less than the band, so only these can change sides of the true answer's score.
+    """
+    band = TOLERANCE * scores.abs().amax(dim=1, keepdim=True)  # [B, 1]
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    is_true = columns.unsqueeze(0) == answers.unsqueeze(1)  # [B, E]
+    true_scores = scores.gather(1, answers.unsqueeze(1))  # [B, 1]
+    near = (scores - true_scores).abs() <= band
+    return (near & ~(filtered | is_true)).sum(dim=1)
+
+
+def rank_parity(got: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> RankParity:
+    """Compare one ranking call with eager: exact where only the filter matters, within the band elsewhere.
+
+    got: rank_chunk's greater, equal, num_candidates (long) and nonfinite (bool), each [B];
+    expected: eager's same four and :func:`near_candidates` [B]. num_candidates and nonfinite
+    must be equal; greater and equal may each differ by up to the row's near candidates.
+    """
+    *counts, near = expected
+    parity = RankParity()
+    moved = torch.zeros(near.shape, dtype=torch.bool, device=near.device)  # greater/equal differ
+    unexplained = moved.clone()
+    for name, g, e in zip(RANK_OUTPUTS, got, counts):
+        if g.shape != e.shape:
+            parity.shapes.append((name, f"shape {list(g.shape)}, eager {list(e.shape)}"))
+            continue
+        difference = (g.long() - e.long()).abs()  # [B]
+        beyond = (difference - near).clamp(min=0) if name in BANDED else difference
+        if name in BANDED:
+            moved |= difference > 0
+            unexplained |= beyond > 0
+        if bool(beyond.any()):
+            parity.beyond[name] = (int((beyond > 0).sum()), int(beyond.max()))
+    parity.rounding = int((moved & ~unexplained).sum())
+    return parity
 
 
 def norm_error(got: Tensor, expected: Tensor) -> float:
@@ -139,6 +225,7 @@ def run_probes(probes: list[Probe]) -> list[Check]:
     """Run every probe's calls, interleaved round-robin, and check them (see the module docstring)."""
     pointers = [{k: b.data_ptr() for k, b in p.call.buffers.items()} for p in probes]
     errors = [[0.0, 0.0] for _ in probes]  # outputs, gradient
+    parities = [RankParity() for _ in probes]  # of the probes of ranks
     held: list[tuple[tuple[Tensor, ...], list[Tensor]] | None] = [None] * len(probes)
     skips = _cudagraph_skips()
     for step in range(max(len(p.sizes) for p in probes)):
@@ -151,21 +238,28 @@ def run_probes(probes: list[Probe]) -> list[Check]:
                 with torch.random.fork_rng(devices=devices):  # eager and compiled draw the same numbers
                     expected = probe.eager(inputs)
                 got = probe.compiled(inputs)
-            plain = len(got) - probe.gradient
-            errors[i][0] = max([errors[i][0]] + [relative_error(g, e) for g, e in zip(got[:plain], expected[:plain])])
+            if probe.ranks:
+                parities[i] += rank_parity(got, expected)
+            else:
+                plain = len(got) - probe.gradient
+                errors[i][0] = max([errors[i][0]] + [relative_error(g, e) for g, e in zip(got[:plain], expected[:plain])])
             if probe.gradient:
                 errors[i][1] = max(errors[i][1], norm_error(got[-1], expected[-1]))
             if step == 1:  # the first call after warm-up: keep its outputs and a copy to compare against
                 own = got[: probe.held or len(got)]
                 held[i] = (own, [t.clone() for t in own])
     skipped = _cudagraph_skips() - skips
-    return [_check(p, *errors[i], held[i], pointers[i], skipped) for i, p in enumerate(probes)]
+    return [_check(p, *errors[i], parities[i], held[i], pointers[i], skipped) for i, p in enumerate(probes)]
 
 
-def _check(probe: Probe, error: float, gradient_error: float, held, pointers: dict[str, int], skipped: int) -> Check:
+def _check(probe: Probe, error: float, gradient_error: float, parity: RankParity, held, pointers: dict[str, int],
+           skipped: int) -> Check:
     stats = probe.call.stats
     problems = []
-    if error > TOLERANCE:
+    if probe.ranks:
+        error = parity.error
+        problems += parity.problems()
+    elif error > TOLERANCE:
         problems.append(f"differs from eager: relative error {error:.3g} > {TOLERANCE:g}")
     if gradient_error > GRADIENT_TOLERANCE:
         problems.append(f"gradient differs from eager: relative norm {gradient_error:.3g} > {GRADIENT_TOLERANCE:g}")
@@ -180,21 +274,28 @@ def _check(probe: Probe, error: float, gradient_error: float, held, pointers: di
     problems += cuda_graph_problems(probe.call.device, probe.call.mode, skipped)
     return Check(probe.call.name, probe.call.batch_size, stats.calls, sorted(stats.input_sizes), error,
                  stats.recompilations, stats.graph_breaks, stats.compile_seconds, problems,
-                 gradient_error if probe.gradient else None)
+                 gradient_error if probe.gradient else None, parity.rounding if probe.ranks else None)
 
 
 def format_table(checks: list[Check]) -> str:
-    """The doctor's report: one row per entry point, then each problem, then a verdict."""
-    rows = [("entry point", "batch", "calls", "sizes", "max rel err", "grad err", "recompiles", "breaks", "compile s",
+    """The doctor's report: one row per entry point, then each problem and note, then a verdict.
+
+    ``max err``: the largest relative difference to eager, or for a ranking the largest count
+    difference beyond the rounding band (:func:`rank_parity`).
+    """
+    rows = [("entry point", "batch", "calls", "sizes", "max err", "grad err", "recompiles", "breaks", "compile s",
              "result")]
     for c in checks:
-        rows.append((c.entry_point, str(c.batch_size), str(c.calls), ",".join(map(str, c.sizes)), _number(c.max_error),
+        error = _number(c.max_error) if c.rounding_rows is None else f"{c.max_error:g}"
+        rows.append((c.entry_point, str(c.batch_size), str(c.calls), ",".join(map(str, c.sizes)), error,
                      "-" if c.gradient_error is None else _number(c.gradient_error), str(c.recompilations),
                      str(c.graph_breaks), f"{c.compile_seconds:.1f}", "ok" if c.ok else "FAILED"))
     widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if j in (0, 3, 9) else cell.rjust(w)
                        for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     lines += [f"{c.entry_point} (batch {c.batch_size}): {p}" for c in checks for p in c.problems]
+    lines += [f"{c.entry_point} (batch {c.batch_size}): note: {_rounding_note(c.rounding_rows)}" for c in checks
+              if c.rounding_rows]
     failed = sum(not c.ok for c in checks)
     lines.append(f"{len(checks) - failed} of {len(checks)} entry points passed" + (f"; {failed} FAILED" if failed else ""))
     return "\n".join(lines)
@@ -202,6 +303,11 @@ def format_table(checks: list[Check]) -> str:
 
 def _number(x: float) -> str:
     return f"{x:.1e}" if x else "0"
+
+
+def _rounding_note(rows: int) -> str:
+    return (f"greater/equal differed from eager on {rows} row(s), each by no more than its candidates within "
+            f"{TOLERANCE:g} x the row's largest |score| of the true answer's score (rounding; accepted)")
 
 
 # ----------------------------------------------------------------------------- the entry points of a run
@@ -224,10 +330,14 @@ def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generat
                 "filtered": filter_mask(known, queries[at], model.num_entities, device)}
 
     def eager(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
-        valid = torch.ones(len(inputs["answers"]), dtype=torch.bool, device=device)
-        return rank_chunk(model, inputs["queries"].to(device), inputs["answers"], inputs["filtered"], valid)
+        """rank_chunk's four counts [B], then the candidates within the rounding band [B] (rank_parity)."""
+        queries, answers, filtered = inputs["queries"].to(device), inputs["answers"], inputs["filtered"]
+        valid = torch.ones(len(answers), dtype=torch.bool, device=device)
+        counts = rank_chunk(model, queries, answers, filtered, valid)
+        return (*counts, near_candidates(model.score_t(queries).float(), answers, filtered))
 
-    return Probe(call, lambda inputs: call(model, **inputs), eager, sample, _row_sizes(batch), torch.inference_mode)
+    return Probe(call, lambda inputs: call(model, **inputs), eager, sample, _row_sizes(batch), torch.inference_mode,
+                 ranks=True)
 
 
 def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]:
