@@ -239,3 +239,14 @@ def test_cli_lds_prints_the_table(tiny_distmult, tmp_path, capsys):
     assert "LDS over 3 subsets of 0.5" in printed
     assert "grad-cos" in printed and "neighbourhood" in printed and "best on the score" in printed
     assert (out / "lds-predictions.tsv").is_file()
+
+
+def test_report_shows_the_lds_table(tiny_distmult, tmp_path):
+    from kgtrace.report import write_report
+
+    out = tmp_path / "lds-report"
+    check_lds(tiny_distmult, out, LdsSettings(subsets=3, sample=2, methods=("grad-dot", "random"), bootstrap=20),
+              progress=False, log=lambda *_: None)
+    page = write_report(tiny_distmult, tmp_path / "report.html", faithfulness=[out]).read_text()
+    assert "Linear datamodeling score" in page and "3 models trained from scratch" in page
+    assert page.index("grad-dot") < page.rindex("random")  # a row per method

@@ -38,14 +38,18 @@ def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
             for i, p in enumerate(files)]
 
 
+CHECK_FILES = ("faithfulness.json", "lds.json")  # what kgtrace faithfulness writes (removals; --lds)
+
+
 def faithfulness_folders(run_dir: Path, extra: list[str | Path] = ()) -> list[Path]:
-    """Folders of faithfulness checks to show: those directly inside the run folder, then ``extra`` ones."""
-    inside = sorted(p.parent for p in run_dir.glob("*/faithfulness.json"))
+    """Folders of faithfulness checks to show (removals, LDS or both): those directly inside the run folder, then
+    ``extra`` ones."""
+    inside = sorted({p.parent for name in CHECK_FILES for p in run_dir.glob(f"*/{name}")})
     given = [Path(p) for p in extra]
-    missing_given = [str(p) for p in given if not (p / "faithfulness.json").is_file()]
+    missing_given = [str(p) for p in given if not any((p / name).is_file() for name in CHECK_FILES)]
     if missing_given:
-        raise KgtraceError(f"--faithfulness {', '.join(missing_given)}: no faithfulness.json there. Fix: give the "
-                           "--out folder of kgtrace faithfulness")
+        raise KgtraceError(f"--faithfulness {', '.join(missing_given)}: no faithfulness.json or lds.json there. Fix: "
+                           "give the --out folder of kgtrace faithfulness")
     return list(dict.fromkeys(p.resolve() for p in inside + given))
 
 
@@ -54,7 +58,7 @@ def _faithfulness_sections(folders: list[Path]) -> list[tuple[str, str, str, boo
     command = "kgtrace faithfulness RUN_DIR --out FOLDER"
     titled = len(folders) > 1
     return [(f"faithfulness-{i}", "Faithfulness" + (f" ({p.name})" if titled else ""),
-             _guarded(lambda p=p: s.faithfulness_section(p), p / "faithfulness.json", command), True)
+             _guarded(lambda p=p: s.faithfulness_section(p), p, command), True)
             for i, p in enumerate(folders)]
 
 

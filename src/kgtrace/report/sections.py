@@ -311,6 +311,14 @@ def _cells(row: dict, columns: tuple) -> list[str]:
 
 
 def faithfulness_section(folder: Path) -> str:
+    """A faithfulness folder's checks: the removal table and plot (faithfulness.json), the LDS table (lds.json)."""
+    body = removal_section(folder) if (folder / "faithfulness.json").is_file() else ""
+    if (folder / "lds.json").is_file():
+        body += lds_section(folder)
+    return body
+
+
+def removal_section(folder: Path) -> str:
     """The table of a faithfulness check (kgtrace faithfulness --out FOLDER), its plot, and the agreement table."""
     data = json.loads((folder / "faithfulness.json").read_text(encoding="utf-8"))
     settings = data["settings"]
@@ -328,3 +336,32 @@ def faithfulness_section(folder: Path) -> str:
             tuple(t for _, t, _ in AGREEMENT_COLUMNS), [_cells(r, AGREEMENT_COLUMNS) for r in data["agreement"]],
             numeric)
     return body
+
+
+def lds_section(folder: Path) -> str:
+    """The linear datamodeling score of each method (kgtrace faithfulness --lds), best first, with what it means."""
+    data = json.loads((folder / "lds.json").read_text(encoding="utf-8"))
+    facts = (f"Linear datamodeling score: {number(data['subsets'])} models trained from scratch, each on a random "
+             f"{number(100 * data['fraction'])}% of the training triples; for each of {len(data['predictions'])} "
+             "predictions, the Spearman correlation over those models between the prediction's score (or its "
+             "log-probability among all tails) and the sum of a method's attributions over the model's training "
+             "triples. 1: the method orders the retrained models as they really score the prediction; 0: no better "
+             "than chance. The interval is a bootstrap over the predictions.")
+    rows: dict[str, dict] = {}
+    for row in data["rows"]:
+        rows.setdefault(row["method"], {"seconds": row["seconds"]})[row["output"]] = row
+    ordered = sorted(rows.items(), key=lambda item: -item[1].get("score", {}).get("lds", -2.0))
+    cells = [[esc(method), *(_lds_cell(r.get(output)) for output in ("score", "log_prob")), number(r["seconds"], 3)]
+             for method, r in ordered]
+    body = "<h3>Linear datamodeling score</h3>" + f'<p class="facts">{facts}</p>'
+    body += table(("method", "LDS, score", "LDS, log-probability", "s"), cells, (False, True, True, True))
+    for method, error in data.get("errors", {}).items():
+        body += f'<p class="facts">{esc(method)}: not scored: {esc(error)}</p>'
+    return body
+
+
+def _lds_cell(row: dict | None) -> str:
+    """'0.412 [0.35, 0.47]': the mean LDS and its interval; a dash when missing or undefined."""
+    if row is None or row["lds"] is None or row["lds"] != row["lds"]:
+        return "&ndash;"
+    return f"{row['lds']:.3f} [{row['low']:.2f}, {row['high']:.2f}]"
