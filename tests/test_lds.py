@@ -1,6 +1,7 @@
 """The linear datamodeling score and the attribution methods it scores: hand-computed values, slow references."""
 
 import copy
+from dataclasses import replace as dataclasses_replace
 import json
 
 import numpy as np
@@ -250,3 +251,55 @@ def test_report_shows_the_lds_table(tiny_distmult, tmp_path):
     page = write_report(tiny_distmult, tmp_path / "report.html", faithfulness=[out]).read_text()
     assert "Linear datamodeling score" in page and "3 models trained from scratch" in page
     assert page.index("grad-dot") < page.rindex("random")  # a row per method
+
+
+def _fisher_reference(model, train, test, names, damping):
+    """Reference: the dense empirical Fisher from autograd gradients, every entry outside the blocks zeroed."""
+    from kgtrace.attribution.rows import row_tables
+
+    params = dict(model.named_parameters())
+
+    def loss_gradient(z):
+        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    g_train = torch.stack([loss_gradient(z) for z in train])  # [n, P]
+    fisher = g_train.T @ g_train / len(train)  # [P, P]
+    # Block labels per flat coordinate: (space, row) for table entries, a unique label otherwise.
+    tables, labels, offset = row_tables(model), [], 0
+    for n in names:
+        p = params[n]
+        if n in tables:
+            width = p[0].numel()
+            labels += [(tables[n], i) for i in range(p.shape[0]) for _ in range(width)]
+        else:
+            labels += [("dense", offset + i) for i in range(p.numel())]
+        offset += p.numel()
+    same = torch.tensor([[a == b for b in labels] for a in labels])
+    blocks = torch.where(same, fisher, torch.zeros_like(fisher))
+    lam = damping * blocks.diagonal().mean() + 1e-12
+    g_test = torch.stack([loss_gradient(z) for z in test])
+    return g_test @ torch.linalg.solve(blocks + lam * torch.eye(len(blocks), dtype=torch.float64), g_train.T)
+
+
+@pytest.mark.parametrize("model_name,args", [("distmult", {"embedding_dim": 4}),
+                                             ("conve", {"embedding_dim": 6, "embedding_height": 2,
+                                                        "output_channels": 2})])
+def test_fisher_influence_equals_the_dense_block_diagonal_solve(tmp_path, model_name, args):
+    from kgtrace.attribution.fisher import fisher_influence
+
+    out = tmp_path / model_name
+    config = TrainConfig(dataset="nations", model=model_name, model_args=args, epochs=2, lr=0.05, checkpoint_every=2,
+                         eval_every=0, threads=1, device="cpu")
+    train(config, out, progress=False, log=lambda *_: None)
+    run = load_run(out)
+    # A head = tail triple: its row counts once, with both slots' gradients summed.
+    h, r, _ = run.dataset.train[0].tolist()
+    run.dataset = dataclasses_replace(run.dataset, train=torch.cat([run.dataset.train[:60],
+                                                                     torch.tensor([[h, r, h]])]))
+    model = model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path)).double().eval()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    test = run.dataset.test[:3]
+    expected = _fisher_reference(model, run.dataset.train, test, names, 1e-3)
+    got = fisher_influence(run, test, damping=1e-3)
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())

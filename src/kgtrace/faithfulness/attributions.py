@@ -12,6 +12,9 @@ how much training triple j raises prediction i's score (positive: a proponent). 
 * ``influence`` / ``influence-last``: influence functions with the exact, damped Hessian of the
   training objective at the final weights (:class:`~kgtrace.attribution.influence.InfluenceFunction`),
   over every parameter or the last layer; refused for models too large to form the Hessian;
+* ``influence-fisher``: influence functions for any model size, the Hessian replaced by the
+  training triples' empirical Fisher kept block-diagonal (a W x W block per embedding row, the
+  diagonal elsewhere; :mod:`~kgtrace.attribution.fisher`);
 * ``trak``: TRAK's projected-gradient estimator averaged over the run's checkpoints
   (:func:`~kgtrace.attribution.trak.trak`);
 * ``random``: independent standard normal draws, seeded (a baseline: LDS near 0);
@@ -29,6 +32,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
+from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.trak import trak
 from kgtrace.run import Run
@@ -83,6 +87,12 @@ def _influence(params: str) -> Attribution:
     return method
 
 
+def _fisher(params: str) -> Attribution:
+    def method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
+        return fisher_influence(run, predictions, params=params, damping=inputs.damping)
+    return method
+
+
 def trak_method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
     return trak(run, predictions, dim=inputs.trak_dim, seed=inputs.seed)
 
@@ -111,6 +121,7 @@ ATTRIBUTIONS: dict[str, Attribution] = {
     "grad-cos": grad_cos,
     "influence": _influence("all"),
     "influence-last": _influence("last"),
+    "influence-fisher": _fisher("all"),
     "trak": trak_method,
     "random": random_scores,
     "neighbourhood": neighbourhood_scores,
