@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from scipy import stats
 from torch.func import functional_call
 
-from kgtrace.attribution.influence import InfluenceFunction, dense_hessian, row_hessian
+from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution.trak import trak
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
@@ -149,14 +149,11 @@ class _ScoreT(torch.nn.Module):
         return self.model.score_t(queries)
 
 
-def test_training_hessians_agree_with_autograd(tiny_distmult):
+def test_training_hessian_agrees_with_autograd(tiny_distmult):
     run = load_run(tiny_distmult)
     model, names, expected = _reference_hessian(run)
-    rows = row_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
-    dense = dense_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
-    scale = expected.abs().max()
-    assert (rows - expected).abs().max() < 1e-10 * scale
-    assert (dense - expected).abs().max() < 1e-10 * scale
+    got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
+    assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
 
 
 def test_influence_equals_the_damped_inverse_hessian_product(tiny_distmult):
@@ -303,3 +300,27 @@ def test_fisher_influence_equals_the_dense_block_diagonal_solve(tmp_path, model_
     expected = _fisher_reference(model, run.dataset.train, test, names, 1e-3)
     got = fisher_influence(run, test, damping=1e-3)
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())
+
+
+def test_training_hessian_of_1vsall_is_the_mean_cross_entropy(tmp_path):
+    config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 3}, epochs=2, lr=0.05,
+                         checkpoint_every=2, eval_every=0, threads=1, device="cpu", training="1vsall")
+    train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    run = load_run(tmp_path / "run")
+    model = copy.deepcopy(run.model).double().eval()
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
+    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "1vsall")
+
+    def loss(flat):  # one example per (triple, direction): cross-entropy of its answer, averaged
+        weights, offset = {}, 0
+        for name, shape, size in shapes:
+            weights[f"model.{name}"] = flat[offset:offset + size].view(shape)
+            offset += size
+        scores = functional_call(_ScoreT(model), weights, (batches.queries,))
+        return F.cross_entropy(scores, batches.answers)
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    expected = torch.autograd.functional.hessian(loss, flat)
+    got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
+    assert (got - expected).abs().max() < 1e-10 * expected.abs().max()

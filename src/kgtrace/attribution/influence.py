@@ -31,18 +31,17 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, hessian, jacrev, vmap
+from torch.func import functional_call, grad, jacrev
 
-from kgtrace.attribution.grads import ScoreHRT, per_sample_gradients
+from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
-from kgtrace.attribution.rows import row_tables
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.run import Run
 from kgtrace.training.batches import Batches
 from kgtrace.training.loss import smoothed_label_values
 
-__all__ = ["InfluenceFunction", "dense_hessian", "row_hessian", "training_hessian"]
+__all__ = ["InfluenceFunction", "dense_hessian", "training_hessian"]
 
 # Elements of the [basis vectors x queries x entities] scores one reverse-over-reverse call holds.
 _HESSIAN_BLOCK_ELEMENTS = 1 << 24
@@ -85,85 +84,8 @@ class InfluenceFunction:
 
 def training_hessian(model: nn.Module, train: Tensor, num_relations: int, config: TrainConfig,
                      names: Sequence[str]) -> Tensor:
-    """The Hessian [P, P] of the mean training loss (module doc) over the parameters ``names``, in ``model``'s dtype.
-
-    KvsAll training of a model whose parameters are all embedding tables (DistMult,
-    ComplEx), all selected: :func:`row_hessian`, summing each (query, candidate) pair's
-    Hessian over the three rows it reads. Otherwise :func:`dense_hessian`.
-    """
-    tables = row_tables(model)
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    if config.training == "kvsall" and list(names) == trainable and all(n in tables for n in names):
-        return row_hessian(model, train, num_relations, config, names)
+    """The Hessian [P, P] of the mean training loss (module doc) over the parameters ``names``, in ``model``'s dtype."""
     return dense_hessian(model, train, num_relations, config, names)
-
-
-def row_hessian(model: nn.Module, train: Tensor, num_relations: int, config: TrainConfig,
-                names: Sequence[str], pairs_per_call: int = 2048) -> Tensor:
-    """The KvsAll training Hessian of a model made of embedding tables, pair by pair.
-
-    The loss is a sum over (query (a, r), candidate t) pairs of BCE(score(a, r, t), y), and
-    each term reads three rows: entity a, relation r, entity t. Its Hessian over those rows
-    (a [3, W, 3, W] block, ``torch.func.hessian`` of the model's own ``score_hrt`` on local
-    tables, as :mod:`.rows` does for gradients) is added into H at their global rows; summed
-    over the pairs this is H exactly (a row read twice, a = t, adds both of its parts).
-    """
-    tables = row_tables(model)
-    params = dict(model.named_parameters())
-    widths = {params[n].shape[1] if params[n].dim() > 1 else 1 for n in names}
-    spaces = [tables[n] for n in names]
-    if len(widths) != 1 or sorted(spaces) != ["entity", "relation"]:  # one table per space, one width
-        return dense_hessian(model, train, num_relations, config, names)
-    (width,) = widths
-    first_row, rows_total = {}, 0
-    for name in names:  # the flat parameter vector is the tables in ``names`` order, row-major
-        first_row[tables[name]] = rows_total
-        rows_total += params[name].shape[0]
-    entity_table = names[spaces.index("entity")]
-    relation_table = names[spaces.index("relation")]
-    batches = Batches.build(train, num_relations, "kvsall")
-    n_examples, n_entities = len(batches), model.num_entities
-    positive, negative = smoothed_label_values(config.label_smoothing, n_entities, config.label_smoothing_style)
-    wrapper = ScoreHRT(model)
-    # Local ids: entity rows [a, t] as 0 and 1, the relation row as 0, or as R for an inverse
-    # query (t, r + R): the models map r + R to row r themselves (DistMult as r, ComplEx as conj(r)).
-    inverse_id = model.num_relations
-
-    def pair_loss(local: Tensor, label: Tensor, relation: Tensor) -> Tensor:  # local [3, W]: rows a, r, t
-        weights = {f"model.{entity_table}": local[[0, 2]], f"model.{relation_table}": local[1:2]}
-        hrt = torch.stack([torch.zeros_like(relation), relation, torch.ones_like(relation)]).reshape(1, 3)
-        score = functional_call(wrapper, weights, (hrt,), strict=False)
-        return F.binary_cross_entropy_with_logits(score, label.reshape(1), reduction="sum")
-
-    # ([n, 3, W], [n], [n]) -> [n, 3, W, 3, W]
-    pair_hessian = vmap(hessian(pair_loss), in_dims=(0, 0, 0))
-    blocks = torch.zeros(rows_total, rows_total, width, width, dtype=params[names[0]].dtype)  # H by row pairs
-    queries_per_call = max(1, pairs_per_call // n_entities)
-    entities = params[entity_table].detach()
-    relations = params[relation_table].detach()
-    candidates = torch.arange(n_entities)
-    with torch.enable_grad():
-        for pos in torch.arange(n_examples).split(queries_per_call):
-            queries = batches.queries[pos]  # [B, 2]
-            b = len(pos)
-            labels = torch.full((b, n_entities), negative, dtype=entities.dtype)  # [B, E]
-            query_rows, answer_cols = batches.index.pairs_at(pos)
-            labels[query_rows, answer_cols] = positive
-            relation_rows = torch.remainder(queries[:, 1], len(relations))  # [B]
-            local = torch.stack([entities[queries[:, 0]].unsqueeze(1).expand(b, n_entities, width),
-                                 relations[relation_rows].unsqueeze(1).expand(b, n_entities, width),
-                                 entities.unsqueeze(0).expand(b, n_entities, width)], dim=2)  # [B, E, 3, W]
-            local_relation = (queries[:, 1] >= len(relations)).long() * inverse_id  # [B]
-            h = pair_hessian(local.reshape(-1, 3, width), labels.reshape(-1),
-                             local_relation.repeat_interleave(n_entities))  # [B*E, 3, W, 3, W]
-            rows = torch.stack([first_row["entity"] + queries[:, 0].repeat_interleave(n_entities),
-                                first_row["relation"] + relation_rows.repeat_interleave(n_entities),
-                                first_row["entity"] + candidates.repeat(b)], dim=1)  # [B*E, 3] global rows
-            for i in range(3):
-                for j in range(3):
-                    blocks.index_put_((rows[:, i], rows[:, j]), h[:, i, :, j, :], accumulate=True)
-    scale = 1.0 / (n_examples * n_entities)  # the loss is a mean over every (example, entity) element
-    return (blocks.permute(0, 2, 1, 3).reshape(rows_total * width, rows_total * width) * scale).contiguous()
 
 
 def dense_hessian(model: nn.Module, train: Tensor, num_relations: int, config: TrainConfig,
