@@ -58,7 +58,7 @@ __all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "dra
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
 
 OUTPUTS = ("score", "log_prob")
-DEFAULT_METHODS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence",
+DEFAULT_METHODS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence", "influence-fisher",
                    "trak", "random", "neighbourhood")
 
 
