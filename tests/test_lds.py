@@ -17,7 +17,7 @@ from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
-from kgtrace.faithfulness.attributions import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
 from kgtrace.run import load_run, model_from_checkpoint

@@ -10,7 +10,7 @@ GradRollback's PD and TC, MRR drop) in :mod:`.metrics`.
 datamodeling score of the attribution methods in :data:`ATTRIBUTIONS` (:mod:`.lds`).
 """
 
-from kgtrace.faithfulness.attributions import ATTRIBUTIONS
+from kgtrace.attribution.methods import ATTRIBUTIONS
 from kgtrace.faithfulness.experiment import FaithfulnessSettings, check_faithfulness
 from kgtrace.faithfulness.lds import LdsSettings, LdsSummary, check_lds
 from kgtrace.faithfulness.methods import METHODS

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.faithfulness.attributions import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
