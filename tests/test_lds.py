@@ -324,3 +324,34 @@ def test_training_hessian_of_1vsall_is_the_mean_cross_entropy(tmp_path):
     expected = torch.autograd.functional.hessian(loss, flat)
     got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
     assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
+
+
+# ----------------------------------------------------------------------------- explain with another method
+
+
+def test_explain_with_trak_ranks_its_matrix_and_says_so(tiny_distmult, tmp_path, capsys):
+    from kgtrace.attribution.methods import matrix_top_k
+    from kgtrace.report.sections import explain_section
+
+    out = tmp_path / "trak.json"
+    assert main(["explain", str(tiny_distmult), "--test", "2", "--top-k", "3", "--method", "trak", "--trak-dim", "32",
+                 "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("TRAK attribution (--method trak): ")
+    items = json.loads(out.read_text())["explanations"]
+    run = load_run(tiny_distmult)
+    matrix = trak(run, run.dataset.test[:2], dim=32)
+    expected = matrix_top_k(matrix, run.dataset.test[:2], 3)
+    for i, (item, top) in enumerate(zip(items, expected)):
+        assert item["method"] == "trak" and item["checkpoints"] == [3, 6]
+        assert [e["train_index"] for e in item["proponents"]] == top.proponents.tolist()
+        assert [e["train_index"] for e in item["opponents"]] == top.opponents.tolist()
+        assert item["proponents"][0]["influence"] == pytest.approx(float(matrix[i].max()), rel=1e-6)
+        assert item["proponents"][0]["checkpoint_shares"] is None  # not per checkpoint
+    assert "TRAK attribution of a training triple on a prediction (<code>trak</code>)" in explain_section(out, {})
+
+
+def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):
+    assert main(["explain", str(tiny_distmult), "--self", "--method", "grad-cos", "--memory-budget", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert "--self with --method grad-cos" in err and "--memory-budget" in err

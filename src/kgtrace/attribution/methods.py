@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgtrace.attribution import TracIn
 from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
+from kgtrace.attribution.topk import TopK
+from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import trak
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs"]
+__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_NOTES", "checkpoints_used", "matrix_top_k"]
 
 
 @dataclass(frozen=True)
@@ -125,4 +126,45 @@ ATTRIBUTIONS: dict[str, Attribution] = {
     "trak": trak_method,
     "random": random_scores,
     "neighbourhood": neighbourhood_scores,
+}
+
+
+def checkpoints_used(method: str, run: Run) -> list[int]:
+    """The epochs of the checkpoints whose weights ``method`` differentiates (none for the baselines)."""
+    if method in ("random", "neighbourhood"):
+        return []
+    if method in ("tracin-last", "tracin-all", "trak"):
+        return [c.epoch for c in run.checkpoints]
+    return [run.checkpoints[-1].epoch]
+
+
+def matrix_top_k(matrix: Tensor, test: Tensor, k: int) -> list[TopK]:
+    """Per row of an attribution matrix [N, n_train]: the k largest (proponents, descending) and the k
+    smallest (opponents, ascending), as :class:`TopK` with one part (the whole value) per entry."""
+    k = min(k, matrix.shape[1])
+    best = matrix.float().topk(k, dim=1)  # [N, k] descending
+    worst = matrix.float().topk(k, dim=1, largest=False)  # [N, k] ascending
+    test = test.long().reshape(-1, 3)
+    return [TopK(test[i], best.indices[i], best.values[i], best.values[i].unsqueeze(1),
+                 worst.indices[i], worst.values[i], worst.values[i].unsqueeze(1)) for i in range(len(test))]
+
+
+#: Each method's name for its values and what they are (explain's console and the report say it beside them).
+METHOD_NOTES = {
+    "tracin": ("TracIn influence", "the sum over the saved checkpoints of the learning rate times the dot product "
+                                   "of the two triples' loss gradients"),
+    "trak": ("TRAK attribution", "the prediction's projected score gradient against the training triple's, through "
+                                 "the inverse of the training triples' kernel, times the training triple's residual, "
+                                 "averaged over the checkpoints"),
+    "influence": ("Influence (influence function)", "the prediction's loss gradient through the inverse of the "
+                                                    "damped training Hessian (exact) onto the training triple's, at "
+                                                    "the final weights"),
+    "influence-last": ("Influence (influence function, last layer)", "the prediction's loss gradient through the "
+                                                                     "inverse of the damped training Hessian (exact) "
+                                                                     "onto the training triple's, at the final weights"),
+    "influence-fisher": ("Influence (influence function, block-diagonal Fisher)", "the prediction's loss gradient "
+                         "through the inverse of the training triples' damped Fisher, kept block-diagonal, onto the "
+                         "training triple's, at the final weights"),
+    "grad-dot": ("Gradient similarity", "the dot product of the two triples' loss gradients at the final weights"),
+    "grad-cos": ("Gradient cosine", "the cosine of the two triples' loss gradients at the final weights"),
 }

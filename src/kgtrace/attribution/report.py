@@ -71,13 +71,14 @@ def _shares(parts: Tensor) -> list[list[float]]:
 
 
 def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int],
-                    memory_budget: int = 2 << 30) -> list[dict]:
+                    memory_budget: int = 2 << 30, method: str = "tracin") -> list[dict]:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
     found: each test triple's :class:`TopK` (``TracIn.top_k`` or ``ProjectedIndex.top_k``),
     whose parts follow the checkpoints ``epochs``; ``checkpoint_shares`` gives each
-    checkpoint's fraction of an influence (signed, summing to 1). memory_budget: bytes for
-    the ranking's scores at once.
+    checkpoint's fraction of an influence (signed, summing to 1; None where the parts are not
+    per checkpoint, as for the methods of :mod:`.methods`). memory_budget: bytes for the
+    ranking's scores at once. method: the attribution method, recorded in each item.
 
     Each item's ``split`` says where the triple itself is ("train": its strongest proponent is
     then itself, as TracIn's self-influence is large; "valid", "test", or None for a new
@@ -101,10 +102,11 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]
                 "score": float(scores[i]),
                 "probability": float(torch.sigmoid(scores[i])),
                 "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
-                "checkpoints": epochs}
+                "checkpoints": epochs,
+                "method": method}
         for kind, index, values, parts in (("proponents", top.proponents, top.proponent_influence, top.proponent_parts),
                                            ("opponents", top.opponents, top.opponent_influence, top.opponent_parts)):
-            shares = _shares(parts.T.double())
+            shares = _shares(parts.T.double()) if parts.shape[1] == len(epochs) else [None] * len(index)
             item[kind] = [_influencer(ds, int(j), float(v), shares[n]) | {"shares": _shared_entities(triple, ds.train[j])}
                           for n, (j, v) in enumerate(zip(index, values))]
         items.append(item)
@@ -118,7 +120,7 @@ def _shared_entities(test: Tensor, influencer: Tensor) -> str:
     return "both" if head and tail else "head" if head else "tail" if tail else "neither"
 
 
-def _influencer(ds: Dataset, index: int, value: float, shares: list[float], key: str = "influence") -> dict:
+def _influencer(ds: Dataset, index: int, value: float, shares: list[float] | None, key: str = "influence") -> dict:
     """A training triple (``index`` into ``ds.train``) with labels, names, its value and checkpoint shares."""
     return {"train_index": index, **_triple_dict(ds, ds.train[index]), key: value, "checkpoint_shares": shares}
 

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+#: explain's methods: TracIn's streaming top-k, or a method of kgtrace.attribution.methods (every triple at once).
+EXPLAIN_METHODS = ("tracin", "trak", "influence-fisher", "influence", "influence-last", "grad-cos", "grad-dot")
+
+
 def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
     what = p.add_mutually_exclusive_group(required=True)
@@ -31,6 +35,12 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-n", type=int, default=10, help="with --predict: how many new tails to explain")
     p.add_argument("--top-k", type=int, default=10,
                    help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
+    p.add_argument("--method", default="tracin", choices=EXPLAIN_METHODS,
+                   help="tracin (streaming, any size; --params, --checkpoints, --index apply) or a method that "
+                        "scores every training triple at once on the CPU (small models: trak, influence-fisher, "
+                        "influence, grad-cos, ...; see docs/tracin.md and the LDS benchmark)")
+    p.add_argument("--trak-dim", type=int, default=2048, help="--method trak: the projection dimension")
+    p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default="last",
                    help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")
     p.add_argument("--checkpoints", default="all",
@@ -104,6 +114,13 @@ def check_explain_options(args: argparse.Namespace) -> None:
         problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
     if args.out_dir and (args.self_influence or args.out):
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
+    if args.method != "tracin":
+        problems += [f"--{name} with --method {args.method}: {why}" for name, given, why in (
+            ("index", args.index, "the index holds TracIn's projected gradients; fix: drop --index or use --method tracin"),
+            ("self", args.self_influence, "self-influence is TracIn's; fix: use --method tracin"),
+        ) if given]
+        if args.world.distributed:
+            problems.append(f"--method {args.method}: runs in one process; fix: run it without torchrun")
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
     problems += memory_budget(args.memory_budget)[1]
@@ -143,7 +160,13 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
     from kgtrace.attribution import TracIn, report
 
     test = explain_targets(args, run)
-    if args.index:
+    if args.method != "tracin":
+        from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
+
+        inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim)
+        matrix = ATTRIBUTIONS[args.method](run, test.cpu(), inputs)
+        found, epochs = matrix_top_k(matrix.detach(), test.cpu(), args.top_k), checkpoints_used(args.method, run)
+    elif args.index:
         from kgtrace.attribution.index import ProjectedIndex
 
         finder = ProjectedIndex(args.index, run, device=device)
@@ -156,7 +179,7 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
-    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"])
+    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"], method=args.method)
     print_explanations(items)
     if args.out_dir:
         for i, item in enumerate(items):
@@ -243,6 +266,11 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> None:
     """Per test triple (the first ``triples``): names, score and ranks, then the strongest proponents and opponents."""
+    from kgtrace.attribution.methods import METHOD_NOTES
+
+    if items:
+        name, what = METHOD_NOTES[items[0]["method"]]
+        print(f"{name} (--method {items[0]['method']}): {what}; positive: raised the prediction's score")
     if len(items) > triples:
         print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
     for item in items[:triples]:

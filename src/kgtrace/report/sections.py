@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from kgtrace.attribution.methods import METHOD_NOTES
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.layout import RunLayout
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
@@ -220,12 +221,16 @@ def proof_key(item: dict) -> tuple[str, str, str]:
 SPLIT_NOTES = {"train": "a training triple: its strongest proponent is itself",
                "valid": "a validation triple", "test": "a test triple (never trained on)",
                None: "a new prediction (in no split)"}
-INFLUENCE_NOTE = ("TracIn influence of a training triple on a prediction: the sum over the saved checkpoints of "
-                  "the learning rate times the dot product of the two triples' loss gradients. Positive "
-                  "(<i>proponents</i>): a training step on that triple raised the prediction's score; negative "
-                  "(<i>opponents</i>): it lowered it. Sizes compare within one prediction. A prediction's "
-                  "probability is the sigmoid of its score; what makes it a prediction is its rank among all "
-                  "candidates (training on every entity at once, with label smoothing, keeps probabilities modest).")
+SIGN_NOTE = ("Positive (<i>proponents</i>): training on that triple raised the prediction's score; negative "
+             "(<i>opponents</i>): it lowered it. Sizes compare within one prediction. A prediction's "
+             "probability is the sigmoid of its score; what makes it a prediction is its rank among all "
+             "candidates (training on every entity at once, with label smoothing, keeps probabilities modest).")
+
+
+def influence_note(method: str) -> str:
+    """What the influence column means for ``method`` (files written before methods were recorded: TracIn)."""
+    name, what = METHOD_NOTES.get(method, (method, "see the method's documentation"))
+    return f"{esc(name)} of a training triple on a prediction (<code>{esc(method)}</code>): {esc(what)}. {SIGN_NOTE}"
 LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PRO, "", "proponent"), (OPP, "", "opponent"))
 
 
@@ -283,7 +288,8 @@ def explain_section(path: Path, proofs: dict | None = None) -> str:
     items = data["explanations"]
     if not items:
         return "<p>The file lists no explained triple.</p>"
-    return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {INFLUENCE_NOTE}</p>'
+    note = influence_note(items[0].get("method", "tracin"))
+    return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {note}</p>'
             + "".join(explanation(item, proofs) for item in items))
 
 
