@@ -319,6 +319,11 @@ def dattri_matrix(method: str, run_dir: str, predictions: Tensor, args: argparse
     from kgtrace.run import load_run
 
     torch.set_num_threads(args.threads)
+    if device == "cpu" and args.peer_memory > 0:
+        # An allocation past the cap raises (recorded as the attributor's error) instead of the kernel's
+        # out-of-memory killer ending this process or, on a shared machine, someone else's.
+        cap = int(args.peer_memory * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     run = load_run(run_dir, "last", device=device)
     scorer = Scorer(run.model).to(device).eval()
     before = _reset_peak(device)
@@ -329,7 +334,8 @@ def dattri_matrix(method: str, run_dir: str, predictions: Tensor, args: argparse
         warnings.simplefilter("always")
         try:
             attributor, used = dattri_attributor(method, run, scorer, args, device, scratch)
-            matrix = attribute(method, attributor, run.dataset.train, predictions, args.dattri_batch)
+            matrix = attribute(method, attributor, run.dataset.train, predictions, args.dattri_batch,
+                               args.dattri_test_batch)
         except NotRun as e:
             return {"not_run": str(e)}
         except Exception as e:  # noqa: BLE001 - a peer's failure is a result to report
@@ -355,20 +361,22 @@ def _why(method: str, model: nn.Module) -> dict:
     return {}
 
 
-def attribute(method: str, attributor, train: Tensor, predictions: Tensor, batch: int) -> Tensor:
+def attribute(method: str, attributor, train: Tensor, predictions: Tensor, batch: int, test_batch: int) -> Tensor:
     """Run a dattri attributor: cache the training set where it precomputes, then attribute; [N, n_train] float64.
 
     Batches of ``batch`` training triples, but where a batch changes the result or its cost: the
     Hessian-based ones (if-explicit, if-cg, if-lissa) add up the inverse-Hessian products of the
     cached loader's batches (sum_b H_b^-1 v, not H^-1 v), so they cache the whole training set as
-    one batch; and if-explicit forms its Hessian again for every training batch it attributes,
-    so it attributes one batch too (the other two redo only their cheaper solves per batch).
+    one batch; and if-explicit forms its Hessian again for every pair of batches it attributes,
+    so it takes all training triples and all predictions at once (the other two redo only their
+    cheaper solves per batch). Predictions go ``test_batch`` at a time: the influence functions
+    solve for a test batch's vectors at once (vmapped), and their memory grows with it.
     """
     hessian = method in ("if-explicit", "if-cg", "if-lissa")
     classes = method == "logra"
     cache_loader = triple_loader(train, len(train) if hessian else batch, classes)
     train_loader = triple_loader(train, len(train) if method == "if-explicit" else batch, classes)
-    test_loader = triple_loader(predictions, len(predictions), classes)
+    test_loader = triple_loader(predictions, len(predictions) if method == "if-explicit" else test_batch, classes)
     if method not in ("tracin", "grad-dot", "grad-cos", "tracin-proj"):  # TracIn has nothing to cache
         attributor.cache(cache_loader)
     if method == "trak":  # TRAK attributes the training set it cached
@@ -467,7 +475,7 @@ def peer_rows(run: Path, args: argparse.Namespace, inputs) -> list[dict]:
 
 def _peer_args(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in ("damping", "trak_dim", "trak_ridge", "cg_iterations", "lissa_depth",
-                                          "dattri_batch", "explicit_limit")}
+                                          "dattri_batch", "dattri_test_batch", "explicit_limit", "peer_memory")}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -531,6 +539,10 @@ def main() -> None:
     parser.add_argument("--explicit-limit", type=float, default=EXPLICIT_LIMIT,
                         help="dattri if-explicit runs only where parameters x training triples is at most this")
     parser.add_argument("--dattri-batch", type=int, default=2048, help="training triples per dattri gradient batch")
+    parser.add_argument("--dattri-test-batch", type=int, default=10, help="predictions per dattri test batch")
+    parser.add_argument("--peer-memory", type=float, default=12.0,
+                        help="GB of address space a dattri process may take on the CPU (0: no cap); past it, "
+                             "its allocation fails and the error is recorded")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=2, help="subset trainings in parallel")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -550,6 +562,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = [one(dataset, model, args) for dataset in args.datasets.split(",") for model in args.models.split(",")]
     print(json.dumps({"command": " ".join(sys.argv), "device": args.device.type, "versions": versions(),
+                      "subsets": args.subsets, "fraction": args.fraction, "dattri_settings": _peer_args(args),
                       "dattri_not_run": DATTRI_NOT_RUN if "dattri" in args.peers else {}, "results": results},
                      indent=1))
 
