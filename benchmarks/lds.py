@@ -14,8 +14,10 @@ For each dataset x model: train (or reuse) a small base run, run kgtrace's LDS c
 kgtrace's methods), then compute each dattri 0.3.0 attributor's [N, n_train] matrix on the same
 run and predictions and score it on the same subsets and the same retrained outputs
 (``load_lds_inputs``, ``lds_scores``, ``summarize_lds``). Each dattri attributor runs in a
-fresh process (its own peak memory; an out-of-memory kill is recorded, not fatal); where one
-cannot handle a model (embedding tables, no Linear layer), its error is recorded in the JSON.
+fresh process (its own peak memory; on the CPU its address space is capped by --peer-memory,
+so that an attributor that needs more fails with an allocation error, recorded, instead of
+meeting the out-of-memory killer); where one cannot handle a model (embedding tables, no
+Linear layer), its error is recorded in the JSON.
 
 Each row of the JSON (per dataset x model x method): ``score`` and ``log_prob``, each with the
 mean LDS, its bootstrap interval (low, high) and n, the predictions with a defined LDS; ``seconds``
