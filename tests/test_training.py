@@ -13,6 +13,7 @@ import torch
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.io import atomic_path, remove_stale_temporaries
+from kgtrace.models import build_model
 from kgtrace.run import load_run
 from kgtrace.checkpoint import latest_checkpoint, load_checkpoint
 from kgtrace.training.loop import resume, train, truncate_metrics
@@ -298,3 +299,22 @@ def test_steps_per_epoch_caps_each_epoch(tmp_path):
     assert {int(s["step"]) for s in state.values()} == {4}
     with pytest.raises(ConfigError, match="steps_per_epoch=-1: must be 0 or more"):
         TrainConfig(steps_per_epoch=-1).validate()
+
+
+def test_a_last_batch_of_one_is_left_out_only_for_batch_norm(tmp_path):
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.training.batches import Batches
+    from kgtrace.training.step import epoch_batches
+
+    ds = load_dataset("nations")
+    n = len(Batches.build(ds.train, ds.num_relations, "kvsall"))
+    config = TrainConfig(dataset="nations", model="conve", model_args={"embedding_dim": 16, "embedding_height": 4,
+                                                                       "output_channels": 4},
+                         batch_size=n - 1, epochs=1, eval_every=0, threads=1, device="cpu")
+    # ConvE's batch norm cannot train on one example: this used to stop training with a ValueError.
+    train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    conve = load_run(tmp_path / "run").model
+    order = torch.arange(n)
+    assert [len(b) for b in epoch_batches(order, config, conve)] == [n - 1]
+    distmult = build_model("distmult", ds.num_entities, ds.num_relations, embedding_dim=4)
+    assert [len(b) for b in epoch_batches(order, config, distmult)] == [n - 1, 1]

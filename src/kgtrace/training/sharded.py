@@ -107,7 +107,7 @@ def run_sharded_epoch(state: TrainState, batches: Batches, config: TrainConfig, 
     order = torch.randperm(len(batches), generator=state.shuffle)  # the same on every process
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
-    bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
+    bar = tqdm(epoch_batches(order, config, state.model), desc=f"epoch {state.epoch + 1}/{config.epochs}",
                leave=False, disable=bar_disable(progress), unit="batch")
     for pos in bar:
         part, parts = part_of_batch(pos, world)

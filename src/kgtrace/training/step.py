@@ -72,10 +72,21 @@ def backward_and_step(state: TrainState, loss: Tensor, sync: Callable[[], None] 
     state.step += 1
 
 
-def epoch_batches(order: Tensor, config: TrainConfig) -> tuple[Tensor, ...]:
-    """An epoch's batches of example positions: ``order`` in batch_size pieces, the first steps_per_epoch if set."""
+def epoch_batches(order: Tensor, config: TrainConfig, model: nn.Module | None = None) -> tuple[Tensor, ...]:
+    """An epoch's batches of example positions: ``order`` in batch_size pieces, the first steps_per_epoch if set.
+
+    A last batch of one example is left out of the epoch when ``model`` has batch norm (its
+    training-mode statistics need two; the example is in another place of the next epoch's
+    shuffle), as PyKEEN drops a model with batch norm's last batch; every other batch is kept.
+    """
     batches = order.split(config.batch_size)
+    if model is not None and len(batches) > 1 and len(batches[-1]) == 1 and has_batch_norm(model):
+        batches = batches[:-1]
     return batches[: config.steps_per_epoch] if config.steps_per_epoch else batches
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
@@ -84,7 +95,7 @@ def run_epoch(state: TrainState, batches: Batches, config: TrainConfig, device: 
     order = torch.randperm(len(batches), generator=state.shuffle)
     autocast = precision_context(config.precision, device)
     total, count = torch.zeros((), device=device), 0
-    bar = tqdm(epoch_batches(order, config), desc=f"epoch {state.epoch + 1}/{config.epochs}",
+    bar = tqdm(epoch_batches(order, config, state.model), desc=f"epoch {state.epoch + 1}/{config.epochs}",
                leave=False, disable=bar_disable(progress), unit="batch")
     for pos in bar:
         state.optimizer.zero_grad(set_to_none=True)
