@@ -49,6 +49,7 @@ class AttributionInputs:
     progress: bool = False
     damping: float = 1e-3  # influence: the first damping tried
     trak_dim: int = 2048  # trak: the projection dimension
+    trak_ridge: float = 1.0  # trak: the ridge, a fraction of the kernel's mean diagonal
 
 
 Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]
@@ -95,7 +96,7 @@ def _fisher(params: str) -> Attribution:
 
 
 def trak_method(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
-    return trak(run, predictions, dim=inputs.trak_dim, seed=inputs.seed)
+    return trak(run, predictions, dim=inputs.trak_dim, seed=inputs.seed, ridge=inputs.trak_ridge)
 
 
 def random_scores(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:

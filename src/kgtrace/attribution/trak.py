@@ -12,8 +12,10 @@ TRAK's estimate of how much training on z_j raises f(z) (its eq. for binary logi
 positive: a proponent, as TracIn's sign). The estimate is averaged over an ensemble of
 models: here the run's epoch checkpoints, each with its own projection (seeded by (seed, c)).
 The paper trains independent models instead; checkpoints of one run are the cheap ensemble it
-also discusses. lambda is a small ridge (1e-6 of the kernel's mean diagonal) for rank-deficient
-Phi. Gradients are over every parameter, computed per triple with ``torch.func`` (model in
+also discusses. lambda = ``ridge`` x the kernel's mean diagonal: a strong ridge by default (1),
+which pulls the estimate towards the residual-weighted projected gradient product and was the
+most faithful setting by the LDS (docs/benchmarks.md); small ridges (1e-6) give the plain
+least-squares estimate. Gradients are over every parameter, computed per triple with ``torch.func`` (model in
 eval mode), a chunk at a time and projected at once, so memory holds [chunk, P] and R.
 """
 
@@ -52,21 +54,23 @@ def score_gradients(model: nn.Module, triples: Tensor, names: Sequence[str]) -> 
 
 
 def trak(run: Run, test: Tensor, dim: int = 2048, seed: int = 0, chunk_size: int = 512,
-         checkpoints: Sequence[int] | None = None) -> Tensor:
+         checkpoints: Sequence[int] | None = None, ridge: float = 1.0) -> Tensor:
     """TRAK attributions [n_test, n_train] (float64) of the run's training triples (module doc).
 
     checkpoints: positions in ``run.checkpoints`` forming the ensemble; None: all of them.
+    ridge: lambda as a fraction of the kernel's mean diagonal.
     """
     chosen = list(range(len(run.checkpoints))) if checkpoints is None else list(checkpoints)
     train = run.dataset.train
     total = torch.zeros(len(test), len(train), dtype=torch.float64)
     for c in chosen:
         model = model_from_checkpoint(load_checkpoint(run.checkpoints[c].path)).eval()
-        total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size)
+        total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size, ridge)
     return total / len(chosen)
 
 
-def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int) -> Tensor:
+def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int,
+               ridge: float) -> Tensor:
     """One model's TRAK estimate [n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
     size = sum(p.numel() for n, p in model.named_parameters() if n in names)
@@ -81,6 +85,6 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
         residual = 1.0 - torch.sigmoid(model.score_hrt(train).double())  # [n] q_j
     test_features = (score_gradients(model, test, names) @ projection).double()  # [n_test, k]
     kernel = features.T @ features  # [k, k]
-    ridge = 1e-6 * float(kernel.diagonal().mean()) + 1e-12
-    solved = torch.linalg.solve(kernel + ridge * torch.eye(dim, dtype=kernel.dtype), test_features.T)  # [k, n_test]
+    lam = ridge * float(kernel.diagonal().mean()) + 1e-12
+    solved = torch.linalg.solve(kernel + lam * torch.eye(dim, dtype=kernel.dtype), test_features.T)  # [k, n_test]
     return (features @ solved).T * residual  # [n_test, n] each column j scaled by q_j

@@ -40,6 +40,8 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                         "scores every training triple at once on the CPU (small models: trak, influence-fisher, "
                         "influence, grad-cos, ...; see docs/tracin.md and the LDS benchmark)")
     p.add_argument("--trak-dim", type=int, default=2048, help="--method trak: the projection dimension")
+    p.add_argument("--trak-ridge", type=float, default=1.0,
+                   help="--method trak: the ridge, a fraction of its kernel's mean diagonal")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default="last",
                    help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")
@@ -163,7 +165,8 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
     if args.method != "tracin":
         from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
 
-        inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim)
+        inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
+                                   trak_ridge=args.trak_ridge)
         matrix = ATTRIBUTIONS[args.method](run, test.cpu(), inputs)
         found, epochs = matrix_top_k(matrix.detach(), test.cpu(), args.top_k), checkpoints_used(args.method, run)
     elif args.index:

@@ -66,6 +66,7 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     lds.add_argument("--bootstrap", type=int, default=1000, help="resamples of the predictions for the interval")
     lds.add_argument("--damping", type=float, default=1e-3, help="influence functions: the first damping tried")
     lds.add_argument("--trak-dim", type=int, default=2048, help="TRAK: the projection dimension")
+    lds.add_argument("--trak-ridge", type=float, default=1.0, help="TRAK: the ridge, a fraction of its kernel's mean diagonal")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
@@ -104,7 +105,8 @@ def cmd_lds(args: argparse.Namespace) -> int:
 
     settings = LdsSettings(subsets=args.subsets, fraction=args.fraction, methods=_methods(args.methods, DEFAULT_METHODS),
                            sample=args.sample, seed=args.seed, bootstrap=args.bootstrap, jobs=args.jobs,
-                           threads=args.threads, device=args.device, damping=args.damping, trak_dim=args.trak_dim)
+                           threads=args.threads, device=args.device, damping=args.damping, trak_dim=args.trak_dim,
+                           trak_ridge=args.trak_ridge)
     settings.validate()
     summary = check_lds(args.run_dir, args.out, settings, triples=_given_triples(args), triples_source=args.triples,
                         progress=args.progress)

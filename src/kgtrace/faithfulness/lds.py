@@ -77,6 +77,7 @@ class LdsSettings:
     device: str = "cpu"
     damping: float = 1e-3  # influence functions: the first damping tried
     trak_dim: int = 2048  # TRAK: projection dimension
+    trak_ridge: float = 1.0  # TRAK: the ridge, a fraction of the kernel's mean diagonal
 
     def validate(self) -> "LdsSettings":
         problems = []
@@ -93,8 +94,8 @@ class LdsSettings:
                      if getattr(self, key) < 1]
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
-        if self.damping <= 0:
-            problems.append(f"damping={self.damping}: must be positive")
+        problems += [f"{key}={getattr(self, key)}: must be positive" for key in ("damping", "trak_ridge")
+                     if not getattr(self, key) > 0]
         if problems:
             raise ConfigError(problems)
         return self
@@ -238,7 +239,7 @@ def score_methods(run: Run, out: Path, settings: LdsSettings, inputs: LdsInputs,
                   log: Callable[[str], None]) -> LdsSummary:
     """Each method's attributions (computed or reused), its LDS per prediction and the table."""
     extra = AttributionInputs(seed=settings.seed, progress=progress, damping=settings.damping,
-                              trak_dim=settings.trak_dim)
+                              trak_dim=settings.trak_dim, trak_ridge=settings.trak_ridge)
     rows, per_prediction, errors = [], {}, {}
     for method in settings.methods:
         try:
