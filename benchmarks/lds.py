@@ -523,6 +523,55 @@ def versions() -> dict:
     return found
 
 
+KGTRACE_COLUMNS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence",
+                   "influence-fisher", "trak", "random", "neighbourhood")
+
+
+def markdown_tables(documents: list[dict]) -> str:
+    """The benchmarks page's tables: kgtrace's methods, dattri's, and the best of each, per dataset x model."""
+    runs = [run for doc in documents for run in doc["results"]]
+    peers = sorted({row["method"].split(":", 1)[1] for run in runs for row in run["rows"]
+                    if row["method"].startswith("dattri:")}, key=lambda m: DATTRI_METHODS.index(m))
+    lines = []
+    for library, columns in (("kgtrace", KGTRACE_COLUMNS), ("dattri", peers)):
+        lines += [f"| dataset | model | {' | '.join(columns)} |", "|---|---|" + "---|" * len(columns)]
+        for run in runs:
+            rows = {row["method"]: row for row in run["rows"]}
+            cells = [_cell(rows.get(f"{library}:{c}")) for c in columns]
+            lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+        lines.append("")
+    lines += ["| dataset | model | kgtrace's best | LDS | s | dattri's best | LDS | s |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        best = {}
+        for library in ("kgtrace", "dattri"):
+            scored = [r for r in run["rows"] if r["method"].startswith(library + ":") and r.get("score")
+                      and r["score"]["lds"] is not None and not r["method"].endswith(("random", "neighbourhood"))]
+            best[library] = max(scored, key=lambda r: r["score"]["lds"], default=None)
+        cells = []
+        for library in ("kgtrace", "dattri"):
+            row = best[library]
+            cells += (["–"] * 3 if row is None else
+                      [row["method"].split(":", 1)[1], f"**{row['score']['lds']:.3f}**" if row is max(
+                          (r for r in best.values() if r), key=lambda r: r["score"]["lds"]) else
+                       f"{row['score']['lds']:.3f}", f"{row['seconds']:.1f}"])
+        lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _cell(row: dict | None) -> str:
+    """A method's LDS on the score with its interval, its refusal, or a dash when not run."""
+    if row is None:
+        return "–"
+    if row.get("score") and row["score"].get("lds") is not None:
+        return f"{row['score']['lds']:.3f} [{row['score']['low']:.2f}, {row['score']['high']:.2f}]"
+    reason = row.get("not_run") or row.get("error") or "no value"
+    short = "not run" if row.get("not_run") else ("NaN" if "non-finite" in reason else
+                                                 "all 0" if "is 0" in reason else
+                                                 "out of memory" if "allocate" in reason or "memory" in reason.lower()
+                                                 else reason.split(":")[0])
+    return short
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="umls,nations,kinships")
@@ -552,7 +601,12 @@ def main() -> None:
                         help="where trainings and dattri run: auto (CUDA when available), cpu or cuda")
     parser.add_argument("--out", type=Path, default=Path("/tmp/lds-bench"))
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
+                        help="print the Markdown tables of these result files (this script's output) and stop")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_tables([json.loads(p.read_text()) for p in args.table]))
+        return
     args.methods = tuple(m for m in args.methods.split(",") if m)
     args.peers = tuple(p for p in args.peers.split(",") if p)
     args.dattri_methods = tuple(m for m in args.dattri_methods.split(",") if m)
