@@ -121,7 +121,8 @@ def test_measure_scores_probabilities_and_filtered_ranks_by_hand():
 
 
 def test_method_registry_and_settings_errors():
-    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof"]
+    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof", "trak", "influence",
+                             "influence-fisher", "grad-cos"]
     with pytest.raises(ConfigError, match="unknown method proofs; choose from tracin-last, tracin-all, random"):
         FaithfulnessSettings(methods=("tracin-last", "proofs")).validate()
     with pytest.raises(ConfigError, match="methods=proof: needs the prover run"):

@@ -355,3 +355,14 @@ def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):
     assert main(["explain", str(tiny_distmult), "--self", "--method", "grad-cos", "--memory-budget", "lots"]) == 2
     err = capsys.readouterr().err
     assert "--self with --method grad-cos" in err and "--memory-budget" in err
+
+
+def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
+    from kgtrace.faithfulness.methods import METHODS, MethodInputs
+
+    run = load_run(tiny_distmult)
+    test = run.dataset.test[:2]
+    matrix = ATTRIBUTIONS["grad-cos"](run, test, AttributionInputs())
+    removed = METHODS["grad-cos"](run, test, 4, MethodInputs())
+    for row, chosen in zip(matrix, removed):
+        assert chosen.tolist() == torch.argsort(row, descending=True)[:4].tolist()

@@ -44,7 +44,8 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
     p.add_argument("--methods", default=None,
                    help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run); "
-                        f"default all but proof. With --lds, attribution methods; default {','.join(DEFAULT_METHODS)}")
+                        "default tracin-last,tracin-all,random,neighbourhood. With --lds, attribution methods; "
+                        f"default {','.join(DEFAULT_METHODS)}")
     p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
                                                        "method removes the facts of its proof of each prediction")
     p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
@@ -72,7 +73,7 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
 def cmd_faithfulness(args: argparse.Namespace) -> int:
     if args.lds:
         return cmd_lds(args)
-    from kgtrace.faithfulness import METHODS, FaithfulnessSettings, check_faithfulness
+    from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
 
     problems = []
     try:
@@ -80,7 +81,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     except ValueError:
         problems.append(f"--k {args.k!r}: write whole numbers separated by commas, e.g. 1,5,10")
         ks = (1,)  # a placeholder, so that the other settings are still checked
-    methods = _methods(args.methods, tuple(m for m in METHODS if m != "proof"))
+    methods = _methods(args.methods, FaithfulnessSettings.methods)
     settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
                                     sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
                                     device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run)

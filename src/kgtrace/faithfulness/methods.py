@@ -16,6 +16,10 @@ smaller k takes the first k of that list, so the removed sets are nested across 
   too). A prediction with fewer than k neighbours loses all of them. (GradRollback's code
   also counts triples that merely share the relation r; the issue asks for shared entities.)
 
+* ``trak``, ``influence``, ``influence-fisher``, ``grad-cos``: the k training triples with the
+  largest attributions by that method of :mod:`kgtrace.attribution.methods` (the LDS's methods),
+  largest first.
+
 * ``proof``: the facts (training triples) of the proof a prover run (``kgtrace prove``) finds
   for the prediction, in the order the proof uses them: the best proof within its depth for a
   BFS run, the policy's for a learned one. An unproved prediction loses nothing, and a proof
@@ -33,6 +37,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
@@ -65,6 +70,13 @@ def tracin_all(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = Met
 def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) -> list[Tensor]:
     found = TracIn(run, params=params).top_k(predictions, k, progress=progress)
     return [item.proponents.clone() for item in found]
+
+
+def _attribution_top(name: str) -> Method:
+    def method(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
+        matrix = ATTRIBUTIONS[name](run, predictions, AttributionInputs(seed=inputs.seed, progress=inputs.progress))
+        return [row.topk(min(k, len(row))).indices for row in matrix]  # [k] each, largest first
+    return method
 
 
 def random_triples(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
@@ -137,4 +149,5 @@ METHODS: dict[str, Method] = {
     "random": random_triples,
     "neighbourhood": neighbourhood,
     "proof": proof_facts,
+    **{name: _attribution_top(name) for name in ("trak", "influence", "influence-fisher", "grad-cos")},
 }
