@@ -124,7 +124,7 @@ class LdsSummary:
     seed: int
     predictions: list[list[str]]
     rows: list[LdsRow]
-    per_prediction: dict[str, dict[str, list[float]]]  # method -> output -> [N] LDS (NaN: undefined)
+    per_prediction: dict[str, dict[str, list[float | None]]]  # method -> output -> [N] LDS (None: undefined)
     errors: dict[str, str] = field(default_factory=dict)
     training_seconds: float = 0.0  # mean seconds of one subset training
 
@@ -140,6 +140,7 @@ class LdsInputs:
     predictions: Tensor  # [N, 3] ids
     masks: np.ndarray  # [M, n_train] bool: True where training triple j is in subset m
     outputs: dict[str, np.ndarray]  # output name -> [M, N]
+    training_seconds: float = 0.0  # mean seconds of one subset training
 
 
 # ----------------------------------------------------------------------------- the arithmetic
@@ -226,13 +227,16 @@ def train_subsets(run: Run, out: Path, settings: LdsSettings, predictions: Tenso
                             str(path), None, settings.threads, settings.device))
     run_jobs(jobs, settings.jobs, progress, desc="LDS subsets")
     outputs = {name: np.zeros((len(masks), len(wanted))) for name in OUTPUTS}
+    seconds = []
     for m, path in enumerate(paths):
         result = read_result(path)
+        seconds.append(result["seconds"])
         rows = {tuple(p): i for i, p in enumerate(result["predictions"])}
         at = np.array([rows[t] for t in wanted])
         outputs["score"][m] = np.asarray(result["measures"]["score"])[at]
-        outputs["log_prob"][m] = np.log(np.asarray(result["measures"]["prob"], dtype=np.float64))[at]
-    return LdsInputs(predictions, masks, outputs)
+        prob = np.asarray(result["measures"]["prob"], dtype=np.float64)
+        outputs["log_prob"][m] = np.log(np.maximum(prob, np.finfo(np.float64).tiny))[at]  # an underflow: the floor
+    return LdsInputs(predictions, masks, outputs, float(np.mean(seconds)))
 
 
 def score_methods(run: Run, out: Path, settings: LdsSettings, inputs: LdsInputs, progress: bool,
@@ -253,11 +257,10 @@ def score_methods(run: Run, out: Path, settings: LdsSettings, inputs: LdsInputs,
             values = lds_scores(inputs.outputs[output], inputs.masks, matrix.numpy())
             mean, low, high = summarize_lds(values, settings.bootstrap, settings.seed)
             rows.append(LdsRow(method, output, mean, low, high, int((~np.isnan(values)).sum()), seconds))
-            per_prediction[method][output] = values.tolist()
-    trainings = [read_result(p) for p in (out / "jobs" / "retrain").glob("*.json")]
+            per_prediction[method][output] = [None if np.isnan(v) else float(v) for v in values]
     return LdsSummary(str(run.path.resolve()), settings.subsets, settings.fraction, settings.seed,
                       [labels(run, row) for row in as_rows(inputs.predictions)], rows, per_prediction, errors,
-                      float(np.mean([t["seconds"] for t in trainings])) if trainings else 0.0)
+                      inputs.training_seconds)
 
 
 def attributions(run: Run, out: Path, method: str, predictions: Tensor,
@@ -287,7 +290,8 @@ def load_lds_inputs(out: str | Path) -> LdsInputs:
     saved = json.loads(path.read_text(encoding="utf-8"))
     masks = draw_subsets(saved["train_size"], saved["subsets"], saved["fraction"], saved["seed"])
     return LdsInputs(torch.tensor(saved["prediction_ids"], dtype=torch.long).reshape(-1, 3), masks,
-                     {name: np.asarray(values) for name, values in saved["outputs"].items()})
+                     {name: np.asarray(values) for name, values in saved["outputs"].items()},
+                     saved.get("training_seconds", 0.0))
 
 
 def write_lds(out: Path, summary: LdsSummary, inputs: LdsInputs) -> None:
@@ -295,7 +299,9 @@ def write_lds(out: Path, summary: LdsSummary, inputs: LdsInputs) -> None:
     record = {**asdict(summary), "train_size": int(inputs.masks.shape[1]),
               "prediction_ids": as_rows(inputs.predictions),
               "outputs": {name: values.tolist() for name, values in inputs.outputs.items()}}
-    atomic_write_text(out / "lds.json", json.dumps(record, indent=1, allow_nan=True) + "\n")
+    record["rows"] = [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
+                      for row in record["rows"]]  # a method with no defined LDS: null, not NaN
+    atomic_write_text(out / "lds.json", json.dumps(record, indent=1, allow_nan=False) + "\n")
     table = pl.DataFrame([asdict(r) for r in summary.rows]) if summary.rows else pl.DataFrame()
     atomic_write_text(out / "lds.tsv", table.write_csv(separator="\t", quote_style="never"))
     per = [{"method": method, "output": output, "prediction": i, "head": t[0], "relation": t[1], "tail": t[2],
