@@ -164,10 +164,12 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
     test = explain_targets(args, run)
     if args.method != "tracin":
         from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
+        from kgtrace.run import load_run
 
         inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
                                    trak_ridge=args.trak_ridge)
-        matrix = ATTRIBUTIONS[args.method](run, test.cpu(), inputs)
+        on_cpu = run if device.type == "cpu" else load_run(args.run_dir, args.checkpoint, device="cpu")  # its methods run there
+        matrix = ATTRIBUTIONS[args.method](on_cpu, test.cpu(), inputs)
         found, epochs = matrix_top_k(matrix.detach(), test.cpu(), args.top_k), checkpoints_used(args.method, run)
     elif args.index:
         from kgtrace.attribution.index import ProjectedIndex
