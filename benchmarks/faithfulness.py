@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import base_run, resolved
 
 # Small models and few epochs: each retraining takes about a second on one core.
 MODELS = {
@@ -49,34 +50,6 @@ ANCHOR = {"dataset": "nations", "model": "DistMult (GradRollback's training)", "
           "pd_tc_percent": {"NH-1": [54, 18], "NH-10": [66, 36], "GR-1": [93, 38], "GR-10": [97, 83]}}
 SHOWN = ("variant", "method", "k", "n", "removed", "pd", "tc", "score_drop", "prob_drop", "rank_change", "mrr_drop",
          "seconds")
-
-
-def resolved(name: str) -> torch.device:
-    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
-
-    try:
-        return resolve_device(name)
-    except KgtraceError as e:
-        sys.exit(f"{Path(__file__).name}: error: {e}")
-
-
-def base_run(dataset: str, model: str, out: Path, threads: int, device: torch.device) -> Path:
-    """Train (or reuse) the base run of one dataset x model."""
-    from kgtrace.config import TrainConfig
-    from kgtrace.checkpoint import latest_checkpoint
-    from kgtrace.training.loop import train
-
-    spec = MODELS[model]
-    run = out / f"{dataset}-{model}"
-    latest = latest_checkpoint(run / "checkpoints") if run.is_dir() else None
-    if latest is not None and latest.name == f"epoch-{spec['epochs']:04d}.pt":
-        return run
-    config = TrainConfig(dataset=dataset, model=model, model_args=spec["model_args"], epochs=spec["epochs"],
-                         lr=spec["lr"], checkpoint_every=5, eval_every=0, threads=threads, device=device.type, seed=0)
-    train(config, run, overwrite=run.exists(), progress=False, log=lambda *_: None)
-    return run
 
 
 def base_metrics(run_dir: Path, device: torch.device) -> dict:
@@ -125,7 +98,7 @@ def rounded(row: dict, keys: tuple[str, ...]) -> dict:
 
 def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
-    run = base_run(dataset, model, args.out, args.threads, args.device)
+    run = base_run(dataset, model, MODELS[model], args.out, args.threads, args.device)
     trained = time.perf_counter() - start
     prover = prover_run(dataset, args.out) if args.with_proof else None
     retrained, retrain_s = check(run, "retrain", args.retrain, args, prover)

@@ -79,6 +79,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from common import base_run, resolved
 
 # Small models and few epochs, as in benchmarks/faithfulness.py: a subset training takes seconds on one core.
 MODELS = {
@@ -114,34 +115,6 @@ class NotRun(Exception):
 
 
 # ----------------------------------------------------------------------------- runs and kgtrace's LDS
-
-
-def resolved(name: str) -> torch.device:
-    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
-
-    try:
-        return resolve_device(name)
-    except KgtraceError as e:
-        sys.exit(f"{Path(__file__).name}: error: {e}")
-
-
-def base_run(dataset: str, model: str, out: Path, threads: int, device: torch.device) -> Path:
-    """Train (or reuse) the base run of one dataset x model."""
-    from kgtrace.checkpoint import latest_checkpoint
-    from kgtrace.config import TrainConfig
-    from kgtrace.training.loop import train
-
-    spec = MODELS[model]
-    run = out / f"{dataset}-{model}"
-    latest = latest_checkpoint(run / "checkpoints") if run.is_dir() else None
-    if latest is not None and latest.name == f"epoch-{spec['epochs']:04d}.pt":
-        return run
-    config = TrainConfig(dataset=dataset, model=model, model_args=spec["model_args"], epochs=spec["epochs"],
-                         lr=spec["lr"], checkpoint_every=5, eval_every=0, threads=threads, device=device.type, seed=0)
-    train(config, run, overwrite=run.exists(), progress=False, log=lambda *_: None)
-    return run
 
 
 def kgtrace_lds(run: Path, args: argparse.Namespace) -> tuple[object, float]:
@@ -498,7 +471,7 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     from kgtrace.faithfulness.lds import load_lds_inputs
 
     start = time.perf_counter()
-    run = base_run(dataset, model, args.out, args.threads, args.device)
+    run = base_run(dataset, model, MODELS[model], args.out, args.threads, args.device)
     trained = time.perf_counter() - start
     summary, check_s = kgtrace_lds(run, args)
     inputs = load_lds_inputs(run / "faithfulness")

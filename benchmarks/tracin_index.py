@@ -30,17 +30,7 @@ import torch
 
 import kgtrace
 from kgtrace.attribution import TracIn, build_index
-
-
-def resolved(name: str) -> torch.device:
-    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
-
-    try:
-        return resolve_device(name)
-    except KgtraceError as e:
-        sys.exit(f"{Path(__file__).name}: error: {e}")
+from common import resolved
 
 
 def train_run(folder: Path, dataset: str, model: str, epochs: int, every: int, threads: int,

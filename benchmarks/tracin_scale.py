@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import resolved
 
 FLAT_RATIO = 1.25  # TracIn's working memory at the largest size over the smallest, below which it counts as flat
 
@@ -171,17 +172,6 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
-
-
-def resolved(name: str) -> torch.device:
-    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
-
-    try:
-        return resolve_device(name)
-    except KgtraceError as e:
-        sys.exit(f"{Path(__file__).name}: error: {e}")
 
 
 def measure(folder: Path, n_test: int, threads: int, device: torch.device) -> dict:

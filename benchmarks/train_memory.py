@@ -26,7 +26,7 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
+from common import resolved
 
 
 def rss_mb() -> float:
@@ -36,17 +36,6 @@ def rss_mb() -> float:
 def current_rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def resolved(name: str):
-    """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
-
-    try:
-        return resolve_device(name)
-    except KgtraceError as e:
-        sys.exit(f"{Path(__file__).name}: error: {e}")
 
 
 def worker(args: argparse.Namespace) -> dict:
