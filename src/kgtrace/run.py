@@ -54,6 +54,11 @@ def model_from_checkpoint(state: dict[str, Any], device: torch.device | str = "c
     return model.to(device).eval()
 
 
+def final_model(run: Run) -> nn.Module:
+    """The model of the run's last epoch checkpoint (its final weights), in eval mode, on the CPU."""
+    return model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path))
+
+
 def resolve_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
     """None or 'best' -> best.pt (else the latest epoch); 'last' -> the latest epoch; else a path."""
     layout = RunLayout(run_dir)

@@ -27,8 +27,7 @@ from torch import Tensor, nn
 from kgtrace.attribution.grads import ScoreHRT
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.rows import SLOTS, row_gradients, row_tables
-from kgtrace.checkpoint import load_checkpoint
-from kgtrace.run import Run, model_from_checkpoint
+from kgtrace.run import Run, final_model
 
 __all__ = ["BlockFisher", "fisher_influence"]
 
@@ -119,7 +118,7 @@ class BlockFisher:
 
 def fisher_influence(run: Run, test: Tensor, params: str | Sequence[str] = "all", damping: float = 1e-3) -> Tensor:
     """Influence [n_test, n_train] (float64) with the block-diagonal Fisher at the final checkpoint (module doc)."""
-    model = model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path)).double().eval()
+    model = final_model(run).double()
     fisher = BlockFisher(model, run.dataset.train, select_parameters(model, params), damping)
     solved = fisher.solve(test.long().reshape(-1, 3))
     parts = [fisher.inner(chunk, solved) for chunk in run.dataset.train.split(fisher.chunk)]  # [chunk, N] each

@@ -33,12 +33,15 @@ class ScoreHRT(nn.Module):
         return self.model.score_hrt(hrt)
 
 
-def per_sample_gradients(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Tensor:
-    """Flattened per-triple gradients [n, P] over the parameters ``names`` (model's dtype)."""
-    return wrapped_gradients(ScoreHRT(model), triples, names)
+def per_sample_gradients(model: nn.Module, triples: Tensor, names: Sequence[str], of: str = "loss") -> Tensor:
+    """Flattened per-triple gradients [n, P] over the parameters ``names`` (model's dtype).
+
+    of: "loss" (softplus(-score), the module doc's l) or "score" (score_hrt itself, as TRAK takes it).
+    """
+    return wrapped_gradients(ScoreHRT(model), triples, names, of)
 
 
-def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> Tensor:
+def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str], of: str = "loss") -> Tensor:
     """:func:`per_sample_gradients` of ``wrapper.model``; the wrapper is built by the caller
     (outside a compiled region, where building a module is not allowed)."""
     all_params = dict(wrapper.model.named_parameters())
@@ -46,7 +49,7 @@ def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) 
 
     def loss(p: dict[str, Tensor], triple: Tensor) -> Tensor:
         score = functional_call(wrapper, p, (triple.unsqueeze(0),), strict=False)
-        return F.softplus(-score).sum()
+        return (score if of == "score" else F.softplus(-score)).sum()
 
     with torch.enable_grad():
         grads = vmap(grad(loss), in_dims=(None, 0), randomness="error")(params, triples)

@@ -41,7 +41,7 @@ from kgtrace.run import Run
 from kgtrace.training.batches import Batches
 from kgtrace.training.loss import smoothed_label_values
 
-__all__ = ["InfluenceFunction", "dense_hessian", "training_hessian"]
+__all__ = ["InfluenceFunction", "training_hessian"]
 
 # Elements of the [basis vectors x queries x entities] scores one reverse-over-reverse call holds.
 _HESSIAN_BLOCK_ELEMENTS = 1 << 24
@@ -84,13 +84,8 @@ class InfluenceFunction:
 
 def training_hessian(model: nn.Module, train: Tensor, num_relations: int, config: TrainConfig,
                      names: Sequence[str]) -> Tensor:
-    """The Hessian [P, P] of the mean training loss (module doc) over the parameters ``names``, in ``model``'s dtype."""
-    return dense_hessian(model, train, num_relations, config, names)
-
-
-def dense_hessian(model: nn.Module, train: Tensor, num_relations: int, config: TrainConfig,
-                  names: Sequence[str]) -> Tensor:
-    """The training Hessian by reverse-over-reverse differentiation of the whole loss (any model, any loss).
+    """The Hessian [P, P] of the mean training loss (module doc) over the parameters ``names``, in ``model``'s dtype,
+    by reverse-over-reverse differentiation of the whole loss (any model, either training mode).
 
     The objective is a sum over blocks of training examples, so H is summed block by block;
     each block's Hessian is ``jacrev(grad(loss))`` with the basis vectors vmapped in chunks.

@@ -25,32 +25,17 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
 
-from kgtrace.attribution.grads import ScoreHRT
+from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.errors import KgtraceError
 from kgtrace.run import Run, model_from_checkpoint
 
-__all__ = ["score_gradients", "trak"]
+__all__ = ["trak"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
-
-
-def score_gradients(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Tensor:
-    """Per-triple gradients of the score (not the loss) [n, P] over the parameters ``names``."""
-    wrapper = ScoreHRT(model)
-    all_params = dict(model.named_parameters())
-    params = {f"model.{n}": all_params[n].detach() for n in names}
-
-    def score(p: dict[str, Tensor], triple: Tensor) -> Tensor:
-        return functional_call(wrapper, p, (triple.unsqueeze(0),), strict=False).sum()
-
-    with torch.enable_grad():
-        grads = vmap(grad(score), in_dims=(None, 0), randomness="error")(params, triples)
-    return torch.cat([grads[f"model.{n}"].reshape(len(triples), -1) for n in names], dim=1)
 
 
 def trak(run: Run, test: Tensor, dim: int = 2048, seed: int = 0, chunk_size: int = 512,
@@ -64,7 +49,7 @@ def trak(run: Run, test: Tensor, dim: int = 2048, seed: int = 0, chunk_size: int
     train = run.dataset.train
     total = torch.zeros(len(test), len(train), dtype=torch.float64)
     for c in chosen:
-        model = model_from_checkpoint(load_checkpoint(run.checkpoints[c].path)).eval()
+        model = model_from_checkpoint(load_checkpoint(run.checkpoints[c].path))  # in eval mode
         total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size, ridge)
     return total / len(chosen)
 
@@ -79,11 +64,11 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
                            f"{size * dim * 4 / 2**30:.1f} GiB, more than {MAX_PROJECTION_BYTES / 2**30:.0f} GiB. "
                            f"Fix: a smaller projection (--trak-dim {max(1, MAX_PROJECTION_BYTES // (size * 4))})")
     projection = torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5  # [P, k]
-    features = torch.cat([score_gradients(model, chunk, names) @ projection
+    features = torch.cat([per_sample_gradients(model, chunk, names, of="score") @ projection
                           for chunk in train.split(chunk_size)]).double()  # [n, k]
     with torch.no_grad():
         residual = 1.0 - torch.sigmoid(model.score_hrt(train).double())  # [n] q_j
-    test_features = (score_gradients(model, test, names) @ projection).double()  # [n_test, k]
+    test_features = (per_sample_gradients(model, test, names, of="score") @ projection).double()  # [n_test, k]
     kernel = features.T @ features  # [k, k]
     lam = ridge * float(kernel.diagonal().mean()) + 1e-12
     solved = torch.linalg.solve(kernel + lam * torch.eye(dim, dtype=kernel.dtype), test_features.T)  # [k, n_test]
