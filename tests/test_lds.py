@@ -366,3 +366,10 @@ def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
     removed = METHODS["grad-cos"](run, test, 4, MethodInputs())
     for row, chosen in zip(matrix, removed):
         assert chosen.tolist() == torch.argsort(row, descending=True)[:4].tolist()
+
+
+def test_influence_takes_the_final_weights_whichever_checkpoint_the_run_holds(tiny_distmult):
+    first = load_run(tiny_distmult, str(load_run(tiny_distmult).checkpoints[0].path))
+    test = first.dataset.test[:2]
+    expected = InfluenceFunction(load_run(tiny_distmult)).influence(test)
+    assert torch.equal(InfluenceFunction(first).influence(test), expected)

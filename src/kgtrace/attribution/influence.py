@@ -24,7 +24,6 @@ products over the training set, factoring it P^3 / 3. ``max_params`` (default 20
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 
@@ -37,7 +36,7 @@ from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.run import Run
+from kgtrace.run import Run, final_model
 from kgtrace.training.batches import Batches
 from kgtrace.training.loss import smoothed_label_values
 
@@ -50,14 +49,15 @@ _HESSIAN_BLOCK_ELEMENTS = 1 << 24
 class InfluenceFunction:
     """Exact-Hessian influence of a run's training triples on test triples (module doc).
 
-    run: a loaded run; its model (final weights) is copied, not changed.
+    run: a loaded run; the weights are those of its last epoch checkpoint (the final weights, as
+        the other methods of :mod:`.methods` take them), whichever checkpoint ``run.model`` holds.
     params: "all" (default), "last" or a list of parameter names.
     damping: the first lambda tried (module doc).
     """
 
     def __init__(self, run: Run, params: str | Sequence[str] = "all", damping: float = 1e-3,
                  max_params: int = 20_000, chunk_size: int = 1024):
-        self.model = copy.deepcopy(run.model).double().eval()
+        self.model = final_model(run).double()
         self.names = select_parameters(self.model, params)
         sizes = dict((n, p.numel()) for n, p in self.model.named_parameters())
         self.num_params = sum(sizes[n] for n in self.names)
