@@ -38,7 +38,8 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import trak
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_NOTES", "checkpoints_used", "matrix_top_k"]
+__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_NOTES", "checkpoints_used", "matrix_top_k",
+           "shares_an_entity"]
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,15 @@ def random_scores(run: Run, predictions: Tensor, inputs: AttributionInputs) -> T
     return torch.randn(len(predictions), len(run.dataset.train), generator=generator, dtype=torch.float64)
 
 
+def shares_an_entity(train: Tensor, triple: Tensor) -> Tensor:
+    """[n] bool: the training triples [n, 3] that hold ``triple``'s head or tail [3], as head or tail."""
+    ends = triple[[0, 2]]  # [2] the prediction's head and tail
+    return torch.isin(train[:, 0], ends) | torch.isin(train[:, 2], ends)
+
+
 def neighbourhood_scores(run: Run, predictions: Tensor, inputs: AttributionInputs) -> Tensor:
     train = run.dataset.train
-    rows = []
-    for triple in predictions.long().reshape(-1, 3):
-        ends = triple[[0, 2]]  # [2] the prediction's head and tail
-        rows.append((torch.isin(train[:, 0], ends) | torch.isin(train[:, 2], ends)).double())  # [n]
+    rows = [shares_an_entity(train, triple).double() for triple in predictions.long().reshape(-1, 3)]  # [n] each
     return torch.stack(rows) if rows else torch.zeros(0, len(train), dtype=torch.float64)
 
 

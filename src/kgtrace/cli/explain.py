@@ -97,7 +97,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     check_json_out(out)
     outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
     check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
-    device = resolve_device(args.device)
+    # The methods other than TracIn compute on the CPU: their run is loaded there.
+    device = resolve_device(args.device if args.method == "tracin" else "cpu")
     options["compile"] = compile_default(device, args.compile)
     run = load_run(args.run_dir, args.checkpoint, device=device)
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
@@ -164,13 +165,11 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
     test = explain_targets(args, run)
     if args.method != "tracin":
         from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
-        from kgtrace.run import load_run
 
         inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
                                    trak_ridge=args.trak_ridge)
-        on_cpu = run if device.type == "cpu" else load_run(args.run_dir, args.checkpoint, device="cpu")  # its methods run there
-        matrix = ATTRIBUTIONS[args.method](on_cpu, test.cpu(), inputs)
-        found, epochs = matrix_top_k(matrix.detach(), test.cpu(), args.top_k), checkpoints_used(args.method, run)
+        matrix = ATTRIBUTIONS[args.method](run, test, inputs)
+        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), checkpoints_used(args.method, run)
     elif args.index:
         from kgtrace.attribution.index import ProjectedIndex
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, shares_an_entity
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
@@ -88,9 +88,7 @@ def neighbourhood(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = 
     train = run.dataset.train
     chosen = []
     for triple in predictions:
-        ends = triple[[0, 2]]  # [2] the prediction's head and tail
-        shares = torch.isin(train[:, 0], ends) | torch.isin(train[:, 2], ends)  # [n_train]
-        candidates = torch.nonzero(shares).flatten()
+        candidates = torch.nonzero(shares_an_entity(train, triple)).flatten()
         order = torch.randperm(len(candidates), generator=_generator(inputs.seed, "neighbourhood", triple))
         chosen.append(candidates[order[:k]])
     return chosen
