@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
-from scipy import stats
 from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
@@ -161,13 +160,19 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Average ranks for ties; NaN where a column is constant (no order to agree with).
     """
-    ra = stats.rankdata(a, axis=0)  # [M, N]
-    rb = stats.rankdata(b, axis=0)  # [M, N]
+    ra = _column_ranks(a)  # [M, N]
+    rb = _column_ranks(b)  # [M, N]
     ra = ra - ra.mean(axis=0)
     rb = rb - rb.mean(axis=0)
     norm = np.sqrt((ra ** 2).sum(axis=0) * (rb ** 2).sum(axis=0))  # [N]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(norm > 0, (ra * rb).sum(axis=0) / np.where(norm > 0, norm, 1.0), np.nan)
+
+
+def _column_ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (1-based, ties share their mean rank) within each column of ``x`` [M, N] -> [M, N] float."""
+    frame = pl.DataFrame(np.asarray(x, dtype=np.float64), orient="row")  # one column per prediction
+    return frame.select(pl.all().rank("average")).to_numpy().astype(np.float64)
 
 
 def lds_scores(outputs: np.ndarray, masks: np.ndarray, attributions: np.ndarray) -> np.ndarray:
