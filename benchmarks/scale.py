@@ -195,7 +195,7 @@ def step_mine(args: argparse.Namespace) -> dict:
         result = measure([*KGTRACE, "rules", "mine", "--dataset", hetionet_folder(args), "--out", out, "--overwrite",
                           *options], timeout=timeout)
         done = result["returncode"] == 0
-        return {**result, "rules": sum(1 for line in open(out) if line.strip()) if done else 0}
+        return {**result, "rules": sum(1 for line in open(out) if line.strip() and not line.startswith("#")) if done else 0}
 
     chains = mine(args.work / "hetionet-rules-chains.tsv", timeout=args.mine_timeout)
     result = mine(args.work / "hetionet-rules.tsv", "--no-chains")

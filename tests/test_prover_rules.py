@@ -13,7 +13,8 @@ from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError
 from kgtrace.prover.logic import Rule
-from kgtrace.prover.mining import MiningConfig, _Graph, _paths_per_x, _row_blocks, chain_paths, mine_rules
+from kgtrace.prover.mining import (MiningConfig, _body_size_lower_bounds, _bodies_to_count, _Graph, _paths_per_x,
+                                   _row_blocks, chain_paths, chain_supports, mine_rules)
 from kgtrace.prover.rules import format_rule, parse_rules, read_rules, write_rules
 
 RELATIONS = Vocab(("parent", "grandparent", "child", "biolink:treats"))
@@ -184,7 +185,73 @@ def test_chain_paths_are_counted_and_blocks_of_rows_mine_the_same_rules():
     per_x = {x: sum(1 for h, d, z in zip(hub_graph.heads.tolist(), hub_graph.relations.tolist(),
                                           hub_graph.tails.tolist()) if d == 1 and h == x
                     for h2 in hub_graph.heads.tolist() if h2 == z) for x in range(9)}
-    blocks = _row_blocks(_paths_per_x(hub_graph, 1), 7)
+    blocks = _row_blocks(_paths_per_x(hub_graph, 1, hub_graph.directed_columns(torch.arange(6))), 7)
     assert [x for rows in blocks for x in rows] == list(range(9))  # every row once, in order
     assert all(len(rows) == 1 or sum(per_x[x] for x in rows) <= 7 for rows in blocks)
     assert any(len(rows) == 1 and per_x[rows[0]] > 7 for rows in blocks)  # the hub: a block of its own
+
+
+def _hub_graph(seed: int, entities: int = 12, edges: int = 60) -> torch.Tensor:
+    """A random graph with 3 relations and two hubs (entities 0 and 1, in an edge with every other entity)."""
+    generator = torch.Generator().manual_seed(seed)
+    random = torch.stack([torch.randint(0, entities, (edges,), generator=generator),
+                          torch.randint(0, 3, (edges,), generator=generator),
+                          torch.randint(0, entities, (edges,), generator=generator)], 1)
+    hubs = [[0, 1, leaf] for leaf in range(2, entities)] + [[leaf, 2, 1] for leaf in range(2, entities)] + [[1, 0, 0]]
+    return torch.unique(torch.cat([random, torch.tensor(hubs)]), dim=0)
+
+
+def _chain_pairs_brute(triples: torch.Tensor, R: int) -> dict[tuple[int, int], set]:
+    """{(a, b): the pairs (x, y) of D_a D_b}, by enumerating every z."""
+    edges = {(h, r, t) for h, r, t in triples.tolist()} | {(t, r + R, h) for h, r, t in triples.tolist()}
+    out: dict[tuple[int, int], set] = {}
+    for (x, a, z), (z2, b, y) in itertools.product(edges, edges):
+        if z == z2:
+            out.setdefault((a, b), set()).add((x, y))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chain_supports_and_body_size_bounds_equal_enumeration(seed):
+    """chain_supports (triangles from each fact's smaller end) counts, for every body and head, the facts the body's
+    pairs hold, as enumerating the pairs finds, whatever the wedges per block; the size bound never exceeds a size."""
+    triples, R = _hub_graph(seed), 3
+    graph = _Graph.of(triples, 12, R)
+    pairs = _chain_pairs_brute(triples, R)
+    facts = {(h, r, t) for h, r, t in triples.tolist()}
+    expected = torch.zeros(2 * R, 2 * R, R, dtype=torch.long)
+    for (a, b), body in pairs.items():
+        for r in range(R):
+            expected[a, b, r] = sum((x, r, y) in facts for x, y in body)
+    assert expected.sum() > 100
+    for limit in (0, 1, 5, 50):
+        assert torch.equal(chain_supports(graph, limit), expected), limit
+    lower = _body_size_lower_bounds(graph, torch.ones(2 * R, 2 * R, dtype=torch.bool))
+    sizes = torch.tensor([[len(pairs.get((a, b), ())) for b in range(2 * R)] for a in range(2 * R)])
+    assert (lower <= sizes).all() and (lower > 0).sum() == (sizes > 0).sum()
+    assert (lower == sizes).any() and (lower < sizes).any()  # tight for some bodies, not for all
+
+
+def test_pruned_chain_mining_keeps_every_rule_that_passes():
+    """Bodies left uncounted (no head passes support and coverage, or their size bound fails the confidence) hold no
+    rule that passes: mining with thresholds keeps exactly the brute-force rules that pass them, on a graph where
+    the pruning leaves bodies out."""
+    triples = _hub_graph(2, entities=16, edges=30)
+    graph = _Graph.of(triples, 16, 3)
+    expected = brute_force([tuple(t) for t in triples.tolist()], 3)
+    for min_support, coverage, confidence in ((2, 0.0, 0.3), (1, 0.2, 0.0), (3, 0.1, 0.5)):
+        config = MiningConfig(min_support=min_support, min_head_coverage=coverage, min_confidence=confidence,
+                              max_rules_per_head=0)
+        counted = _bodies_to_count(graph, chain_supports(graph, 0), config)
+        assert 0 < counted.sum() < 36  # some chain bodies counted, some not
+        got = {(m.rule.head, m.rule.body): (m.support, m.head_coverage, m.std_confidence, m.pca_confidence)
+               for m in mine_rules(triples, 16, 3, config)}
+        passing = {k: v for k, v in expected.items() if v[0] >= min_support and v[1] >= coverage and v[2] >= confidence}
+        assert got.keys() == passing.keys() and len(got) > 3
+        for key, values in passing.items():
+            assert got[key] == pytest.approx(values), key
+    # The confidence bound prunes bodies that support and coverage alone would count.
+    loose = MiningConfig(min_support=2, min_head_coverage=0.0, min_confidence=0.0)
+    strict = replace(loose, min_confidence=0.3)
+    supports = chain_supports(graph, 0)
+    assert _bodies_to_count(graph, supports, strict).sum() < _bodies_to_count(graph, supports, loose).sum()

@@ -49,9 +49,9 @@ def add_mining_args(p: argparse.ArgumentParser) -> None:
                    help="keep each head relation's best N rules (0: all); bounds the prover's branching")
     p.add_argument("--no-chains", dest="chains", action="store_false", help="mine implications and inverses only")
     p.add_argument("--max-chain-paths", type=int, default=defaults.max_chain_paths,
-                   help="two-hop paths counted at once while mining chains (about 80 bytes each): the chain products "
-                        "are taken a block of rows at a time within it, so it bounds memory, not the rules (0: all "
-                        "rows at once)")
+                   help="two-hop paths counted at once while mining chains (about 100 bytes each): supports and "
+                        "chain products are taken a block of facts or rows at a time within it, so it bounds memory, "
+                        "not the rules (0: all at once)")
 
 
 def mining_config(args: argparse.Namespace):

@@ -31,8 +31,9 @@ class MiningConfig:
     confidence_offset: float = 5.0  # written confidence = support / (denominator + offset): AnyBURL's damping of rare bodies
     max_rules_per_head: int = 50  # keep each head relation's best N rules (0: all); bounds the engines' branching
     chains: bool = True  # also mine length-2 chains (else implications and inverses only)
-    # Two-hop paths a chain product enumerates at once (about 80 bytes each while counted): the product is
-    # taken a block of rows at a time, each within this many paths (0: all rows at once).
+    # Two-hop paths enumerated at once while mining chains (about 100 bytes each while counted): the supports
+    # are counted a block of facts at a time, the chain products a block of rows at a time, each block within
+    # this many paths (0: all at once).
     max_chain_paths: int = 10_000_000
 
     def validate(self) -> "MiningConfig":

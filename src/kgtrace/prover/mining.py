@@ -21,18 +21,32 @@ The confidence written for a rule is the standard (or PCA) confidence damped by 
 is not as sure as one seen a hundred times and right a hundred times. Thresholds apply to
 the undamped measures.
 
-Chains are computed one first relation a at a time: ``D_a @ [D_0 | D_1 | ... | D_{2R-1}]``,
-a sparse [E, E] x [E, 2R E] product whose nonzeros are every body (a, b)'s pairs. Their number
-is at most the two-hop paths that start with a, ``sum over a's edges (x, z) of deg(z)``, which
-on a graph with hubs runs to billions (a Hetionet-shaped graph: 3.6e9 for one relation, 1.4e10
-in all). So the product is taken a block of rows x at a time, each block holding at most
-``max_chain_paths`` paths; a hub row with more than that alone is done on its own, its middle
-entities z a chunk at a time within the limit, marking the columns it reaches in a dense [2R E]
-mask (its distinct pairs are at most 2R E). Every count below sums over the rows x, and a pair
-(x, y) belongs to the block of its x, so the blocks' counts add up to the whole product's exactly.
-Supports come from looking the pairs up among the sorted fact keys (searchsorted); the PCA
-denominators from a second sparse product of the bodies' per-x pair counts with the [E, R]
-"x has an r-edge" matrix.
+Chains are found in two passes, AMIE's pruning between them:
+
+1. **Supports**, for every chain body (a, b) and head r at once, by listing the triangles a fact
+   closes: a fact r(x, y) supports the body (a, b) when some z has D_a(x, z) and D_b(z, y). The z are
+   taken from the end of the fact with fewer edges (triangle listing's rule: sum over the facts of
+   ``min(deg(x), deg(y))`` wedges, 5e8 on a Hetionet-shaped graph, against 1.4e10 two-hop paths),
+   and the other leg is looked up among the sorted edge keys (searchsorted); a fact joined to a
+   body through several z counts once.
+2. **Body sizes** (the confidences' denominators) only for the bodies with some head passing the
+   support and head-coverage thresholds, and not for a body whose size is provably too large for
+   any of them to pass the standard-confidence threshold: every x with an a-edge to z reaches
+   all of z's b-neighbours, so ``|B| >= sum over x of max over its a-edges (x, z) of deg_b(z)``.
+   A body with ``support / that bound < min_confidence`` for its best head fails the threshold
+   whatever its exact size. The rest are counted exactly one first relation a at a time:
+   ``D_a @ [D_b | D_b' | ...]`` over the bodies (a, b) kept, a sparse [E, E] x [E, k E] product
+   whose nonzeros are those bodies' pairs. On a graph with hubs their number can still run to
+   billions, so the product is taken a block of rows x at a time, each block holding at most
+   ``max_chain_paths`` paths; a hub row with more than that alone is done on its own, its middle
+   entities z a chunk at a time within the limit, marking the columns it reaches in a dense
+   [k E] mask (its distinct pairs are at most k E). Every count sums over the rows x, and a pair
+   (x, y) belongs to the block of its x, so the blocks' counts add up to the whole product's exactly.
+
+The measures of the bodies kept come from the same counting as the length-1 bodies': supports by
+looking the pairs up among the sorted fact keys, the PCA denominators from a sparse product of the
+bodies' per-x pair counts with the [E, R] "x has an r-edge" matrix. The first pass's supports only
+decide what the second counts: the rules written are those all-at-once counting would write.
 """
 
 from __future__ import annotations
@@ -49,7 +63,7 @@ from kgtrace.prover.config import MiningConfig
 from kgtrace.prover.logic import Atom, Rule
 from kgtrace.prover.rules import RuleSet
 
-__all__ = ["MiningConfig", "MinedRule", "mine_rules"]
+__all__ = ["MiningConfig", "MinedRule", "chain_supports", "mine_rules"]
 
 @dataclass(frozen=True)
 class MinedRule:
@@ -94,13 +108,38 @@ class _Graph:
         return _coo(self.heads[keep] - rows.start, self.tails[keep], torch.ones(int(keep.sum())),
                     (len(rows), self.num_entities))
 
-    def all_directed(self) -> "_Right":
-        """[D_0 | D_1 | ... ], [E, 2R E], column d * E + y."""
+    def directed_columns(self, bodies: Tensor) -> "_Right":
+        """[D_b0 | D_b1 | ...] for the directed relations ``bodies`` [k]: [E, k E], column j E + y for D_bj(., y)."""
         E = self.num_entities
-        matrix = _coo(self.heads, self.relations * E + self.tails, torch.ones(len(self.heads)),
-                      (E, 2 * self.num_relations * E))
+        column_of = torch.full((2 * self.num_relations,), -1, dtype=torch.long)
+        column_of[bodies] = torch.arange(len(bodies))
+        keep = column_of[self.relations] >= 0
+        matrix = _coo(self.heads[keep], column_of[self.relations[keep]] * E + self.tails[keep],
+                      torch.ones(int(keep.sum())), (E, len(bodies) * E))
         rows, col = matrix.indices()  # sorted by row, then column
         return _Right(matrix, torch.searchsorted(rows, torch.arange(E + 1)), col)
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """The directed edges (x, d, y) sorted by (x, y, d): keys to look an (x, y) pair's relations up in, and each
+    x's edges as one CSR row."""
+
+    keys: Tensor  # [2n] sorted (x E + y) 2R + d
+    relations: Tensor  # [2n] d, in key order
+    tails: Tensor  # [2n] y, in key order
+    crow: Tensor  # [E + 1] x's edges are positions crow[x]:crow[x + 1]
+
+    @classmethod
+    def of(cls, graph: _Graph) -> "_Edges":
+        E, D = graph.num_entities, 2 * graph.num_relations
+        keys, order = torch.sort((graph.heads * E + graph.tails) * D + graph.relations)
+        crow = torch.searchsorted(graph.heads[order], torch.arange(E + 1))
+        return cls(keys, graph.relations[order], graph.tails[order], crow)
+
+    def degree(self) -> Tensor:
+        """[E] directed edges leaving each entity (its edges in either direction)."""
+        return self.crow[1:] - self.crow[:-1]
 
 
 @dataclass(frozen=True)
@@ -146,8 +185,7 @@ def _count(graph: _Graph, body: Tensor, x: Tensor, y: Tensor, num_bodies: int) -
     lo = torch.searchsorted(graph.fact_keys, pair * R)
     hi = torch.searchsorted(graph.fact_keys, pair * R + R)
     hits = torch.repeat_interleave(torch.arange(len(pair)), hi - lo)  # one row per (pair, head that holds)
-    within = torch.arange(len(hits)) - torch.repeat_interleave(torch.cumsum(hi - lo, 0) - (hi - lo), hi - lo)
-    heads = graph.fact_keys[lo[hits] + within] % R
+    heads = graph.fact_keys[lo[hits] + _within(hi - lo)] % R
     support = torch.bincount(body[hits] * R + heads, minlength=num_bodies * R).view(num_bodies, R)
     body_sizes = torch.bincount(body, minlength=num_bodies)
     # Pairs per (body, x), times "x has an r-edge": the PCA denominators [num_bodies, R].
@@ -182,45 +220,126 @@ def mine_rules(triples: Tensor, num_entities: int, num_relations: int,
         counts = _count(graph, torch.zeros(int(keep.sum()), dtype=torch.long), graph.heads[keep], graph.tails[keep], 1)
         blocks.append(_select(counts, torch.tensor([a]), graph, config))
     if config.chains:
-        right = graph.all_directed()
+        counted = _bodies_to_count(graph, chain_supports(graph, config.max_chain_paths), config)  # [2R, 2R]
         for a in range(2 * R):
-            counts, per_x = None, _paths_per_x(graph, a)
+            seconds = torch.nonzero(counted[a]).squeeze(1)  # [k] the b of the bodies (a, b) kept
+            if not len(seconds):
+                continue
+            right = graph.directed_columns(seconds)
+            counts, per_x = None, _paths_per_x(graph, a, right)
             for rows in _row_blocks(per_x, config.max_chain_paths):
                 x, column = _chain_pairs(graph, right, a, rows, per_x, config.max_chain_paths)
-                part = _count(graph, column // E, x, column % E, 2 * R)
+                part = _count(graph, column // E, x, column % E, len(seconds))
                 counts = part if counts is None else counts + part
-            blocks.append(_select(counts, 2 * R + 2 * R * a + torch.arange(2 * R), graph, config))
+            blocks.append(_select(counts, 2 * R + 2 * R * a + seconds, graph, config))
     kept = _order(_Block.cat(blocks), config)
     return [_mined(kept, i, R) for i in range(len(kept.head))]
 
 
+def chain_supports(graph: _Graph, limit: int) -> Tensor:
+    """[2R, 2R, R] the support of every chain body D_a D_b against every head r: the facts r(x, y) with some z
+    such that D_a(x, z) and D_b(z, y), found from each fact's end with fewer edges, at most ``limit`` wedges (an
+    edge from that end) at a time (0: all at once)."""
+    R = graph.num_relations
+    edges = _Edges.of(graph)
+    degree = edges.degree()  # [E]
+    n = len(graph.heads) // 2  # the facts: the first half of the directed edges
+    from_x = degree[graph.heads[:n]] <= degree[graph.tails[:n]]  # [n] each fact's end to list the z from
+    pivot = torch.where(from_x, graph.heads[:n], graph.tails[:n])  # [n]
+    support = torch.zeros(4 * R * R * R, dtype=torch.long)  # flat [2R, 2R, R]
+    for facts in _row_blocks(degree[pivot], limit):
+        support += _fact_bodies(graph, edges, torch.arange(facts.start, facts.stop), from_x, pivot)
+    return support.view(2 * R, 2 * R, R)
+
+
+def _fact_bodies(graph: _Graph, edges: _Edges, facts: Tensor, from_x: Tensor, pivot: Tensor) -> Tensor:
+    """Flat [2R, 2R, R]: how many of ``facts`` [m] (indices of the facts r(x, y)) each chain body (a, b) joins."""
+    E, R = graph.num_entities, graph.num_relations
+    D = 2 * R
+    count = edges.crow[pivot[facts] + 1] - edges.crow[pivot[facts]]  # [m] the wedges of each fact
+    fact = torch.repeat_interleave(facts, count)  # [W] each wedge's fact
+    edge = edges.crow[pivot[fact]] + _within(count)  # [W] the pivot's edge: pivot -d-> z
+    d, z, side = edges.relations[edge], edges.tails[edge], from_x[fact]
+    x, y = graph.heads[fact], graph.tails[fact]
+    # From x, the wedge x -a-> z (a = d) closes with the edges z -b-> y; from y, the wedge y -d-> z is z -b-> y
+    # with b = d's inverse, and closes with the edges x -a-> z. Those edges are one range of the sorted keys.
+    pair = torch.where(side, z * E + y, x * E + z) * D  # [W]
+    lo = torch.searchsorted(edges.keys, pair)
+    closes = edges.keys[lo.clamp(max=len(edges.keys) - 1)] < pair + D  # [W] some edge has that pair
+    fact, d, side, pair, lo = fact[closes], d[closes], side[closes], pair[closes], lo[closes]
+    many = torch.searchsorted(edges.keys, pair + D) - lo  # [V] how many relations join that pair
+    other = edges.keys[torch.repeat_interleave(lo, many) + _within(many)] % D  # [M] each one
+    fact, d, side = (torch.repeat_interleave(t, many) for t in (fact, d, side))
+    a = torch.where(side, d, other)
+    b = torch.where(side, other, (d + R) % D)
+    # A fact joined to a body through several z counts once: distinct (fact, a, b).
+    key = torch.unique((fact * D + a) * D + b)
+    head = graph.relations[key // (D * D)]
+    return torch.bincount(key % (D * D) * R + head, minlength=D * D * R)
+
+
+def _bodies_to_count(graph: _Graph, support: Tensor, config: MiningConfig) -> Tensor:
+    """[2R, 2R] the chain bodies whose sizes are counted: those with a head passing the support and head-coverage
+    thresholds, less those whose size's lower bound already fails the standard-confidence one for each such head."""
+    coverage = support.double() / graph.head_sizes.double().clamp(min=1)  # [2R, 2R, R] as _select computes it
+    passing = (support >= max(config.min_support, 1)) & (coverage >= config.min_head_coverage)
+    counted = passing.any(2)  # [2R, 2R]
+    if config.min_confidence > 0:
+        best = (support * passing).max(2).values.double()  # [2R, 2R] the best head's support
+        lower = _body_size_lower_bounds(graph, counted).double()
+        # Division rounds monotonically: support / |B| <= best / lower < min_confidence for every head.
+        counted &= ~(best / lower.clamp(min=1) < config.min_confidence)
+    return counted
+
+
+def _body_size_lower_bounds(graph: _Graph, bodies: Tensor) -> Tensor:
+    """[2R, 2R] for the bodies (a, b) marked in ``bodies`` [2R, 2R]: a lower bound of |D_a D_b|, the sum over the
+    rows x of the most b-edges one of x's a-neighbours z has (x reaches them all); 0 for the rest."""
+    E, D = graph.num_entities, 2 * graph.num_relations
+    degree = torch.zeros(E, D, dtype=torch.int32).index_put_((graph.heads, graph.relations),
+                                                           torch.ones(len(graph.heads), dtype=torch.int32),
+                                                           accumulate=True)  # [E, 2R] deg_b(z)
+    lower = torch.zeros(D, D, dtype=torch.long)
+    for a in torch.nonzero(bodies.any(1)).squeeze(1).tolist():
+        keep = graph.relations == a
+        reach = degree[graph.tails[keep]]  # [|a|, 2R] deg_b(z) of each a-edge's z
+        rows = graph.heads[keep].unsqueeze(1).expand(-1, D)
+        most = torch.zeros(E, D, dtype=torch.int32).scatter_reduce_(0, rows, reach, "amax")  # [E, 2R]
+        lower[a] = most.sum(0, dtype=torch.long)
+    return lower * bodies
+
+
+def _within(counts: Tensor) -> Tensor:
+    """[sum(counts)] 0, 1, ..., c - 1 for each c in ``counts``: positions within each of consecutive runs."""
+    return torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+
+
 def _chain_pairs(graph: "_Graph", right: _Right, a: int, rows: range, per_x: Tensor,
                  limit: int) -> tuple[Tensor, Tensor]:
-    """(x, column b E + y) of every nonzero of rows ``rows`` of D_a @ right: a sparse product, or for one hub
+    """(x, column j E + y) of every nonzero of rows ``rows`` of D_a @ right: a sparse product, or for one hub
     row with more than ``limit`` paths, :func:`_hub_row`."""
     if limit and len(rows) == 1 and int(per_x[rows.start]) > limit:
         column = _hub_row(graph, right, a, rows.start, limit)
         return torch.full_like(column, rows.start), column
-    x, column = _sparse_mm(graph.directed(a, rows), right.matrix).coalesce().indices()  # (x, b E + y) via some z
+    x, column = _sparse_mm(graph.directed(a, rows), right.matrix).coalesce().indices()  # (x, j E + y) via some z
     return x + rows.start, column
 
 
 def _hub_row(graph: "_Graph", right: _Right, a: int, x: int, limit: int) -> Tensor:
-    """The columns (b E + y) row x of D_a @ right reaches, sorted: x's middle entities z a chunk at a time (at
-    most ``limit`` paths each), the columns of their rows of ``right`` marked in a dense [2R E] mask."""
+    """The columns (j E + y) row x of D_a @ right reaches, sorted: x's middle entities z a chunk at a time (at
+    most ``limit`` paths each), the columns of their rows of ``right`` marked in a dense [k E] mask."""
     middles = torch.unique(graph.tails[(graph.relations == a) & (graph.heads == x)])  # [k] z with a(x, z)
     crow, col = right.crow, right.col
     starts, counts = crow[middles], crow[middles + 1] - crow[middles]  # [k] each z's row of right
     cumulative = torch.cumsum(counts, 0)  # [k]
-    mask = torch.zeros(right.matrix.shape[1], dtype=torch.bool)  # [2R E]
+    mask = torch.zeros(right.matrix.shape[1], dtype=torch.bool)  # [k E]
     begin = 0
     while begin < len(middles):
         before = int(cumulative[begin - 1]) if begin else 0
         end = max(int(torch.searchsorted(cumulative, before + limit, right=True)), begin + 1)
         s, c = starts[begin:end], counts[begin:end]
         # Positions in col of the chunk's rows: each row's start, then 0, 1, ..., count - 1 within it.
-        within = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
-        mask[col[torch.repeat_interleave(s, c) + within]] = True
+        mask[col[torch.repeat_interleave(s, c) + _within(c)]] = True
         begin = end
     return torch.nonzero(mask).squeeze(1)
 
@@ -231,12 +350,12 @@ def chain_paths(graph: "_Graph") -> Tensor:
     return torch.zeros(2 * graph.num_relations, dtype=torch.long).index_add_(0, graph.relations, degree[graph.tails])
 
 
-def _paths_per_x(graph: "_Graph", a: int) -> Tensor:
-    """[E] the two-hop paths x -a-> z -> y of each row x: deg(z) summed over x's a-edges."""
-    E = graph.num_entities
-    degree = torch.bincount(graph.heads, minlength=E)  # every directed edge leaving z
+def _paths_per_x(graph: "_Graph", a: int, right: _Right) -> Tensor:
+    """[E] the two-hop paths x -a-> z -> y of each row x through ``right``: its rows' sizes summed over x's
+    a-edges (x, z)."""
+    degree = right.crow[1:] - right.crow[:-1]  # [E] the nonzeros of z's row
     keep = graph.relations == a
-    return torch.zeros(E, dtype=torch.long).index_add_(0, graph.heads[keep], degree[graph.tails[keep]])
+    return torch.zeros(graph.num_entities, dtype=torch.long).index_add_(0, graph.heads[keep], degree[graph.tails[keep]])
 
 
 def _row_blocks(per_x: Tensor, limit: int) -> list[range]:
