@@ -12,7 +12,7 @@ from scipy import stats
 from torch.func import functional_call
 
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
-from kgtrace.attribution.trak import trak
+from kgtrace.attribution.trak import removal_weights, trak, trak_ridges
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
@@ -112,11 +112,48 @@ def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult):
         phi_test = torch.stack([_score_gradient(model, z, names) for z in test]) @ projection  # [3, k]
         kernel = phi.T @ phi
         kernel = kernel + (0.5 * kernel.diagonal().mean() + 1e-12) * torch.eye(dim, dtype=torch.float64)
-        q = 1 - torch.sigmoid(model.score_hrt(run.dataset.train).detach())
-        expected += (phi_test @ torch.linalg.solve(kernel, phi.T)).detach() * q
+        expected += (phi_test @ torch.linalg.solve(kernel, phi.T)).detach()  # KvsAll: q_j = 1
     expected /= len(run.checkpoints)
     got = trak(run, test, dim=dim, seed=5, ridge=0.5)
     assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4 * expected.abs().max())
+    several = trak_ridges(run, test, [0.01, 0.5], dim=dim, seed=5)  # the gradients once, each ridge's solve
+    assert torch.equal(several[1], got) and not torch.allclose(several[0], got)
+
+
+def test_leaving_a_triple_out_of_kvsall_changes_the_gradient_by_one_multiple_of_its_score_gradient(tiny_distmult):
+    """TRAK's q_j = 1 for KvsAll: with triple j's label negative instead of positive, the gradient of its query's
+    BCE (label smoothing .1) changes by c * grad score(j), with the same c for every triple."""
+    run = load_run(tiny_distmult)
+    model = copy.deepcopy(run.model).double()
+    params = dict(model.named_parameters())
+    names = list(params)
+    train = run.dataset.train
+
+    def query_gradient(h, r, tails):
+        scores = model.score_t(torch.tensor([[h, r]]))  # [1, E]
+        loss = dense_bce_reference(scores, torch.zeros(len(tails), dtype=torch.long), torch.tensor(tails, dtype=torch.long), 0.1)
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    multiples = []
+    for h, r, t in train[:4].tolist():
+        answers = [b for a, rel, b in train.tolist() if (a, rel) == (h, r)]
+        change = query_gradient(h, r, answers) - query_gradient(h, r, [b for b in answers if b != t])
+        direction = _score_gradient(model, torch.tensor([h, r, t]), names)
+        multiple = float(change @ direction / (direction @ direction))
+        assert torch.allclose(change, multiple * direction, atol=1e-12)
+        multiples.append(multiple)
+    assert multiples == pytest.approx([multiples[0]] * 4) and multiples[0] != 0
+    assert torch.equal(removal_weights(model, train, "kvsall"), torch.ones(len(train), dtype=torch.float64))
+
+
+def test_onevsall_removal_weights_are_one_minus_the_softmax_probability(tiny_distmult):
+    run = load_run(tiny_distmult)
+    model, train = run.model, run.dataset.train[:7]
+    got = removal_weights(model, train, "1vsall", chunk_size=3)
+    E = run.dataset.num_entities
+    for j, (h, r, t) in enumerate(train.tolist()):
+        scores = model.score_hrt(torch.tensor([[h, r, e] for e in range(E)])).double()  # every tail, one at a time
+        assert float(got[j]) == pytest.approx(1 - float(torch.softmax(scores, 0)[t]), rel=1e-6)
 
 
 def _reference_hessian(run):
@@ -373,3 +410,14 @@ def test_influence_takes_the_final_weights_whichever_checkpoint_the_run_holds(ti
     test = first.dataset.test[:2]
     expected = InfluenceFunction(load_run(tiny_distmult)).influence(test)
     assert torch.equal(InfluenceFunction(first).influence(test), expected)
+
+
+def test_the_commands_trak_ridge_defaults_are_the_librarys():
+    """The CLI writes its defaults as literals (torch is not imported to print --help): they must be TRAK's."""
+    from kgtrace.attribution.trak import DEFAULT_RIDGE
+    from kgtrace.cli import build_parser
+
+    parser = build_parser()
+    explain = parser.parse_args(["explain", "RUN", "--test", "1"])
+    lds = parser.parse_args(["faithfulness", "RUN", "--lds"])
+    assert explain.trak_ridge == lds.trak_ridge == AttributionInputs().trak_ridge == LdsSettings().trak_ridge == DEFAULT_RIDGE

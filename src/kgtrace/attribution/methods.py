@@ -35,7 +35,7 @@ from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
-from kgtrace.attribution.trak import trak
+from kgtrace.attribution.trak import DEFAULT_RIDGE, trak
 from kgtrace.run import Run
 
 __all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_NOTES", "checkpoints_used", "matrix_top_k",
@@ -50,7 +50,7 @@ class AttributionInputs:
     progress: bool = False
     damping: float = 1e-3  # influence: the first damping tried
     trak_dim: int = 2048  # trak: the projection dimension
-    trak_ridge: float = 1.0  # trak: the ridge, a fraction of the kernel's mean diagonal
+    trak_ridge: float = DEFAULT_RIDGE  # trak: the ridge, a fraction of the kernel's mean diagonal
 
 
 Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]

@@ -1,22 +1,32 @@
 """TRAK (Park et al., 2023) for a run's triples: projected score gradients, an ensemble over checkpoints.
 
-A triple z is a binary example (label 1) with output f(z) = score_hrt(z), a logit. At one
-model theta, with a random projection R [P, k] (Gaussian, entries N(0, 1/k)):
+A training triple z_j enters the run's 1-N objective through its score f(z_j) = score_hrt(z_j),
+a logit. At one model theta, with a random projection R [P, k] (Gaussian, entries N(0, 1/k)):
 
     phi(z)     = R^T grad_theta f(z)                       [k]   the projected gradient
     Phi        = [phi(z_1); ...; phi(z_n)]                 [n, k] over the training triples
-    q_j        = 1 - sigmoid(f(z_j))                       the residual of training triple j
+    q_j        = how the loss's gradient changes when z_j is left out, per unit of grad f(z_j)
     tau(z, j)  = phi(z)^T (Phi^T Phi + lambda I)^{-1} phi(z_j) q_j
 
-TRAK's estimate of how much training on z_j raises f(z) (its eq. for binary logistic outputs;
-positive: a proponent, as TracIn's sign). The estimate is averaged over an ensemble of
-models: here the run's epoch checkpoints, each with its own projection (seeded by (seed, c)).
-The paper trains independent models instead; checkpoints of one run are the cheap ensemble it
-also discusses. lambda = ``ridge`` x the kernel's mean diagonal: a strong ridge by default (1),
-which pulls the estimate towards the residual-weighted projected gradient product and was the
-most faithful setting by the LDS (docs/benchmarks.md); small ridges (1e-6) give the plain
-least-squares estimate. Gradients are over every parameter, computed per triple with ``torch.func`` (model in
-eval mode), a chunk at a time and projected at once, so memory holds [chunk, P] and R.
+TRAK's estimate of how much training on z_j raises f(z) (positive: a proponent, as TracIn's
+sign). TRAK derives q_j for a dataset of independent examples: leaving a binary example out
+removes its loss, whose gradient is -(1 - sigmoid(f)) grad f, so q_j = 1 - sigmoid(f(z_j)).
+A 1-N objective does not remove anything when z_j is left out (``removal_weights``):
+
+* KvsAll: every query (h, r) is scored against all tails with BCE and z_j's tail is one of its
+  labels; leaving z_j out turns that label from positive to negative (its smoothed values
+  1 - eps and eps), which changes the loss's gradient by the label difference times grad f(z_j):
+  the same for every triple, q_j = 1.
+* 1vsAll: z_j's cross-entropy over all tails goes, gradient -(1 - p_j) grad f(z_j) plus the
+  other tails' terms; as TRAK's multi-class case, q_j = 1 - p_j with p_j the softmax
+  probability of z_j's tail among all tails.
+
+The estimate is averaged over an ensemble of models: here the run's epoch checkpoints, each
+with its own projection (seeded by (seed, c)). The paper trains independent models instead;
+checkpoints of one run are the cheap ensemble it also discusses. lambda = ``ridge`` x the
+kernel's mean diagonal. Gradients are over every parameter, computed per triple with
+``torch.func`` (model in eval mode), a chunk at a time and projected at once, so memory holds
+[chunk, P] and R.
 """
 
 from __future__ import annotations
@@ -32,31 +42,50 @@ from kgtrace.checkpoint import load_checkpoint
 from kgtrace.errors import KgtraceError
 from kgtrace.run import Run, model_from_checkpoint
 
-__all__ = ["trak"]
+__all__ = ["DEFAULT_RIDGE", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
+# lambda's default fraction of the kernel's mean diagonal (docs/benchmarks.md, the LDS's ridge sweep).
+DEFAULT_RIDGE = 0.3
 
 
 def trak(run: Run, test: Tensor, dim: int = 2048, seed: int = 0, chunk_size: int = 512,
-         checkpoints: Sequence[int] | None = None, ridge: float = 1.0) -> Tensor:
+         checkpoints: Sequence[int] | None = None, ridge: float = DEFAULT_RIDGE) -> Tensor:
     """TRAK attributions [n_test, n_train] (float64) of the run's training triples (module doc).
 
     checkpoints: positions in ``run.checkpoints`` forming the ensemble; None: all of them.
     ridge: lambda as a fraction of the kernel's mean diagonal.
     """
+    return trak_ridges(run, test, [ridge], dim, seed, chunk_size, checkpoints)[0]
+
+
+def trak_ridges(run: Run, test: Tensor, ridges: Sequence[float], dim: int = 2048, seed: int = 0,
+                chunk_size: int = 512, checkpoints: Sequence[int] | None = None) -> Tensor:
+    """[len(ridges), n_test, n_train] (float64): :func:`trak` at each ridge, the gradients computed once."""
     chosen = list(range(len(run.checkpoints))) if checkpoints is None else list(checkpoints)
     train = run.dataset.train
-    total = torch.zeros(len(test), len(train), dtype=torch.float64)
+    total = torch.zeros(len(ridges), len(test), len(train), dtype=torch.float64)
     for c in chosen:
         model = model_from_checkpoint(load_checkpoint(run.checkpoints[c].path))  # in eval mode
-        total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size, ridge)
+        total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size, ridges,
+                            run.config.training)
     return total / len(chosen)
 
 
+def removal_weights(model: nn.Module, train: Tensor, training: str, chunk_size: int = 512) -> Tensor:
+    """[n] q_j of each training triple under the run's objective ``training`` (module doc), float64."""
+    if training == "kvsall":
+        return torch.ones(len(train), dtype=torch.float64)
+    with torch.no_grad():  # 1vsall: 1 - softmax probability of the triple's tail among all tails
+        log_p = torch.cat([model.score_t(chunk[:, :2]).double().log_softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
+                           for chunk in train.split(chunk_size)])  # [n]
+    return 1.0 - log_p.exp()
+
+
 def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int,
-               ridge: float) -> Tensor:
-    """One model's TRAK estimate [n_test, n_train] (float64)."""
+               ridges: Sequence[float], training: str) -> Tensor:
+    """One model's TRAK estimates [len(ridges), n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
     size = sum(p.numel() for n, p in model.named_parameters() if n in names)
     if size * dim * 4 > MAX_PROJECTION_BYTES:
@@ -66,10 +95,13 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
     projection = torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5  # [P, k]
     features = torch.cat([per_sample_gradients(model, chunk, names, of="score") @ projection
                           for chunk in train.split(chunk_size)]).double()  # [n, k]
-    with torch.no_grad():
-        residual = 1.0 - torch.sigmoid(model.score_hrt(train).double())  # [n] q_j
+    residual = removal_weights(model, train, training, chunk_size)  # [n] q_j
     test_features = (per_sample_gradients(model, test, names, of="score") @ projection).double()  # [n_test, k]
     kernel = features.T @ features  # [k, k]
-    lam = ridge * float(kernel.diagonal().mean()) + 1e-12
-    solved = torch.linalg.solve(kernel + lam * torch.eye(dim, dtype=kernel.dtype), test_features.T)  # [k, n_test]
-    return (features @ solved).T * residual  # [n_test, n] each column j scaled by q_j
+    scale = float(kernel.diagonal().mean())
+    estimates = []
+    for ridge in ridges:
+        damped = kernel + (ridge * scale + 1e-12) * torch.eye(dim, dtype=kernel.dtype)
+        solved = torch.linalg.solve(damped, test_features.T)  # [k, n_test]
+        estimates.append((features @ solved).T * residual)  # [n_test, n] each column j scaled by q_j
+    return torch.stack(estimates)

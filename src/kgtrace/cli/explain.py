@@ -40,7 +40,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                         "scores every training triple at once on the CPU (small models: trak, influence-fisher, "
                         "influence, grad-cos, ...; see docs/tracin.md and the LDS benchmark)")
     p.add_argument("--trak-dim", type=int, default=2048, help="--method trak: the projection dimension")
-    p.add_argument("--trak-ridge", type=float, default=1.0,
+    p.add_argument("--trak-ridge", type=float, default=0.3,
                    help="--method trak: the ridge, a fraction of its kernel's mean diagonal")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default="last",

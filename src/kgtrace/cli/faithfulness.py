@@ -67,7 +67,7 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     lds.add_argument("--bootstrap", type=int, default=1000, help="resamples of the predictions for the interval")
     lds.add_argument("--damping", type=float, default=1e-3, help="influence functions: the first damping tried")
     lds.add_argument("--trak-dim", type=int, default=2048, help="TRAK: the projection dimension")
-    lds.add_argument("--trak-ridge", type=float, default=1.0, help="TRAK: the ridge, a fraction of its kernel's mean diagonal")
+    lds.add_argument("--trak-ridge", type=float, default=0.3, help="TRAK: the ridge, a fraction of its kernel's mean diagonal")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.trak import DEFAULT_RIDGE
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
@@ -57,6 +58,8 @@ __all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "dra
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
 
 OUTPUTS = ("score", "log_prob")
+# A method's formula changed since matrices were saved with it: those are recomputed, not reused.
+REVISIONS = {"trak": 2}  # 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid(score)
 DEFAULT_METHODS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence", "influence-fisher",
                    "trak", "random", "neighbourhood")
 
@@ -76,7 +79,7 @@ class LdsSettings:
     device: str = "cpu"
     damping: float = 1e-3  # influence functions: the first damping tried
     trak_dim: int = 2048  # TRAK: projection dimension
-    trak_ridge: float = 1.0  # TRAK: the ridge, a fraction of the kernel's mean diagonal
+    trak_ridge: float = DEFAULT_RIDGE  # TRAK: the ridge, a fraction of the kernel's mean diagonal
 
     def validate(self) -> "LdsSettings":
         problems = []
@@ -273,7 +276,8 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
     """The method's [N, n_train] float64 attributions and the seconds they took (reused from ``lds/`` when saved)."""
     path = out / "lds" / f"{method}.pt"
     inputs = {k: v for k, v in asdict(extra).items() if k != "progress"}  # what changes the values
-    signature = {"method": method, "predictions": as_rows(predictions), "inputs": inputs}
+    signature = {"method": method, "revision": REVISIONS.get(method, 1), "predictions": as_rows(predictions),
+                 "inputs": inputs}
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         if saved["signature"] == json.dumps(signature):
