@@ -481,7 +481,21 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     return {"dataset": dataset, "model": model, "config": MODELS[model], "base_training_s": round(trained, 1),
             "lds_check_s": round(check_s, 1), "subset_training_s": round(summary.training_seconds, 2),
             "predictions": len(inputs.predictions), "train_triples": int(inputs.masks.shape[1]),
-            "subsets": int(inputs.masks.shape[0]), "rows": rows, "folder": str(run / "faithfulness")}
+            "subsets": int(inputs.masks.shape[0]), "rows": rows,
+            "trak_ridges": ridge_sweep(run, inputs, args) if args.trak_ridges else {},
+            "folder": str(run / "faithfulness")}
+
+
+def ridge_sweep(run_dir: Path, inputs, args: argparse.Namespace) -> dict[str, float]:
+    """kgtrace TRAK's mean LDS on the score at each of ``--trak-ridges`` (one set of gradients for all)."""
+    from kgtrace.attribution.trak import trak_ridges
+    from kgtrace.faithfulness.lds import lds_scores
+    from kgtrace.run import load_run
+
+    run = load_run(run_dir, "last")
+    matrices = trak_ridges(run, inputs.predictions, args.trak_ridges, dim=args.trak_dim)  # [G, N, n_train]
+    return {f"{ridge:g}": round(float(np.nanmean(lds_scores(inputs.outputs["score"], inputs.masks, m.numpy()))), 4)
+            for ridge, m in zip(args.trak_ridges, matrices)}
 
 
 def versions() -> dict:
@@ -528,6 +542,15 @@ def markdown_tables(documents: list[dict]) -> str:
                           (r for r in best.values() if r), key=lambda r: r["score"]["lds"]) else
                        f"{row['score']['lds']:.3f}", f"{row['seconds']:.1f}"])
         lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+    ridges = list(dict.fromkeys(r for run in runs for r in run.get("trak_ridges", {})))
+    if ridges:  # kgtrace TRAK's LDS against its ridge, the best per run in bold
+        lines += ["", f"| dataset | model | {' | '.join(ridges)} |", "|---|---|" + "---|" * len(ridges)]
+        for run in runs:
+            sweep = run.get("trak_ridges", {})
+            best = max(sweep.values(), default=None)
+            cells = ["–" if r not in sweep else f"**{sweep[r]:.3f}**" if sweep[r] == best else f"{sweep[r]:.3f}"
+                     for r in ridges]
+            lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -558,6 +581,8 @@ def main() -> None:
     parser.add_argument("--damping", type=float, default=1e-3, help="influence functions' damping (both libraries)")
     parser.add_argument("--trak-dim", type=int, default=2048, help="dattri TRAK's projection (kgtrace's default)")
     parser.add_argument("--trak-ridge", type=float, default=1e-3, help="dattri TRAK's ridge on Phi'Phi")
+    parser.add_argument("--trak-ridges", default="", help="kgtrace TRAK's LDS at each of these ridges (comma-separated "
+                        "fractions of its kernel's mean diagonal), besides its default's")
     parser.add_argument("--cg-iterations", type=int, default=10, help="dattri if-cg's iterations (its default)")
     parser.add_argument("--lissa-depth", type=int, default=1000, help="dattri if-lissa's recursion depth")
     parser.add_argument("--explicit-limit", type=float, default=EXPLICIT_LIMIT,
@@ -583,6 +608,7 @@ def main() -> None:
     args.methods = tuple(m for m in args.methods.split(",") if m)
     args.peers = tuple(p for p in args.peers.split(",") if p)
     args.dattri_methods = tuple(m for m in args.dattri_methods.split(",") if m)
+    args.trak_ridges = [float(r) for r in args.trak_ridges.split(",") if r]
     unknown = [m for m in args.dattri_methods if m not in DATTRI_METHODS] + [p for p in args.peers if p != "dattri"]
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)}; dattri methods are {', '.join(DATTRI_METHODS)}")

@@ -12,12 +12,12 @@ from scipy import stats
 from torch.func import functional_call
 
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
-from kgtrace.attribution.trak import removal_weights, trak, trak_ridges
+from kgtrace.attribution.trak import DEFAULT_RIDGE, removal_weights, trak, trak_ridges
 from kgtrace.checkpoint import load_checkpoint
-from kgtrace.cli import main
+from kgtrace.cli import build_parser, main
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
 from kgtrace.run import load_run, model_from_checkpoint
@@ -414,10 +414,21 @@ def test_influence_takes_the_final_weights_whichever_checkpoint_the_run_holds(ti
 
 def test_the_commands_trak_ridge_defaults_are_the_librarys():
     """The CLI writes its defaults as literals (torch is not imported to print --help): they must be TRAK's."""
-    from kgtrace.attribution.trak import DEFAULT_RIDGE
-    from kgtrace.cli import build_parser
-
     parser = build_parser()
     explain = parser.parse_args(["explain", "RUN", "--test", "1"])
     lds = parser.parse_args(["faithfulness", "RUN", "--lds"])
     assert explain.trak_ridge == lds.trak_ridge == AttributionInputs().trak_ridge == LdsSettings().trak_ridge == DEFAULT_RIDGE
+
+
+def test_each_method_depends_only_on_the_inputs_it_declares(tiny_distmult):
+    """METHOD_INPUTS decides when a saved matrix is reused: every other input must leave a method's values alone."""
+    run = load_run(tiny_distmult)
+    test = run.dataset.test[:2]
+    base = AttributionInputs(trak_dim=16)
+    other = AttributionInputs(seed=7, damping=0.05, trak_dim=8, trak_ridge=0.01)
+    assert set(METHOD_INPUTS) == set(ATTRIBUTIONS)
+    for method, attribution in ATTRIBUTIONS.items():
+        changed = dataclasses_replace(other, **{k: getattr(base, k) for k in METHOD_INPUTS[method]})
+        assert torch.equal(attribution(run, test, base), attribution(run, test, changed)), method
+        if METHOD_INPUTS[method]:  # and the declared ones do change them
+            assert not torch.equal(attribution(run, test, base), attribution(run, test, other)), method

@@ -38,8 +38,8 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import DEFAULT_RIDGE, trak
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_NOTES", "checkpoints_used", "matrix_top_k",
-           "shares_an_entity"]
+__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES", "checkpoints_used",
+           "matrix_top_k", "shares_an_entity"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,14 @@ ATTRIBUTIONS: dict[str, Attribution] = {
     "trak": trak_method,
     "random": random_scores,
     "neighbourhood": neighbourhood_scores,
+}
+
+#: The AttributionInputs fields each method's values depend on (a saved matrix is reused while they are the same).
+METHOD_INPUTS: dict[str, tuple[str, ...]] = {
+    **{name: () for name in ATTRIBUTIONS},
+    "influence": ("damping",), "influence-last": ("damping",), "influence-fisher": ("damping",),
+    "trak": ("seed", "trak_dim", "trak_ridge"),
+    "random": ("seed",),
 }
 
 

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs
 from kgtrace.attribution.trak import DEFAULT_RIDGE
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
@@ -275,9 +275,10 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
                  extra: AttributionInputs) -> tuple[Tensor, float]:
     """The method's [N, n_train] float64 attributions and the seconds they took (reused from ``lds/`` when saved)."""
     path = out / "lds" / f"{method}.pt"
-    inputs = {k: v for k, v in asdict(extra).items() if k != "progress"}  # what changes the values
-    signature = {"method": method, "revision": REVISIONS.get(method, 1), "predictions": as_rows(predictions),
-                 "inputs": inputs}
+    inputs = {k: getattr(extra, k) for k in METHOD_INPUTS[method]}  # what changes the values
+    signature = {"method": method, "predictions": as_rows(predictions), "inputs": inputs}
+    if method in REVISIONS:  # a method's first formula has no revision: matrices saved before revisions stay valid
+        signature["revision"] = REVISIONS[method]
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         if saved["signature"] == json.dumps(signature):
