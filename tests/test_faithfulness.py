@@ -16,6 +16,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.faithfulness import METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness
 from kgtrace.faithfulness import summarize as summarize_measures
+from kgtrace.faithfulness.experiment import removals
 from kgtrace.faithfulness.methods import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
 from kgtrace.faithfulness.predictions import measure, rank_first_test, sample_rows
 from kgtrace.faithfulness.retrain import job_key
@@ -357,3 +358,23 @@ def test_cli_writes_the_table_and_the_report_shows_it(nations_run, tmp_path, cap
     assert "<h2>Faithfulness</h2>" not in build_html(nations_run)
     assert main(["report", str(nations_run), "--faithfulness", str(moved), "--out", str(tmp_path / "r.html")]) == 0
     assert "<h2>Faithfulness</h2>" in (tmp_path / "r.html").read_text()
+
+
+def test_saved_removals_are_reused_only_under_the_same_formula_and_inputs(toy_run, tmp_path):
+    """removals.json keeps each method's ranking per prediction; an attribution method's rows saved under another
+    revision or other inputs (here: none recorded, as before revisions) are recomputed, the others reused."""
+    run = load_run(toy_run)
+    predictions = run.dataset.test[:2]
+    settings = small(ks=(1, 3), methods=("grad-cos", "random"))
+    cache = tmp_path / "removals.json"
+    fresh = removals(run, predictions, settings, cache, progress=False)
+    saved = json.loads(cache.read_text())
+    assert {row["signature"] for row in saved["methods"]["random"].values()} == {None}
+    for name in ("grad-cos", "random"):  # tamper: an older file's rows (no signature), a different ranking
+        for row in saved["methods"][name].values():
+            row.pop("signature")
+            row["ranked"] = [0, 1, 2]
+    cache.write_text(json.dumps(saved))
+    again = removals(run, predictions, settings, cache, progress=False)
+    assert again["grad-cos"] == fresh["grad-cos"] != [[0, 1, 2]] * 2  # recomputed
+    assert again["random"] == [[0, 1, 2]] * 2  # reused: no revision, and the file's seed covers its draw

@@ -38,8 +38,8 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import DEFAULT_RIDGE, trak
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES", "checkpoints_used",
-           "matrix_top_k", "shares_an_entity"]
+__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES", "METHOD_REVISIONS",
+           "attribution_signature", "checkpoints_used", "matrix_top_k", "shares_an_entity"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,17 @@ METHOD_INPUTS: dict[str, tuple[str, ...]] = {
     "trak": ("seed", "trak_dim", "trak_ridge"),
     "random": ("seed",),
 }
+#: Methods whose formula changed: results saved under an earlier revision are recomputed (absent: the first).
+METHOD_REVISIONS: dict[str, int] = {"trak": 2}  # 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid
+
+
+def attribution_signature(method: str, inputs: AttributionInputs) -> dict:
+    """What a saved result of ``method`` depends on besides the run and the predictions: the inputs it reads and
+    its revision (a method's first revision adds nothing, so results saved before revisions stay valid)."""
+    signature: dict = {"inputs": {k: getattr(inputs, k) for k in METHOD_INPUTS[method]}}
+    if method in METHOD_REVISIONS:
+        signature["revision"] = METHOD_REVISIONS[method]
+    return signature
 
 
 def checkpoints_used(method: str, run: Run) -> list[int]:

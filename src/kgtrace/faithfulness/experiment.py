@@ -39,7 +39,7 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness import metrics
-from kgtrace.faithfulness.methods import METHODS, MethodInputs
+from kgtrace.faithfulness.methods import METHODS, MethodInputs, method_signature
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
@@ -216,11 +216,14 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
     inputs = MethodInputs(settings.seed, progress, settings.prover_run)
     keys = [",".join(map(str, row)) for row in as_rows(predictions)]
     for name in settings.methods:
-        have = {key: row for key, row in methods.get(name, {}).items() if row["k"] >= k}  # computed for k or more
+        signature = method_signature(name, inputs)  # rows of an earlier formula or other inputs are not reused
+        have = {key: row for key, row in methods.get(name, {}).items()
+                if row["k"] >= k and row.get("signature") == signature}  # computed for k or more
         missing = [i for i, key in enumerate(keys) if key not in have]
         if missing:
             found = METHODS[name](run, predictions[missing], k, inputs)
-            have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row]} for i, row in zip(missing, found)}
+            have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row], "signature": signature}
+                     for i, row in zip(missing, found)}
         methods[name] = {**methods.get(name, {}), **have}
     atomic_write_text(cache, json.dumps({"seed": settings.seed, "prover_run": settings.prover_run,
                                          "methods": methods}) + "\n")

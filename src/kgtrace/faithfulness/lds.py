@@ -45,7 +45,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, attribution_signature
 from kgtrace.attribution.trak import DEFAULT_RIDGE
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
@@ -58,8 +58,6 @@ __all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "dra
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
 
 OUTPUTS = ("score", "log_prob")
-# A method's formula changed since matrices were saved with it: those are recomputed, not reused.
-REVISIONS = {"trak": 2}  # 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid(score)
 DEFAULT_METHODS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence", "influence-fisher",
                    "trak", "random", "neighbourhood")
 
@@ -275,10 +273,7 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
                  extra: AttributionInputs) -> tuple[Tensor, float]:
     """The method's [N, n_train] float64 attributions and the seconds they took (reused from ``lds/`` when saved)."""
     path = out / "lds" / f"{method}.pt"
-    inputs = {k: getattr(extra, k) for k in METHOD_INPUTS[method]}  # what changes the values
-    signature = {"method": method, "predictions": as_rows(predictions), "inputs": inputs}
-    if method in REVISIONS:  # a method's first formula has no revision: matrices saved before revisions stay valid
-        signature["revision"] = REVISIONS[method]
+    signature = {"method": method, "predictions": as_rows(predictions), **attribution_signature(method, extra)}
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         if saved["signature"] == json.dumps(signature):

@@ -30,6 +30,7 @@ smaller k takes the first k of that list, so the removed sets are nested across 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,14 +38,14 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, shares_an_entity
+from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, attribution_signature, shares_an_entity
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
 from kgtrace.prover.run import load_prover_run
 from kgtrace.run import Run
 
-__all__ = ["METHODS", "Method", "MethodInputs"]
+__all__ = ["METHODS", "Method", "MethodInputs", "method_signature"]
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,22 @@ def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) 
 
 def _attribution_top(name: str) -> Method:
     def method(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
-        matrix = ATTRIBUTIONS[name](run, predictions, AttributionInputs(seed=inputs.seed, progress=inputs.progress))
+        matrix = ATTRIBUTIONS[name](run, predictions, attribution_inputs(inputs))
         return [row.topk(min(k, len(row))).indices for row in matrix]  # [k] each, largest first
     return method
+
+
+def attribution_inputs(inputs: MethodInputs) -> AttributionInputs:
+    """The inputs the attribution methods get here: the seed, the rest their defaults."""
+    return AttributionInputs(seed=inputs.seed, progress=inputs.progress)
+
+
+def method_signature(name: str, inputs: MethodInputs) -> str | None:
+    """What a method's saved removals depend on besides the run and the prediction (None: the removal methods'
+    own, whose formulas have not changed), as a string to compare."""
+    if name not in ATTRIBUTION_TOPS:
+        return None
+    return json.dumps(attribution_signature(name, attribution_inputs(inputs)), sort_keys=True)
 
 
 def random_triples(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
@@ -141,11 +155,14 @@ def _generator(seed: int, salt: str, triple: Tensor) -> torch.Generator:
 
 
 #: Removal methods by name (module doc).
+# The removal methods that take the top of an attribution method's matrix.
+ATTRIBUTION_TOPS = ("trak", "influence", "influence-fisher", "grad-cos")
+
 METHODS: dict[str, Method] = {
     "tracin-last": tracin_last,
     "tracin-all": tracin_all,
     "random": random_triples,
     "neighbourhood": neighbourhood,
     "proof": proof_facts,
-    **{name: _attribution_top(name) for name in ("trak", "influence", "influence-fisher", "grad-cos")},
+    **{name: _attribution_top(name) for name in ATTRIBUTION_TOPS},
 }
