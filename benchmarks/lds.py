@@ -143,8 +143,9 @@ def lds_row(matrix: np.ndarray, inputs, bootstrap: int) -> dict:
     """LDS per output of an attribution matrix [N, n_train] on the check's subsets and retrained outputs."""
     from kgtrace.faithfulness.lds import lds_scores
 
-    return {output: scored(lds_scores(inputs.outputs[output], inputs.masks, matrix), bootstrap)
-            for output in OUTPUTS}
+    values = {output: lds_scores(inputs.outputs[output], inputs.masks, matrix) for output in OUTPUTS}
+    return {**{output: scored(values[output], bootstrap) for output in OUTPUTS},
+            "per_prediction": [None if np.isnan(v) else round(float(v), 4) for v in values["score"]]}
 
 
 # ----------------------------------------------------------------------------- kgtrace models as dattri tasks
@@ -462,6 +463,7 @@ def kgtrace_rows(summary) -> list[dict]:
     for r in summary.rows:
         row = rows.setdefault(r.method, {"method": f"kgtrace:{r.method}", "seconds": round(r.seconds, 2)})
         row[r.output] = {"lds": round(r.lds, 4), "low": round(r.low, 4), "high": round(r.high, 4), "n": r.n}
+        row["per_prediction"] = [None if v is None else round(v, 4) for v in summary.per_prediction[r.method]["score"]]
     for method, error in summary.errors.items():
         rows[method] = {"method": f"kgtrace:{method}", "error": error}
     return list(rows.values())
@@ -527,7 +529,8 @@ def markdown_tables(documents: list[dict]) -> str:
             cells = [_cell(rows.get(f"{library}:{c}")) for c in columns]
             lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
         lines.append("")
-    lines += ["| dataset | model | kgtrace's best | LDS | s | dattri's best | LDS | s |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["| dataset | model | kgtrace's best | LDS | s | dattri's best | LDS | s | difference, paired |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         best = {}
         for library in ("kgtrace", "dattri"):
@@ -541,6 +544,7 @@ def markdown_tables(documents: list[dict]) -> str:
                       [row["method"].split(":", 1)[1], f"**{row['score']['lds']:.3f}**" if row is max(
                           (r for r in best.values() if r), key=lambda r: r["score"]["lds"]) else
                        f"{row['score']['lds']:.3f}", f"{row['seconds']:.1f}"])
+        cells.append(paired_difference(best["kgtrace"], best["dattri"]))
         lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
     ridges = list(dict.fromkeys(r for run in runs for r in run.get("trak_ridges", {})))
     if ridges:  # kgtrace TRAK's LDS against its ridge, the best per run in bold
@@ -552,6 +556,18 @@ def markdown_tables(documents: list[dict]) -> str:
                      for r in ridges]
             lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+def paired_difference(ours: dict | None, theirs: dict | None, bootstrap: int = 1000) -> str:
+    """Mean over the predictions of ours - theirs (per-prediction LDS on the score), with its percentile bootstrap
+    interval over the predictions (paired: both methods' LDS of the same prediction)."""
+    from kgtrace.faithfulness.lds import summarize_lds
+
+    if not ours or not theirs or "per_prediction" not in ours or "per_prediction" not in theirs:
+        return "–"
+    pairs = [(a, b) for a, b in zip(ours["per_prediction"], theirs["per_prediction"]) if a is not None and b is not None]
+    mean, low, high = summarize_lds(np.array([a - b for a, b in pairs]), bootstrap=bootstrap, seed=0)
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def _cell(row: dict | None) -> str:
