@@ -558,6 +558,32 @@ def markdown_tables(documents: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def removal_result(folder: Path) -> dict:
+    """The removal check's settings and table (faithfulness.json in ``folder``), with the run it was made on."""
+    saved = json.loads((folder / "faithfulness.json").read_text())
+    run = folder.parent.name  # DATASET-MODEL, a run of this script
+    dataset, model = run.split("-", 1)
+    return {"command": f"kgtrace faithfulness RUN --sample {saved['settings']['sample']} --k "
+                       f"{','.join(map(str, saved['settings']['ks']))} --methods {','.join(saved['settings']['methods'])} "
+                       "--jobs 1 --threads 1",
+            "run": f"benchmarks/lds.py's {run} ({MODELS[model]})", "dataset": dataset, "model": model,
+            "settings": saved["settings"], "predictions": saved["predictions"]["how"],
+            "control_max_abs_score_change": saved["control_max_abs_score_change"], "table": saved["table"]}
+
+
+def removals_table(documents: list[dict]) -> str:
+    """One row per run and method: PD and TC in % at k = 1 and 10, and the MRR drop at 10."""
+    lines = ["| dataset | model | method | k=1 PD / TC | k=10 PD / TC | k=10 MRR drop |", "|---|---|---|---|---|---|"]
+    for doc in documents:
+        cells = {(r["method"], r["k"]): r for r in doc["table"] if r["method"] != "none"}
+        for method in dict.fromkeys(m for m, _ in cells):
+            one, ten = cells.get((method, 1)), cells.get((method, 10))
+            pdtc = ["–" if r is None else f"{100 * r['pd']:.0f} / {100 * r['tc']:.0f}" for r in (one, ten)]
+            drop = "–" if ten is None else f"{ten['mrr_drop']:.3f}"
+            lines.append(f"| {doc.get('dataset', '')} | {doc.get('model', '')} | {method} | {pdtc[0]} | {pdtc[1]} | {drop} |")
+    return "\n".join(lines)
+
+
 def paired_difference(ours: dict | None, theirs: dict | None, bootstrap: int = 1000) -> str:
     """Mean over the predictions of ours - theirs (per-prediction LDS on the score), with its percentile bootstrap
     interval over the predictions (paired: both methods' LDS of the same prediction)."""
@@ -617,9 +643,20 @@ def main() -> None:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
                         help="print the Markdown tables of these result files (this script's output) and stop")
+    parser.add_argument("--removals", type=Path, metavar="FOLDER",
+                        help="print the removal check's table in FOLDER (kgtrace faithfulness RUN --out FOLDER, on a "
+                             "run of this script) as a result file, and stop")
+    parser.add_argument("--removals-table", nargs="+", type=Path, metavar="JSON",
+                        help="print the Markdown table of these --removals result files and stop")
     args = parser.parse_args()
     if args.table:
         print(markdown_tables([json.loads(p.read_text()) for p in args.table]))
+        return
+    if args.removals:
+        print(json.dumps(removal_result(args.removals), indent=1))
+        return
+    if args.removals_table:
+        print(removals_table([json.loads(p.read_text()) for p in args.removals_table]))
         return
     args.methods = tuple(m for m in args.methods.split(",") if m)
     args.peers = tuple(p for p in args.peers.split(",") if p)
