@@ -555,6 +555,9 @@ def markdown_tables(documents: list[dict]) -> str:
             cells = ["–" if r not in sweep else f"**{sweep[r]:.3f}**" if sweep[r] == best else f"{sweep[r]:.3f}"
                      for r in ridges]
             lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+        swept = [run["trak_ridges"] for run in runs if set(run.get("trak_ridges", {})) == set(ridges)]
+        means = [float(np.mean([sweep[r] for sweep in swept])) for r in ridges]
+        lines.append(f"| mean of {len(swept)} runs | | {' | '.join(f'{m:.3f}' for m in means)} |")
     return "\n".join(lines)
 
 
