@@ -16,7 +16,9 @@ A 1-N objective does not remove anything when z_j is left out (``removal_weights
 * KvsAll: every query (h, r) is scored against all tails with BCE and z_j's tail is one of its
   labels; leaving z_j out turns that label from positive to negative (its smoothed values
   1 - eps and eps), which changes the loss's gradient by the label difference times grad f(z_j):
-  the same for every triple, q_j = 1.
+  the same for every triple, q_j = 1. (Training also asks the reciprocal query (t, r^-1), whose
+  score of the head is f(z_j) again for DistMult and ComplEx; ConvE's has its own relation
+  embedding, and phi keeps the forward score's gradient only.)
 * 1vsAll: z_j's cross-entropy over all tails goes, gradient -(1 - p_j) grad f(z_j) plus the
   other tails' terms; as TRAK's multi-class case, q_j = 1 - p_j with p_j the softmax
   probability of z_j's tail among all tails.
@@ -95,7 +97,7 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
     projection = torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5  # [P, k]
     features = torch.cat([per_sample_gradients(model, chunk, names, of="score") @ projection
                           for chunk in train.split(chunk_size)]).double()  # [n, k]
-    residual = removal_weights(model, train, training, chunk_size)  # [n] q_j
+    weights = removal_weights(model, train, training, chunk_size)  # [n] q_j
     test_features = (per_sample_gradients(model, test, names, of="score") @ projection).double()  # [n_test, k]
     kernel = features.T @ features  # [k, k]
     scale = float(kernel.diagonal().mean())
@@ -103,5 +105,5 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
     for ridge in ridges:
         damped = kernel + (ridge * scale + 1e-12) * torch.eye(dim, dtype=kernel.dtype)
         solved = torch.linalg.solve(damped, test_features.T)  # [k, n_test]
-        estimates.append((features @ solved).T * residual)  # [n_test, n] each column j scaled by q_j
+        estimates.append((features @ solved).T * weights)  # [n_test, n] each column j scaled by q_j
     return torch.stack(estimates)
