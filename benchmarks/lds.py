@@ -517,47 +517,66 @@ KGTRACE_COLUMNS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot",
 
 
 def markdown_tables(documents: list[dict]) -> str:
-    """The benchmarks page's tables: kgtrace's methods, dattri's, and the best of each, per dataset x model."""
+    """The benchmarks page's tables: kgtrace's methods, dattri's, the best of each, and kgtrace TRAK's ridge sweep."""
     runs = [run for doc in documents for run in doc["results"]]
     peers = sorted({row["method"].split(":", 1)[1] for run in runs for row in run["rows"]
                     if row["method"].startswith("dattri:")}, key=lambda m: DATTRI_METHODS.index(m))
-    lines = []
-    for library, columns in (("kgtrace", KGTRACE_COLUMNS), ("dattri", peers)):
-        lines += [f"| dataset | model | {' | '.join(columns)} |", "|---|---|" + "---|" * len(columns)]
-        for run in runs:
-            rows = {row["method"]: row for row in run["rows"]}
-            cells = [_cell(rows.get(f"{library}:{c}")) for c in columns]
-            lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
-        lines.append("")
-    lines += ["| dataset | model | kgtrace's best | LDS | s | dattri's best | LDS | s | difference, paired |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    tables = [_methods_table(runs, "kgtrace", KGTRACE_COLUMNS), _methods_table(runs, "dattri", peers), _best_table(runs)]
+    if any(run.get("trak_ridges") for run in runs):
+        tables.append(_ridge_table(runs))
+    return "\n\n".join(tables)
+
+
+def _methods_table(runs: list[dict], library: str, columns) -> str:
+    """One row per run: the library's LDS of each method (column) on the score."""
+    lines = [f"| dataset | model | {' | '.join(columns)} |", "|---|---|" + "---|" * len(columns)]
     for run in runs:
-        best = {}
-        for library in ("kgtrace", "dattri"):
-            scored = [r for r in run["rows"] if r["method"].startswith(library + ":") and r.get("score")
-                      and r["score"]["lds"] is not None and not r["method"].endswith(("random", "neighbourhood"))]
-            best[library] = max(scored, key=lambda r: r["score"]["lds"], default=None)
+        rows = {row["method"]: row for row in run["rows"]}
+        cells = [_cell(rows.get(f"{library}:{c}")) for c in columns]
+        lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _best_row(run: dict, library: str) -> dict | None:
+    """The library's method with the highest LDS on the score in ``run`` (random and neighbourhood aside)."""
+    scored = [r for r in run["rows"] if r["method"].startswith(library + ":") and r.get("score")
+              and r["score"]["lds"] is not None and not r["method"].endswith(("random", "neighbourhood"))]
+    return max(scored, key=lambda r: r["score"]["lds"], default=None)
+
+
+def _best_table(runs: list[dict]) -> str:
+    """One row per run: each library's best method, its LDS (the higher in bold) and seconds, and their difference."""
+    lines = ["| dataset | model | kgtrace's best | LDS | s | dattri's best | LDS | s | difference, paired |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        best = {library: _best_row(run, library) for library in ("kgtrace", "dattri")}
+        top = max((r["score"]["lds"] for r in best.values() if r), default=None)
         cells = []
-        for library in ("kgtrace", "dattri"):
-            row = best[library]
-            cells += (["–"] * 3 if row is None else
-                      [row["method"].split(":", 1)[1], f"**{row['score']['lds']:.3f}**" if row is max(
-                          (r for r in best.values() if r), key=lambda r: r["score"]["lds"]) else
-                       f"{row['score']['lds']:.3f}", f"{row['seconds']:.1f}"])
+        for row in best.values():
+            if row is None:
+                cells += ["–"] * 3
+                continue
+            lds = f"{row['score']['lds']:.3f}"
+            cells += [row["method"].split(":", 1)[1], f"**{lds}**" if row["score"]["lds"] == top else lds,
+                      f"{row['seconds']:.1f}"]
         cells.append(paired_difference(best["kgtrace"], best["dattri"]))
         lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _ridge_table(runs: list[dict]) -> str:
+    """kgtrace TRAK's LDS at each swept ridge, the best per run in bold, and the mean of the runs that swept them all."""
     ridges = list(dict.fromkeys(r for run in runs for r in run.get("trak_ridges", {})))
-    if ridges:  # kgtrace TRAK's LDS against its ridge, the best per run in bold
-        lines += ["", f"| dataset | model | {' | '.join(ridges)} |", "|---|---|" + "---|" * len(ridges)]
-        for run in runs:
-            sweep = run.get("trak_ridges", {})
-            best = max(sweep.values(), default=None)
-            cells = ["–" if r not in sweep else f"**{sweep[r]:.3f}**" if sweep[r] == best else f"{sweep[r]:.3f}"
-                     for r in ridges]
-            lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
-        swept = [run["trak_ridges"] for run in runs if set(run.get("trak_ridges", {})) == set(ridges)]
-        means = [float(np.mean([sweep[r] for sweep in swept])) for r in ridges]
-        lines.append(f"| mean of {len(swept)} runs | | {' | '.join(f'{m:.3f}' for m in means)} |")
+    lines = [f"| dataset | model | {' | '.join(ridges)} |", "|---|---|" + "---|" * len(ridges)]
+    for run in runs:
+        sweep = run.get("trak_ridges", {})
+        best = max(sweep.values(), default=None)
+        cells = ["–" if r not in sweep else f"**{sweep[r]:.3f}**" if sweep[r] == best else f"{sweep[r]:.3f}"
+                 for r in ridges]
+        lines.append(f"| {run['dataset']} | {run['model']} | {' | '.join(cells)} |")
+    swept = [run["trak_ridges"] for run in runs if set(run.get("trak_ridges", {})) == set(ridges)]
+    means = [float(np.mean([sweep[r] for sweep in swept])) for r in ridges]
+    lines.append(f"| mean of {len(swept)} runs | | {' | '.join(f'{m:.3f}' for m in means)} |")
     return "\n".join(lines)
 
 

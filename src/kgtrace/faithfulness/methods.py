@@ -154,10 +154,10 @@ def _generator(seed: int, salt: str, triple: Tensor) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1)
 
 
-#: Removal methods by name (module doc).
-# The removal methods that take the top of an attribution method's matrix.
+#: The removal methods that take the top of an attribution method's matrix.
 ATTRIBUTION_TOPS = ("trak", "influence", "influence-fisher", "grad-cos")
 
+#: Removal methods by name (module doc).
 METHODS: dict[str, Method] = {
     "tracin-last": tracin_last,
     "tracin-all": tracin_all,

@@ -246,17 +246,19 @@ def chain_supports(graph: _Graph, limit: int) -> Tensor:
     n = len(graph.heads) // 2  # the facts: the first half of the directed edges
     from_x = degree[graph.heads[:n]] <= degree[graph.tails[:n]]  # [n] each fact's end to list the z from
     pivot = torch.where(from_x, graph.heads[:n], graph.tails[:n])  # [n]
+    wedges = degree[pivot]  # [n] the edges each fact's z are listed from
     support = torch.zeros(4 * R * R * R, dtype=torch.long)  # flat [2R, 2R, R]
-    for facts in _row_blocks(degree[pivot], limit):
-        support += _fact_bodies(graph, edges, torch.arange(facts.start, facts.stop), from_x, pivot)
+    for facts in _row_blocks(wedges, limit):
+        facts = torch.arange(facts.start, facts.stop)
+        support += _fact_bodies(graph, edges, facts, wedges[facts], from_x, pivot)
     return support.view(2 * R, 2 * R, R)
 
 
-def _fact_bodies(graph: _Graph, edges: _Edges, facts: Tensor, from_x: Tensor, pivot: Tensor) -> Tensor:
-    """Flat [2R, 2R, R]: how many of ``facts`` [m] (indices of the facts r(x, y)) each chain body (a, b) joins."""
+def _fact_bodies(graph: _Graph, edges: _Edges, facts: Tensor, count: Tensor, from_x: Tensor, pivot: Tensor) -> Tensor:
+    """Flat [2R, 2R, R]: how many of ``facts`` [m] (indices of the facts r(x, y), ``count`` [m] wedges each) each
+    chain body (a, b) joins."""
     E, R = graph.num_entities, graph.num_relations
     D = 2 * R
-    count = edges.crow[pivot[facts] + 1] - edges.crow[pivot[facts]]  # [m] the wedges of each fact
     fact = torch.repeat_interleave(facts, count)  # [W] each wedge's fact
     edge = edges.crow[pivot[fact]] + _within(count)  # [W] the pivot's edge: pivot -d-> z
     d, z, side = edges.relations[edge], edges.tails[edge], from_x[fact]
