@@ -16,7 +16,7 @@ from kgtrace.io import atomic_path, remove_stale_temporaries
 from kgtrace.models import build_model
 from kgtrace.run import load_run
 from kgtrace.checkpoint import latest_checkpoint, load_checkpoint
-from kgtrace.training.loop import resume, train, truncate_metrics
+from kgtrace.training.loop import FUSED_DEVICES, make_optimizer, resume, train, truncate_metrics
 
 from badinput import refused
 
@@ -318,3 +318,27 @@ def test_a_last_batch_of_one_is_left_out_only_for_batch_norm(tmp_path):
     assert [len(b) for b in epoch_batches(order, config, conve)] == [n - 1]
     distmult = build_model("distmult", ds.num_entities, ds.num_relations, embedding_dim=4)
     assert [len(b) for b in epoch_batches(order, config, distmult)] == [n - 1, 1]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
+def test_optimizer_steps_like_the_unfused_one(optimizer, device):
+    # The fused kernel is taken only where torch has one (fused Adagrad raises on CUDA at its first step).
+    config = TrainConfig(model="distmult", optimizer=optimizer, lr=0.1, weight_decay=0.01)
+    model = build_model("distmult", 7, 3, embedding_dim=4).to(device)
+    plain = build_model("distmult", 7, 3, embedding_dim=4).to(device)
+    plain.load_state_dict(model.state_dict())
+    fast = make_optimizer(config, model)
+    slow = type(fast)(plain.parameters(), lr=0.1, weight_decay=0.01, foreach=False)
+    assert fast.defaults["fused"] == (device in FUSED_DEVICES[type(fast)])
+    hrt = torch.tensor([[0, 1, 2], [3, 0, 5]], device=device)
+    for net, step in ((model, fast), (plain, slow)):
+        for _ in range(3):
+            step.zero_grad()
+            net.score_hrt(hrt).square().sum().backward()
+            step.step()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, plain.state_dict()[key], rtol=1e-5, atol=1e-6)

@@ -68,10 +68,15 @@ def new_state(config: TrainConfig, dataset: Dataset, device: torch.device) -> Tr
     return TrainState(model, optimizer, scheduler, scaler, shuffle)
 
 
+# Where torch has a fused kernel for each optimizer: fused Adagrad is CPU-only (on CUDA its first step raises).
+FUSED_DEVICES = {torch.optim.Adam: ("cpu", "cuda"), torch.optim.Adagrad: ("cpu",)}
+
+
 def make_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    # fused: one kernel per step instead of a handful per parameter (CPU and CUDA alike).
+    # fused: one kernel per step instead of a handful per parameter, where the device has one.
     kind = torch.optim.Adagrad if config.optimizer == "adagrad" else torch.optim.Adam
-    return kind(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    fused = next(model.parameters()).device.type in FUSED_DEVICES[kind]
+    return kind(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
 
 
 def make_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
