@@ -69,6 +69,20 @@ def test_fast_parsers_used_on_clean_input(tmp_path, monkeypatch):
     assert read_kgx(*write_jsonl(tmp_path)).report["kept"] == 6
 
 
+def test_fields_first_seen_late_in_a_jsonl_block_are_kept(tmp_path):
+    """polars before 1.32 inferred a JSON-lines schema from the first lines only, whatever it was asked: a
+    qualifier or a name first seen after them was dropped without a word."""
+    genes = [{"id": f"NCBIGene:{i}", "category": ["biolink:Gene"]} for i in range(2, 1002)]
+    nodes = [*NODES, *genes, {"id": "NCBIGene:1002", "name": "late", "category": ["biolink:Gene"]}]
+    edges = [{"subject": "CHEBI:1", "predicate": "biolink:affects", "object": g["id"]} for g in genes]
+    edges.append({"subject": "CHEBI:2", "predicate": "biolink:affects", "object": "NCBIGene:1002",
+                  "object_aspect_qualifier": "activity"})
+    cut = read_kgx(*write_jsonl(tmp_path, nodes=nodes, edges=edges))
+    assert list(cut.edge_map) == ['{"predicate": "biolink:affects"}',
+                                  '{"predicate": "biolink:affects", "object_aspect_qualifier": "activity"}']
+    assert cut.names["NCBIGene:1002"] == "late"
+
+
 def test_folding_and_counts(files):
     cut = read_kgx(*files, drop_predicates=["biolink:subclass_of"])
     assert cut.report == {"edges_read": 8, "kept": 5, "dropped_predicate": 1, "dropped_category": 0,
