@@ -401,8 +401,8 @@ def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
     test = run.dataset.test[:2]
     matrix = ATTRIBUTIONS["grad-cos"](run, test, AttributionInputs())
     removed = METHODS["grad-cos"](run, test, 4, MethodInputs())
-    for row, chosen in zip(matrix, removed):
-        assert chosen.tolist() == torch.argsort(row, descending=True)[:4].tolist()
+    for row, chosen in zip(matrix, removed):  # by value: of (nearly) tied attributions either triple is the largest
+        torch.testing.assert_close(row[chosen], torch.sort(row, descending=True).values[:4])
 
 
 def test_influence_takes_the_final_weights_whichever_checkpoint_the_run_holds(tiny_distmult):
