@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# The device checks of a session lent a GPU, as one script: doctor, the CUDA tests, the benchmarks with
-# --device cuda, a reproduction for as long as is left, then the suite. Each step has its own timeout and
-# writes under $OUT (all of it packed into $OUT/checks.tar.gz at the end: the tool returns at most 8 files).
+# The device checks of a session lent a GPU, as one script: the steps named in STEPS, in order, each with its own
+# time limit, all inside LIMIT seconds.
+#   doctor     kgtrace doctor --device cuda
+#   suite      the test suite on the machine's CPU cores (the CUDA tests run too); each failure's report is
+#              written to failures.txt as it happens, so that a suite cut by its limit still names them
+#   eval       evaluation against PyKEEN on FB15k-237, --device cuda
+#   tracin     TracIn against Captum on FB15k-237, --device cuda (each cell's line in tracin.err as it ends)
+#   reproduce  the RECIPES at once on the GPU, each paused by its own --hours before the script's end so that it
+#              evaluates its best checkpoint and writes its result
+# Run the suite before or after the timed steps, never beside them: beside nine test processes a ConvE epoch
+# took 40 s instead of 2-3 s.
+# Outputs go under $OUT/w and are packed into $OUT/checks.tar.gz at the end (the tool returns at most 8 files).
 #
 # Prepare, on the development machine, in the repository root (the device machine reaches no registry and
 # has its own Python 3.12 with torch; these wheels fill what it lacks; 64 MiB travel in all):
@@ -9,34 +18,62 @@
 #   cp ../shared/datasets/benchmarks/*.tar.gz .devrun/bench/
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .devrun/whl \
-#     polars==1.30.0 pystow captum pykeen==1.11.1 more-itertools dataclasses-json marshmallow typing-inspect \
+#     polars==1.32.0 pystow captum pykeen==1.11.1 more-itertools dataclasses-json marshmallow typing-inspect \
 #     click-default-group more-click docdata class-resolver torch-max-mem torch-ppr backports-zstd
-# then run it with the device tool: command "bash benchmarks/gpu_checks.sh", carry [".devrun"].
+# then run it with the device tool: command "bash benchmarks/gpu_checks.sh" (or "STEPS='suite reproduce' bash ..."),
+# carry [".devrun"], and a timeout_s some 30 s above LIMIT.
 set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 LIMIT=${LIMIT:-540}  # seconds for the whole script
-step() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/steps.log"; }
+STEPS=${STEPS:-doctor suite eval tracin reproduce}
+RECIPES=${RECIPES:-conve-code-fb15k237 conve-libkge-fb15k237 complex-libkge-fb15k237 distmult-libkge-wn18rr}
+W="$OUT/w"; mkdir -p "$W/repro"
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/steps.log"; }
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+cap() { local s; s=$(left); echo $(( $1 < s - 20 ? $1 : s - 20 )); }  # a step's limit: its own, or what is left
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devrun/whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD KGTRACE_DATASETS_MIRROR=$PWD/.devrun/bench KGTRACE_HOME=/tmp/kghome
-step start; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-step doctor; timeout 150 python3 -m kgtrace doctor --device cuda > "$OUT/doctor.txt" 2>&1
-step "cuda tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_models.py -k cuda \
-  > "$OUT/pytest-cuda.txt" 2>&1
-step "train step at scale"; timeout 120 python3 benchmarks/train_memory.py --device cuda --entities 1097020 \
-  --triples 10341769 --batch 128 > "$OUT/train-memory.json" 2>&1
-step "eval vs pykeen"; timeout 150 python3 benchmarks/eval_vs_pykeen.py --dataset fb15k237 --device cuda \
-  --cell-timeout 100 --no-compile > "$OUT/eval-vs-pykeen.json" 2> "$OUT/eval.err"
-step "tracin vs captum"; timeout 240 python3 benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 \
-  --checkpoint-every 1 --n-test 1,100 --repeats 1 --device cuda --cell-timeout 60 > "$OUT/tracin-vs-captum.json" \
-  2> "$OUT/tracin.err"
-step reproduce; timeout $(( $(left) / 2 )) python3 benchmarks/reproduce.py conve-code-fb15k237 --device cuda \
-  --hours $(python3 -c "print(max(0.01, $(left) / 2 / 3600 - 0.01))") --runs /tmp/repro --results "$OUT" \
-  > "$OUT/reproduce.txt" 2>&1
-step suite; timeout $(( $(left) - 20 )) python3 -m pytest -q -p no:cacheprovider -n 16 --ignore tests/test_workflow.py \
-  --ignore tests/test_report_browser.py --ignore tests/test_layers.py -v > "$OUT/pytest.txt" 2>&1  # -v: each result as it comes
-step done
-tar -czf /tmp/checks.tar.gz -C "$OUT" . && mv /tmp/checks.tar.gz "$OUT/checks.tar.gz"
-grep -E "FAILED|ERROR" "$OUT/pytest.txt" | head -20; tail -3 "$OUT/pytest.txt" "$OUT/pytest-cuda.txt"; tail -12 "$OUT/doctor.txt"
+mkdir -p /tmp/plugins && cat > /tmp/plugins/failures_now.py <<'EOF'
+import os
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        with open(os.environ["FAILURES"], "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
+EOF
+export PYTHONPATH=/tmp/site:/tmp/plugins:$PWD/src:$PWD KGTRACE_DATASETS_MIRROR=$PWD/.devrun/bench KGTRACE_HOME=/tmp/kghome
+say start; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$W/gpu.txt"
+python3 -c "import torch; from importlib.metadata import version as v
+print('torch', torch.__version__, 'cuda', torch.version.cuda, *(f'{p} {v(p)}' for p in ('polars', 'pykeen', 'captum')))" \
+  2>&1 | tee -a "$W/gpu.txt"
+python3 -c "from kgtrace.data.registry import fetch; print(fetch('fb15k237'), fetch('wn18rr'))" >> "$W/gpu.txt" 2>&1
+
+for s in $STEPS; do
+  say "$s"
+  case $s in
+    doctor) timeout "$(cap 100)" python3 -m kgtrace doctor --device cuda > "$W/doctor.txt" 2>&1
+            echo "rc=$?" >> "$W/doctor.txt" ;;
+    suite) FAILURES="$W/failures.txt" OMP_NUM_THREADS=1 timeout "$(cap 240)" python3 -m pytest -q -p no:cacheprovider \
+             -p failures_now -n 14 --ignore tests/test_workflow.py --ignore tests/test_report_browser.py \
+             --ignore tests/test_layers.py > "$W/pytest.txt" 2>&1 ;;
+    eval) timeout "$(cap 100)" python3 benchmarks/eval_vs_pykeen.py --dataset fb15k237 --device cuda --cell-timeout 45 \
+            --no-compile > "$W/fb15k237-eval-vs-pykeen-cuda.json" 2> "$W/eval.err" ;;
+    tracin) timeout "$(cap 240)" python3 benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 \
+              --checkpoint-every 1 --n-test 1,100 --repeats 1 --device cuda --cell-timeout 60 \
+              > "$W/fb15k237-tracin-vs-captum-cuda.json" 2> "$W/tracin.err" ;;
+    reproduce) B=$(( $(left) - 20 ))
+      for r in $RECIPES; do
+        timeout "$B" python3 benchmarks/reproduce.py "$r" --device cuda --threads 2 --runs /tmp/repro \
+          --hours "$(python3 -c "print(max(0.005, ($B - 50) / 3600))")" --results "$W/repro" > "$W/repro/$r.txt" 2>&1 &
+      done
+      wait ;;
+  esac
+done
+say done
+tar -czf /tmp/checks.tar.gz -C "$W" . && mv /tmp/checks.tar.gz "$OUT/checks.tar.gz"
+grep "^===" "$W/failures.txt" 2>/dev/null; tail -2 "$W/pytest.txt" 2>/dev/null; tail -3 "$W/doctor.txt" 2>/dev/null
+python3 -c "import json, sys, pathlib
+for p in sorted(pathlib.Path(sys.argv[1]).glob('*.json')):
+    d = json.loads(p.read_text()); print(p.stem, d['epochs'], 'epochs, best', d['best_epoch'], 'test MRR', d['target'])" "$W/repro"
