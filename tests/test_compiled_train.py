@@ -18,9 +18,9 @@ from kgtrace.doctor import norm_error
 from kgtrace.errors import ConfigError
 from kgtrace.models import ConvE, DistMult
 from kgtrace.checkpoint import load_checkpoint
-from kgtrace.training.compiled import kvsall_rows, onevsall_rows, train_call
+from kgtrace.training.compiled import kvsall_ce_rows, kvsall_rows, onevsall_rows, train_call
 from kgtrace.training.loop import resume_config
-from kgtrace.training.loss import kvsall_bce, onevsall_ce, smoothed_label_values
+from kgtrace.training.loss import kvsall_bce, kvsall_ce, onevsall_ce, smoothed_label_values
 
 STEPS_PER_EPOCH = 13  # 1560 KvsAll queries of UMLS: 12 batches of 128, then 24
 
@@ -150,6 +150,31 @@ def test_row_losses_are_the_training_losses():
     answers = torch.randint(0, 135, (10,))
     rows = onevsall_rows(model, queries, answers, valid)
     torch.testing.assert_close(rows.sum() / 7, onevsall_ce(scores, answers[:7]))
+    labels[torch.arange(10), answers] = True  # kvsall-ce: every row has an answer
+    rows = kvsall_ce_rows(model, 0.1, "pykeen", queries, labels, valid)
+    assert torch.equal(rows[7:], torch.zeros(3))
+    torch.testing.assert_close(rows.sum() / 7, kvsall_ce(scores, *labels[:7].nonzero(as_tuple=True), 0.1))
+
+
+def test_compiled_kvsall_ce_equals_eager():
+    """The compiled kvsall-ce call: the loss and gradients of the eager loss, a short batch without recompiling."""
+    torch.manual_seed(7)
+    model = DistMult(135, 46, embedding_dim=8)
+    twin = copy.deepcopy(model)
+    call = train_call(model, "kvsall-ce", 8, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    for n in (8, 5):
+        queries, labels = random_batch(gen, n)
+        labels[torch.arange(n), torch.randint(0, 135, (n,), generator=gen)] = True
+        (rows,) = call(model, 0.1, "pykeen", queries=queries, labels=labels)
+        (rows.sum() / n).backward()
+        loss = kvsall_ce(twin.score_t(queries), *labels.nonzero(as_tuple=True), 0.1)
+        loss.backward()
+        torch.testing.assert_close(rows.sum() / n, loss)
+        torch.testing.assert_close(flat_grad(model), flat_grad(twin))
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+    assert call.name == "train_kvsall_ce" and call.stats.recompilations == 0
 
 
 def test_settings(compiled_runs):

@@ -137,7 +137,7 @@ def test_merged_top_k_equals_one_stream():
         assert torch.equal(shards[1].parts, one.parts)
 
 
-@pytest.mark.parametrize("mode, chunk", [("kvsall", 0), ("kvsall", 5), ("1vsall", 0)])
+@pytest.mark.parametrize("mode, chunk", [("kvsall", 0), ("kvsall", 5), ("kvsall-ce", 0), ("1vsall", 0)])
 def test_parts_of_a_batch_give_the_whole_batch_gradient(mode, chunk):
     """Each process divides by the whole batch's rows over N; averaging N gradients (DDP) gives one process's."""
     ds = load_dataset("nations")

@@ -23,7 +23,7 @@ from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_
 from kgtrace.run import load_run, model_from_checkpoint
 from kgtrace.training.batches import Batches
 from kgtrace.training.loop import train
-from kgtrace.training.loss import dense_bce_reference
+from kgtrace.training.loss import dense_bce_reference, dense_ce_reference
 
 
 @pytest.fixture(scope="module")
@@ -143,17 +143,72 @@ def test_leaving_a_triple_out_of_kvsall_changes_the_gradient_by_one_multiple_of_
         assert torch.allclose(change, multiple * direction, atol=1e-12)
         multiples.append(multiple)
     assert multiples == pytest.approx([multiples[0]] * 4) and multiples[0] != 0
-    assert torch.equal(removal_weights(model, train, "kvsall"), torch.ones(len(train), dtype=torch.float64))
+    assert torch.equal(removal_weights(model, train, run.config), torch.ones(len(train), dtype=torch.float64))
 
 
 def test_onevsall_removal_weights_are_one_minus_the_softmax_probability(tiny_distmult):
     run = load_run(tiny_distmult)
     model, train = run.model, run.dataset.train[:7]
-    got = removal_weights(model, train, "1vsall", chunk_size=3)
+    got = removal_weights(model, train, dataclasses_replace(run.config, training="1vsall"), chunk_size=3)
     E = run.dataset.num_entities
     for j, (h, r, t) in enumerate(train.tolist()):
         scores = model.score_hrt(torch.tensor([[h, r, e] for e in range(E)])).double()  # every tail, one at a time
         assert float(got[j]) == pytest.approx(1 - float(torch.softmax(scores, 0)[t]), rel=1e-6)
+
+
+@pytest.mark.parametrize("eps, style", [(0.0, "pykeen"), (0.1, "pykeen"), (0.1, "conve")])
+def test_kvsall_ce_removal_weights_are_the_change_of_the_score_gradient(tiny_distmult, eps, style):
+    """Leaving z_j out of kvsall-ce training: the change of d objective / d f(z_j), with and without z_j
+    (dense targets, autograd), is q_j, for queries of one answer and of several."""
+    run = load_run(tiny_distmult)
+    config = dataclasses_replace(run.config, training="kvsall-ce", label_smoothing=eps, label_smoothing_style=style)
+    model, train, relations = run.model, run.dataset.train, run.dataset.num_relations
+    got = removal_weights(model, train, config, chunk_size=50)
+    query = torch.unique(train[:, :2], dim=0, return_inverse=True, return_counts=True)
+    answers = query[2][query[1]]  # [n] answers of each triple's (h, r)
+
+    def score_gradient(triples, h, r, t):  # d (summed kvsall-ce over ``triples``) / d score of (h, r, t)
+        batches = Batches.build(triples, relations, "kvsall-ce")
+        at = torch.nonzero((batches.queries == torch.tensor([h, r])).all(1))
+        if len(at) == 0:
+            return 0.0  # the query is gone with its only answer
+        scores = model.score_t(batches.queries).double().detach().requires_grad_()
+        rows, cols = batches.index.pairs_at(torch.arange(len(batches)))
+        (dense_ce_reference(scores, rows, cols, eps, style) * len(batches)).backward()
+        return float(scores.grad[int(at[0, 0]), t])
+
+    chosen = [*torch.nonzero(answers == 1)[:3, 0].tolist(), *torch.nonzero(answers > 1)[:3, 0].tolist()]
+    assert len(chosen) == 6
+    for j in chosen:
+        h, r, t = train[j].tolist()
+        without = torch.cat([train[:j], train[j + 1:]])
+        change = score_gradient(without, h, r, t) - score_gradient(train, h, r, t)
+        assert float(got[j]) == pytest.approx(change, rel=1e-6)
+
+
+def test_training_hessian_of_kvsall_ce_is_the_mean_cross_entropy(tmp_path):
+    config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 3}, epochs=2, lr=0.05,
+                         checkpoint_every=2, eval_every=0, threads=1, device="cpu", training="kvsall-ce")
+    train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    run = load_run(tmp_path / "run")
+    model = copy.deepcopy(run.model).double().eval()
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
+    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "kvsall-ce")
+    rows, cols = batches.index.pairs_at(torch.arange(len(batches)))
+
+    def loss(flat):  # one example per query: cross-entropy against its smoothed labels normalised, averaged
+        weights, offset = {}, 0
+        for name, shape, size in shapes:
+            weights[f"model.{name}"] = flat[offset:offset + size].view(shape)
+            offset += size
+        scores = functional_call(_ScoreT(model), weights, (batches.queries,))
+        return dense_ce_reference(scores, rows, cols, run.config.label_smoothing, run.config.label_smoothing_style)
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    expected = torch.autograd.functional.hessian(loss, flat)
+    got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
+    assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
 
 
 def _reference_hessian(run):

@@ -18,6 +18,8 @@ from kgtrace.training.loss import (
     kvsall_bce,
     kvsall_bce_chunked_backward,
     onevsall_ce,
+    kvsall_ce,
+    dense_ce_reference,
     smoothed_label_values,
 )
 
@@ -236,6 +238,32 @@ def test_onevsall_equals_cross_entropy():
     loss.backward()
     expected.backward()
     torch.testing.assert_close(ours.grad, reference.grad, rtol=1e-6, atol=1e-12)
+
+
+def test_kvsall_ce_equals_the_cross_entropy_against_spread_answers():
+    gen = torch.Generator().manual_seed(10)
+    scores = torch.randn(6, 11, dtype=torch.float64, generator=gen) * 4
+    mask = torch.rand(6, 11, generator=gen) < 0.3
+    mask[torch.arange(6), torch.randint(11, (6,), generator=gen)] = True  # every KvsAll row has an answer
+    rows, cols = mask.nonzero(as_tuple=True)
+    ours, reference = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    loss, expected = kvsall_ce(ours, rows, cols), dense_ce_reference(reference, rows, cols)
+    # by hand for row 0: logsumexp(s_0) - mean of its answers' scores
+    row0 = torch.logsumexp(scores[0], 0) - scores[0][mask[0]].mean()
+    assert float(kvsall_ce(scores[:1], rows[rows == 0], cols[rows == 0])) == pytest.approx(float(row0), rel=1e-12)
+    torch.testing.assert_close(loss, expected, **REL)
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(ours.grad, reference.grad, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(kvsall_ce(scores, rows, cols, denominator=12.0), expected.detach() * 6 / 12, **REL)
+    for style in ("pykeen", "conve"):  # smoothed: PyKEEN's CrossEntropyLoss, LibKGE's kl
+        ours, reference = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+        loss = kvsall_ce(ours, rows, cols, 0.1, smoothing_style=style)
+        expected = dense_ce_reference(reference, rows, cols, 0.1, style)
+        torch.testing.assert_close(loss, expected, **REL)
+        loss.backward()
+        expected.backward()
+        torch.testing.assert_close(ours.grad, reference.grad, rtol=1e-6, atol=1e-12)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,6 +9,7 @@ import torch
 pykeen = pytest.importorskip("pykeen", reason="PyKEEN is not installed: pip install -e '.[pykeen]'")
 
 from pykeen.evaluation import RankBasedEvaluator  # noqa: E402
+from pykeen.losses import CrossEntropyLoss  # noqa: E402
 from pykeen.models import ConvE as PyKEENConvE  # noqa: E402
 from pykeen.models import DistMult as PyKEENDistMult  # noqa: E402
 from pykeen.triples import CoreTriplesFactory  # noqa: E402
@@ -17,6 +18,7 @@ from kgtrace.data.dataset import load_dataset  # noqa: E402
 from kgtrace.evaluation.evaluate import Candidates, evaluate  # noqa: E402
 from kgtrace.interop.pykeen import pykeen_state_dict  # noqa: E402
 from kgtrace.models import build_model  # noqa: E402
+from kgtrace.training.loss import kvsall_ce  # noqa: E402
 
 METRICS = {"mrr": "inverse_harmonic_mean_rank", "mr": "arithmetic_mean_rank", "hits_at_1": "hits_at_1",
            "hits_at_3": "hits_at_3", "hits_at_10": "hits_at_10"}
@@ -66,3 +68,15 @@ def test_conve_matches_pykeen():
     theirs.load_state_dict(pykeen_state_dict(ours, theirs.state_dict()))
     metrics = evaluate(ours, ds.test, known=ds.all_triples())
     assert_same(metrics.to_dict(), pykeen_metrics(theirs.eval(), ds))
+
+
+def test_kvsall_ce_is_pykeens_lcwa_cross_entropy():
+    """kvsall-ce with the "pykeen" smoothing style is PyKEEN's CrossEntropyLoss on LCWA scores and labels."""
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(9, 17, dtype=torch.float64, generator=gen) * 3
+    labels = torch.rand(9, 17, generator=gen) < 0.25
+    labels[torch.arange(9), torch.randint(17, (9,), generator=gen)] = True
+    rows, cols = labels.nonzero(as_tuple=True)
+    for eps in (0.0, 0.1):
+        theirs = CrossEntropyLoss().process_lcwa_scores(scores, labels.double(), label_smoothing=eps, num_entities=17)
+        torch.testing.assert_close(kvsall_ce(scores, rows, cols, eps), theirs, rtol=1e-12, atol=0.0)

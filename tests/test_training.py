@@ -148,7 +148,7 @@ def test_fp16_on_cpu_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("mode,chunk", [("1vsall", 0), ("kvsall", 5)])
+@pytest.mark.parametrize("mode,chunk", [("1vsall", 0), ("kvsall", 5), ("kvsall-ce", 0)])
 def test_other_training_modes_learn(tmp_path, mode, chunk):
     config = small_config(model="distmult", model_args={"embedding_dim": 16}, training=mode, entity_chunk=chunk,
                           epochs=4, eval_every=4)

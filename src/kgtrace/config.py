@@ -22,7 +22,7 @@ from kgtrace.io import atomic_write_text
 from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-TRAINING_MODES = ("kvsall", "1vsall")
+TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall")
 #: How label smoothing spreads eps (training.loss.smoothed_label_values): PyKEEN's, or the ConvE authors' code's.
 SMOOTHING_STYLES = ("pykeen", "conve")
 OPTIMIZERS = ("adam", "adagrad")
@@ -60,11 +60,14 @@ class TrainConfig:
                                  "this many validations (PyTorch's ReduceLROnPlateau, as LibKGE does; needs "
                                  "eval_every); 0: after every epoch")
     weight_decay: float = option(0.0, "weight decay (L2 penalty, applied by the optimizer)")
-    label_smoothing: float = option(0.1, "label smoothing of the 1-N BCE loss")
+    label_smoothing: float = option(0.1, "label smoothing of the KvsAll labels (kvsall, kvsall-ce)")
     label_smoothing_style: str = option("pykeen", "pykeen (positives 1 - eps, negatives eps / (E - 1)) or conve (the "
                                                   "ConvE authors' code: 1/E added to every label after scaling by "
                                                   "1 - eps)")
-    training: str = option("kvsall", "kvsall (all known answers of a query are positives) or 1vsall (softmax per triple)")
+    training: str = option("kvsall", "kvsall (all known answers of a query are positives, binary cross-entropy per "
+                                     "entity), kvsall-ce (the same answers, one softmax cross-entropy against them "
+                                     "spread evenly: LibKGE's KvsAll with kl, PyKEEN's LCWA with CrossEntropyLoss) "
+                                     "or 1vsall (softmax per triple)")
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
     seed: int = option(0, "random seed (weights, query order, dropout)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda")

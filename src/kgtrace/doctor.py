@@ -59,7 +59,7 @@ from kgtrace.precision import precision_context
 from kgtrace.run import load_run
 from kgtrace.system import resolve_device
 from kgtrace.training.batches import Batches
-from kgtrace.training.compiled import kvsall_rows, onevsall_rows, step_inputs, step_static, train_call
+from kgtrace.training.compiled import ROWS, step_inputs, step_static, train_call
 from kgtrace.training.loop import train
 
 __all__ = ["Check", "Probe", "RankParity", "cuda_graph_problems", "doctor", "format_table", "near_candidates",
@@ -346,7 +346,7 @@ def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]
     config, ds = run.config, run.dataset
     batches = Batches.build(ds.train, ds.num_relations, config.training)
     twins = [copy.deepcopy(run.model).to(device).train() for _ in range(2)]  # eager, compiled: kept in step
-    rows_fn = kvsall_rows if config.training == "kvsall" else onevsall_rows
+    rows_fn = ROWS[config.training]
 
     def step(model: nn.Module, run_rows: Callable) -> tuple[Tensor, Tensor]:
         """Per-row losses [n] and the gradient of their sum over every parameter, flattened [P].

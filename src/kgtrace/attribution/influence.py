@@ -7,7 +7,8 @@ influence(z, z') = grad l(z')^T (H + lambda I)^{-1} grad l(z)
   parameters at the run's final weights, model in eval mode (dropout off).
 * H: the Hessian of the run's training objective at those weights: the mean over every
   training example of the run's loss (KvsAll: BCE over all entities with the run's label
-  smoothing, per query; 1vsAll: cross-entropy per (triple, direction)), formed exactly by
+  smoothing, per query; kvsall-ce: its cross-entropy per query;
+  1vsAll: cross-entropy per (triple, direction)), formed exactly by
   reverse-over-reverse differentiation (``torch.func.jacrev`` of ``grad``) in float64.
 * lambda: the damping. A trained model's H need not be positive definite (the loss is not
   convex in the embeddings); ``damping`` is tried first, then ten times more until the
@@ -38,7 +39,7 @@ from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.run import Run, final_model
 from kgtrace.training.batches import Batches
-from kgtrace.training.loss import smoothed_label_values
+from kgtrace.training.loss import ce_target_weights, smoothed_label_values
 
 __all__ = ["InfluenceFunction", "training_hessian"]
 
@@ -109,8 +110,14 @@ def training_hessian(model: nn.Module, train: Tensor, num_relations: int, config
         scores = _score_t(model, weights, batches.queries[pos])  # [B, E]
         if batches.index is None:  # 1vsAll: cross-entropy of each example's answer
             return F.cross_entropy(scores, batches.answers[pos], reduction="sum") / n_examples
-        labels = torch.full_like(scores, negative)  # [B, E]
         query_rows, answer_cols = batches.index.pairs_at(pos)
+        if config.training == "kvsall-ce":  # cross-entropy against alpha at the answers + beta everywhere
+            answers = torch.bincount(query_rows, minlength=len(pos))  # [B]
+            alpha, beta = ce_target_weights(config.label_smoothing, n_entities, answers, config.label_smoothing_style)
+            target = beta.to(scores.dtype)[:, None].expand_as(scores).clone()  # [B, E]
+            target[query_rows, answer_cols] += alpha.to(scores.dtype)[query_rows]
+            return F.cross_entropy(scores, target, reduction="sum") / n_examples
+        labels = torch.full_like(scores, negative)  # [B, E]
         labels[query_rows, answer_cols] = positive
         return F.binary_cross_entropy_with_logits(scores, labels, reduction="sum") / (n_examples * n_entities)
 

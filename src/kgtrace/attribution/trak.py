@@ -22,6 +22,11 @@ A 1-N objective does not remove anything when z_j is left out (``removal_weights
 * 1vsAll: z_j's cross-entropy over all tails goes, gradient -(1 - p_j) grad f(z_j) plus the
   other tails' terms; as TRAK's multi-class case, q_j = 1 - p_j with p_j the softmax
   probability of z_j's tail among all tails.
+* KvsAll with cross-entropy (``kvsall-ce``): the query (h, r) of z_j has n_j answers and a target of
+  alpha(n_j) + beta(n_j) at each, beta(n_j) elsewhere (``ce_target_weights``). Leaving z_j out sets
+  its target to beta(n_j - 1), which changes the loss's gradient by that difference times grad f(z_j)
+  plus the other tails' terms: q_j = alpha(n_j) + beta(n_j) - beta(n_j - 1) (1/n_j without smoothing).
+  With n_j = 1 the query itself goes, as a 1vsAll example does: q_j = alpha(1) + beta(1) - p_j.
 
 The estimate is averaged over an ensemble of models: here the run's epoch checkpoints, each
 with its own projection (seeded by (seed, c)). The paper trains independent models instead;
@@ -41,8 +46,10 @@ from torch import Tensor, nn
 from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
 from kgtrace.checkpoint import load_checkpoint
+from kgtrace.config import TrainConfig
 from kgtrace.errors import KgtraceError
 from kgtrace.run import Run, model_from_checkpoint
+from kgtrace.training.loss import ce_target_weights
 
 __all__ = ["DEFAULT_RIDGE", "removal_weights", "trak", "trak_ridges"]
 
@@ -71,22 +78,29 @@ def trak_ridges(run: Run, test: Tensor, ridges: Sequence[float], dim: int = 2048
     for c in chosen:
         model = model_from_checkpoint(load_checkpoint(run.checkpoints[c].path))  # in eval mode
         total += _one_model(model, train, test.long().reshape(-1, 3), dim, seed * 1_000_003 + c, chunk_size, ridges,
-                            run.config.training)
+                            run.config)
     return total / len(chosen)
 
 
-def removal_weights(model: nn.Module, train: Tensor, training: str, chunk_size: int = 512) -> Tensor:
-    """[n] q_j of each training triple under the run's objective ``training`` (module doc), float64."""
-    if training == "kvsall":
+def removal_weights(model: nn.Module, train: Tensor, config: TrainConfig, chunk_size: int = 512) -> Tensor:
+    """[n] q_j of each training triple under the run's objective ``config.training`` (module doc), float64."""
+    if config.training == "kvsall":
         return torch.ones(len(train), dtype=torch.float64)
-    with torch.no_grad():  # 1vsall: 1 - softmax probability of the triple's tail among all tails
-        log_p = torch.cat([model.score_t(chunk[:, :2]).double().log_softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
-                           for chunk in train.split(chunk_size)])  # [n]
-    return 1.0 - log_p.exp()
+    with torch.no_grad():  # softmax probability of the triple's tail among all tails
+        prob = torch.cat([model.score_t(chunk[:, :2]).double().softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
+                          for chunk in train.split(chunk_size)])  # [n]
+    if config.training == "1vsall":
+        return 1.0 - prob
+    _, query, answers = torch.unique(train[:, :2], dim=0, return_inverse=True, return_counts=True)
+    n = answers[query]  # [n] answers of each triple's query (h, r)
+    eps, style, entities = config.label_smoothing, config.label_smoothing_style, model.num_entities
+    alpha, beta = ce_target_weights(eps, entities, n, style)  # [n] each
+    beta_without = ce_target_weights(eps, entities, (n - 1).clamp_min(1), style)[1]  # [n]
+    return torch.where(n > 1, alpha + beta - beta_without, alpha + beta - prob)
 
 
 def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int,
-               ridges: Sequence[float], training: str) -> Tensor:
+               ridges: Sequence[float], config: TrainConfig) -> Tensor:
     """One model's TRAK estimates [len(ridges), n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
     size = sum(p.numel() for n, p in model.named_parameters() if n in names)
@@ -97,7 +111,7 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: in
     projection = torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5  # [P, k]
     features = torch.cat([per_sample_gradients(model, chunk, names, of="score") @ projection
                           for chunk in train.split(chunk_size)]).double()  # [n, k]
-    weights = removal_weights(model, train, training, chunk_size)  # [n] q_j
+    weights = removal_weights(model, train, config, chunk_size)  # [n] q_j
     test_features = (per_sample_gradients(model, test, names, of="score") @ projection).double()  # [n_test, k]
     kernel = features.T @ features  # [k, k]
     scale = float(kernel.diagonal().mean())

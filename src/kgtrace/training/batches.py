@@ -13,7 +13,7 @@ from kgtrace.data.answers import AnswerIndex, reciprocal_queries
 class Batches:
     """The training examples of one epoch: (anchor, relation) queries and their positives.
 
-    kvsall: one example per distinct query, positives from ``index``; 1vsall: one
+    kvsall and kvsall-ce: one example per distinct query, positives from ``index``; 1vsall: one
     example per (triple, direction), its single answer in ``answers``.
     """
 
@@ -23,7 +23,7 @@ class Batches:
 
     @classmethod
     def build(cls, train: Tensor, num_relations: int, mode: str) -> "Batches":
-        if mode == "kvsall":
+        if mode != "1vsall":  # kvsall, kvsall-ce
             index = AnswerIndex.build(train, num_relations)
             return cls(index.queries(), None, index)
         queries, answers = reciprocal_queries(train, num_relations)

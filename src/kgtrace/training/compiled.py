@@ -53,11 +53,12 @@ from torch import Tensor, nn
 
 from kgtrace.compile import CompiledCall
 from kgtrace.config import TrainConfig
-from kgtrace.training.loss import smoothed_label_values
+from kgtrace.training.loss import ce_target_weights, smoothed_label_values
 
 from kgtrace.training.batches import Batches
 
-__all__ = ["compiled_batch_loss", "kvsall_rows", "onevsall_rows", "step_inputs", "step_static", "train_call"]
+__all__ = ["ROWS", "compiled_batch_loss", "kvsall_ce_rows", "kvsall_rows", "onevsall_rows", "step_inputs", "step_static",
+           "train_call"]
 
 # model -> {(training mode, batch size, device): CompiledCall}; the calls take the model as an
 # argument (not in a closure), so this cache does not keep the model alive.
@@ -77,6 +78,17 @@ def kvsall_rows(model: nn.Module, pos_label: float, neg_label: float, queries: T
     return torch.where(valid, rows, 0.0)
 
 
+def kvsall_ce_rows(model: nn.Module, label_smoothing: float, smoothing_style: str, queries: Tensor, labels: Tensor,
+                   valid: Tensor) -> Tensor:
+    """Per-row KvsAll cross-entropy [B] (0 on padded rows) against the target of
+    :func:`~kgtrace.training.loss.ce_target_weights`, as :func:`~kgtrace.training.loss.kvsall_ce`.
+    queries [B, 2], labels [B, E] bool, valid [B] bool."""
+    scores = model.score_t(queries).float()  # [B, E]
+    alpha, beta = ce_target_weights(label_smoothing, scores.shape[1], labels.sum(dim=1).clamp_min(1), smoothing_style)
+    targeted = alpha.float() * scores.masked_fill(~labels, 0.0).sum(dim=1) + beta.float() * scores.sum(dim=1)  # [B]
+    return torch.where(valid, torch.logsumexp(scores, dim=1) - targeted, 0.0)
+
+
 def onevsall_rows(model: nn.Module, queries: Tensor, answers: Tensor, valid: Tensor) -> Tensor:
     """Per-row cross-entropy [B] (0 on padded rows): logsumexp(s) - s[answer], as onevsall_ce."""
     scores = model.score_t(queries).float()  # [B, E]
@@ -84,27 +96,28 @@ def onevsall_rows(model: nn.Module, queries: Tensor, answers: Tensor, valid: Ten
     return torch.where(valid, torch.logsumexp(scores, dim=1) - true_scores, 0.0)
 
 
+# The per-row loss of each training mode (TrainConfig.training), compiled by train_call.
+ROWS = {"kvsall": kvsall_rows, "kvsall-ce": kvsall_ce_rows, "1vsall": onevsall_rows}
+
+
 def train_call(model: nn.Module, training: str, batch_size: int, device: torch.device) -> CompiledCall:
-    """The model's compiled loss of ``training`` ("kvsall" or "1vsall") for this batch size, compiled on first use."""
+    """The model's compiled loss of ``training`` (a key of ROWS) for this batch size, compiled on first use."""
     per_model = _CALLS.setdefault(model, {})
     key = (training, batch_size, str(device))
     if key not in per_model:
         queries = torch.zeros(1, 2, dtype=torch.long, device=device)
-        if training == "kvsall":
-            labels = torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)
-            call = CompiledCall("train_kvsall", kvsall_rows, batch_size, {"queries": queries, "labels": labels},
-                                training=True)
+        if training == "1vsall":
+            targets = {"queries": queries, "answers": torch.zeros(1, dtype=torch.long, device=device)}
         else:
-            answers = torch.zeros(1, dtype=torch.long, device=device)
-            call = CompiledCall("train_1vsall", onevsall_rows, batch_size, {"queries": queries, "answers": answers},
-                                training=True)
-        per_model[key] = call
+            targets = {"queries": queries, "labels": torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)}
+        name = "train_" + training.replace("-", "_")
+        per_model[key] = CompiledCall(name, ROWS[training], batch_size, targets, training=True)
     return per_model[key]
 
 
 def step_inputs(batches: "Batches", pos: Tensor, num_entities: int, device: torch.device) -> dict[str, Tensor]:
     """The compiled call's inputs for the examples at ``pos`` [n]: queries [n, 2] and labels [n, E] bool
-    (KvsAll) or answers [n] (1vsAll)."""
+    (KvsAll, either loss) or answers [n] (1vsAll)."""
     queries = batches.queries[pos]  # [n, 2], copied into the call's static buffer
     if batches.index is None:
         return {"queries": queries, "answers": batches.answers[pos]}
@@ -115,7 +128,10 @@ def step_inputs(batches: "Batches", pos: Tensor, num_entities: int, device: torc
 
 
 def step_static(model: nn.Module, config: TrainConfig) -> tuple:
-    """The compiled call's leading arguments: the model, and for KvsAll the smoothed label values."""
+    """The compiled call's leading arguments: the model, and its loss's label smoothing (KvsAll's BCE: the
+    smoothed label values; kvsall-ce: eps and the style)."""
+    if config.training == "kvsall-ce":
+        return model, config.label_smoothing, config.label_smoothing_style
     if config.training == "kvsall":
         return (model, *smoothed_label_values(config.label_smoothing, model.num_entities,
                                               config.label_smoothing_style))

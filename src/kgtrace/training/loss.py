@@ -9,6 +9,8 @@ binary cross-entropy against the (sparse) set of true answers. With smoothed lab
 
 with ``p`` the positive and ``n`` the negative label value, so only the positives'
 scores need to be gathered ([P] values) and the dense label matrix is never formed.
+KvsAll with cross-entropy (``kvsall-ce``) and 1vsAll gather the same way: a logsumexp per row
+less the (mean) score of its answers.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from kgtrace.models.base import FactorisedScorer
 
 __all__ = [
     "dense_bce_reference",
+    "ce_target_weights",
+    "dense_ce_reference",
     "kvsall_bce",
     "kvsall_bce_chunked_backward",
+    "kvsall_ce",
     "onevsall_ce",
     "smoothed_label_values",
 ]
@@ -232,6 +237,61 @@ def onevsall_ce(scores: Tensor, targets: Tensor, denominator: float | None = Non
     true_scores = scores.gather(1, targets.unsqueeze(1)).squeeze(1)  # [B]
     losses = torch.logsumexp(scores, dim=1) - true_scores  # [B]
     return losses.mean() if denominator is None else losses.sum() / denominator
+
+
+def ce_target_weights(label_smoothing: float, num_classes: int, answers: Tensor,
+                      style: str = "pykeen") -> tuple[Tensor, Tensor]:
+    """kvsall-ce's target per row as (alpha, beta) [B] each: w_bk = alpha_b at the row's answers, + beta_b at
+    every column (sum 1), for rows of ``answers`` [B] answers each.
+
+    style "pykeen": PyKEEN's CrossEntropyLoss for LCWA, the 0/1 labels normalised to 1/n, then torch's
+    ``label_smoothing``: w = (1 - eps) y / n + eps / C. style "conve": LibKGE's KvsAll with its kl loss, the
+    ConvE authors' labels (1 - eps) y + 1/C normalised: w = ((1 - eps) y + 1/C) / ((1 - eps) n + 1).
+    Without smoothing both are 1/n at each answer.
+    """
+    smoothed_label_values(label_smoothing, num_classes, style)  # the same checks of eps and style
+    kept, n = 1.0 - label_smoothing, answers.double()
+    if style == "conve":
+        total = kept * n + 1.0  # [B] the smoothed labels' sum
+        return kept / total, (1.0 / num_classes) / total
+    return kept / n, torch.full_like(n, label_smoothing / num_classes)
+
+
+def kvsall_ce(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float = 0.0,
+              denominator: float | None = None, smoothing_style: str = "pykeen") -> Tensor:
+    """KvsAll with cross-entropy: mean over B of the cross-entropy of softmax(s) against a target spread over
+    the row's answers (PyKEEN's LCWA with CrossEntropyLoss; LibKGE's KvsAll with its kl loss)::
+
+        loss_b = -sum_k w_bk log softmax(s_b)_k = logsumexp(s_b) - alpha_b sum_{answers} s_bk - beta_b sum_k s_bk
+
+    with (alpha, beta) from :func:`ce_target_weights` (1/n_b and 0 without smoothing), so only the
+    answers' scores are gathered and no [B, C] target is formed.
+
+    :param scores: logits [B, C].
+    :param pos_rows: LongTensor [P], row of each positive (every KvsAll row has at least one).
+    :param pos_cols: LongTensor [P], column of each positive.
+    :param denominator: divide the summed loss by this instead of B (a part of a distributed batch).
+    :return: scalar loss.
+    """
+    rows, classes = scores.shape
+    answers = torch.bincount(pos_rows, minlength=rows)  # [B] n_b
+    alpha, beta = ce_target_weights(label_smoothing, classes, answers, smoothing_style)  # [B] each
+    answer_sums = scores.new_zeros(rows).index_add_(0, pos_rows, scores[pos_rows, pos_cols])  # [B]
+    losses = torch.logsumexp(scores, dim=1) - alpha.to(scores.dtype) * answer_sums - beta.to(scores.dtype) * scores.sum(1)
+    return losses.mean() if denominator is None else losses.sum() / denominator
+
+
+def dense_ce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float = 0.0,
+                       style: str = "pykeen") -> Tensor:
+    """REFERENCE ONLY (tests): :func:`kvsall_ce` with a dense target: "pykeen" as PyKEEN's CrossEntropyLoss
+    computes it for LCWA (labels normalised, then ``F.cross_entropy(label_smoothing=eps)``), "conve" as LibKGE's
+    KvsAll with kl (the ConvE authors' smoothed labels, normalised)."""
+    labels = torch.zeros_like(scores)
+    labels[pos_rows, pos_cols] = 1.0
+    if style == "conve":
+        labels = (1.0 - label_smoothing) * labels + 1.0 / scores.shape[1]
+        return F.cross_entropy(scores, labels / labels.sum(dim=1, keepdim=True))
+    return F.cross_entropy(scores, labels / labels.sum(dim=1, keepdim=True), label_smoothing=label_smoothing)
 
 
 def dense_bce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float) -> Tensor:

@@ -18,7 +18,7 @@ from kgtrace.config import TrainConfig
 from kgtrace.precision import precision_context
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import compiled_batch_loss
-from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward, onevsall_ce
+from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward, kvsall_ce, onevsall_ce
 from kgtrace.system import bar_disable
 
 
@@ -52,6 +52,9 @@ def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainCon
         return onevsall_ce(model.score_t(queries).float(), batches.answers[pos].to(device), batch_rows)
     rows, cols = batches.index.pairs_at(pos)
     rows, cols = rows.to(device), cols.to(device)
+    if config.training == "kvsall-ce":
+        return kvsall_ce(model.score_t(queries).float(), rows, cols, config.label_smoothing, batch_rows,
+                         config.label_smoothing_style)
     denominator = batch_rows * model.num_entities if batch_rows is not None else None
     if config.entity_chunk:
         return kvsall_bce_chunked_backward(model, queries, rows, cols, config.label_smoothing, config.entity_chunk,
