@@ -179,12 +179,14 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
     from kgtrace.evaluation.run import evaluate_run
     from kgtrace.layout import RunLayout
     from kgtrace.report.sections import read_records
+    from kgtrace.system import resolve_device
 
     layout = RunLayout(run_dir)
     records = read_records(layout.metrics)
     log = run_dir / "reproduce_sessions.jsonl"
     sessions = read_records(log) if log.is_file() else []
     config = read_yaml(layout.config)
+    device = resolve_device(config.get("device", "auto"))
     metrics = evaluate_run(run_dir).to_dict()
     realistic = {side: metrics[side]["realistic"] for side in ("head", "tail", "both")}
     curve = [{k: r[k] for k in ("epoch", "loss", "seconds", "valid_mrr", "valid_head_mrr", "valid_tail_mrr")
@@ -200,7 +202,7 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
         "config": config,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "device": config.get("device")},
+                    "device": device.type, **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})},
         "epochs": records[-1]["epoch"] if records else 0,
         "best_epoch": best["epoch"] if best else None,
         "wall_seconds": sum(s["seconds"] for s in sessions),
@@ -216,15 +218,17 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
 
 def results_table(folder: Path) -> str:
     """One Markdown row per result file of a recipe: status, epochs, time, test MRR per side against the target."""
-    rows = ["| recipe | status | epochs (best) | hours | test MRR | head | tail | H@10 | published | reached |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| recipe | machine | status | epochs (best) | hours | test MRR | head | tail | H@10 | published | reached |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(folder.glob("*.json")):
         r = json.loads(path.read_text())
         if "recipe_settings" not in r:
             continue  # another benchmark's result
         test, target = r["test"], r["target"]
         hours = (r["wall_seconds"] or r["train_seconds"]) / 3600
-        rows.append(f"| {path.stem} | {r['status']} | {r['epochs']} ({r['best_epoch']}) | {hours:.1f} | "
+        machine = r["machine"]
+        where = machine.get("gpu", "a GPU") if machine["device"] == "cuda" else f"CPU, {machine['threads']} thread(s)"
+        rows.append(f"| {path.stem} | {where} | {r['status']} | {r['epochs']} ({r['best_epoch']}) | {hours:.2f} | "
                     f"{test['both']['mrr']:.3f} | {test['head']['mrr']:.3f} | {test['tail']['mrr']:.3f} | "
                     f"{test['both']['hits_at_10']:.3f} | {target['published_mrr']:.3f} | "
                     f"{'yes' if target['reached'] else 'no'} |")

@@ -56,4 +56,4 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     capsys.readouterr()
     assert reproduce.main(["--table", "--results", str(tmp_path / "results")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 3 and table[2].startswith("| tiny-nations | finished | 4 (")
+    assert len(table) == 3 and table[2].startswith("| tiny-nations | CPU, 1 thread(s) | finished | 4 (")
