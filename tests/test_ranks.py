@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.ranks import RankCounts, count_ranks, summarize
+from kgtrace.evaluation.ranks import RankCounts, count_ranks, count_true, padded_width, summarize
 
 
 def test_ties_and_filtered_entries_by_hand():
@@ -57,3 +57,14 @@ def test_harmonic_numbers():
     n = torch.tensor([1.0, 2.0, 10.0], dtype=torch.float64)
     assert harmonic(n).tolist() == pytest.approx([1.0, 1.5, sum(1 / k for k in range(1, 11))])
     assert not math.isnan(float(harmonic(n).sum()))
+
+
+@pytest.mark.parametrize("width", [1, 8, 13, 2040, 2041, 14505])
+def test_count_true_adds_eight_flags_a_word(width):
+    gen = torch.Generator().manual_seed(width)
+    flags = torch.zeros(5, padded_width(width), dtype=torch.bool)
+    flags[:, :width] = torch.rand(5, width, generator=gen) < 0.5
+    flags[0, :width] = True  # every flag set: the largest byte sums, a group of 255 words full
+    flags[1] = False
+    assert padded_width(width) % 8 == 0 and padded_width(width) >= width
+    assert torch.equal(count_true(flags), flags.sum(1))

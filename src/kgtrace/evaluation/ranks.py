@@ -65,13 +65,38 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
     scores[filter_rows[is_other], filter_cols[is_other]] = float("-inf")
     scores[rows, true_cols] = float("-inf")
     column = true_scores.unsqueeze(1)  # [B, 1]
-    # Summing the comparisons as floats is faster than as booleans (which sum in int64), and exact:
-    # every partial sum is a whole number below 2**24 (float32) or 2**53 (float64).
-    counting = torch.float32 if scores.shape[1] < 2**24 else torch.float64
-    greater = (scores > column).to(counting).sum(1).long()
-    equal = (scores == column).to(counting).sum(1).long()
+    width = scores.shape[1]
+    # The comparisons land in a buffer laid out for count_true (its padding stays False).
+    flags = torch.zeros(len(true_cols), padded_width(width), dtype=torch.bool, device=scores.device)  # [B, W]
+    torch.gt(scores, column, out=flags[:, :width])
+    greater = count_true(flags)
+    torch.eq(scores, column, out=flags[:, :width])
+    equal = count_true(flags)
     filtered = torch.bincount(filter_rows[is_other], minlength=len(true_cols))
     return RankCounts(greater.cpu(), equal.cpu(), (scores.shape[1] - filtered).cpu())
+
+
+def padded_width(width: int) -> int:
+    """Columns of a flag buffer for :func:`count_true` holding ``width`` flags: whole words of 8 flags, in
+    G groups of k <= 255 words each."""
+    words = -(-width // 8)
+    groups = -(-words // 255)
+    return 8 * groups * -(-words // groups)
+
+
+def count_true(flags: Tensor) -> Tensor:
+    """The number of True entries in each row [B] (long) of ``flags`` [B, padded_width(...)] bool.
+
+    Summing booleans one by one costs ten times the comparisons that made them. Here each 8 flags are
+    read as one int64 word whose byte i is flag i (0 or 1), and a group's k <= 255 words are added as
+    integers: byte i of the sum counts the True flags at position i of the group's words, at most
+    255, so it never carries into byte i + 1. The bytes of the G sums are then added one by one.
+    """
+    words = flags.view(torch.int64)  # [B, G * k]
+    groups = -(-words.shape[1] // 255)
+    lanes = words.view(len(flags), groups, words.shape[1] // groups).sum(2)  # [B, G]
+    shifts = torch.arange(0, 64, 8, device=flags.device)  # [8]
+    return ((lanes.unsqueeze(2) >> shifts) & 0xFF).sum((1, 2))  # [B, G, 8] bytes -> [B]
 
 
 def harmonic(n: Tensor) -> Tensor:
