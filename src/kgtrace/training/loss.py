@@ -24,8 +24,8 @@ from kgtrace.errors import ConfigError
 from kgtrace.models.base import FactorisedScorer
 
 __all__ = [
-    "dense_bce_reference",
     "ce_target_weights",
+    "dense_bce_reference",
     "dense_ce_reference",
     "kvsall_bce",
     "kvsall_bce_chunked_backward",
