@@ -186,31 +186,6 @@ def test_kvsall_ce_removal_weights_are_the_change_of_the_score_gradient(tiny_dis
         assert float(got[j]) == pytest.approx(change, rel=1e-6)
 
 
-def test_training_hessian_of_kvsall_ce_is_the_mean_cross_entropy(tmp_path):
-    config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 3}, epochs=2, lr=0.05,
-                         checkpoint_every=2, eval_every=0, threads=1, device="cpu", training="kvsall-ce")
-    train(config, tmp_path / "run", progress=False, log=lambda *_: None)
-    run = load_run(tmp_path / "run")
-    model = copy.deepcopy(run.model).double().eval()
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
-    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "kvsall-ce")
-    rows, cols = batches.index.pairs_at(torch.arange(len(batches)))
-
-    def loss(flat):  # one example per query: cross-entropy against its smoothed labels normalised, averaged
-        weights, offset = {}, 0
-        for name, shape, size in shapes:
-            weights[f"model.{name}"] = flat[offset:offset + size].view(shape)
-            offset += size
-        scores = functional_call(_ScoreT(model), weights, (batches.queries,))
-        return dense_ce_reference(scores, rows, cols, run.config.label_smoothing, run.config.label_smoothing_style)
-
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    expected = torch.autograd.functional.hessian(loss, flat)
-    got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
-    assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
-
-
 def _reference_hessian(run):
     """Reference: autograd's Hessian of the whole KvsAll objective (dense labels, one batch), float64."""
     model = copy.deepcopy(run.model).double().eval()
@@ -394,23 +369,29 @@ def test_fisher_influence_equals_the_dense_block_diagonal_solve(tmp_path, model_
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())
 
 
-def test_training_hessian_of_1vsall_is_the_mean_cross_entropy(tmp_path):
+@pytest.mark.parametrize("training", ["1vsall", "kvsall-ce"])
+def test_training_hessian_of_a_cross_entropy_objective(tmp_path, training):
     config = TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 3}, epochs=2, lr=0.05,
-                         checkpoint_every=2, eval_every=0, threads=1, device="cpu", training="1vsall")
+                         checkpoint_every=2, eval_every=0, threads=1, device="cpu", training=training)
     train(config, tmp_path / "run", progress=False, log=lambda *_: None)
     run = load_run(tmp_path / "run")
     model = copy.deepcopy(run.model).double().eval()
     names = [n for n, _ in model.named_parameters()]
     shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
-    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "1vsall")
+    batches = Batches.build(run.dataset.train, run.dataset.num_relations, training)
 
-    def loss(flat):  # one example per (triple, direction): cross-entropy of its answer, averaged
+    def objective(scores):  # averaged over the examples: per (triple, direction), or per query
+        if training == "1vsall":
+            return F.cross_entropy(scores, batches.answers)  # of each example's answer
+        rows, cols = batches.index.pairs_at(torch.arange(len(batches)))  # its smoothed labels, normalised
+        return dense_ce_reference(scores, rows, cols, config.label_smoothing, config.label_smoothing_style)
+
+    def loss(flat):
         weights, offset = {}, 0
         for name, shape, size in shapes:
             weights[f"model.{name}"] = flat[offset:offset + size].view(shape)
             offset += size
-        scores = functional_call(_ScoreT(model), weights, (batches.queries,))
-        return F.cross_entropy(scores, batches.answers)
+        return objective(functional_call(_ScoreT(model), weights, (batches.queries,)))
 
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     expected = torch.autograd.functional.hessian(loss, flat)
