@@ -31,7 +31,7 @@ def test_train_help_shows_config_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "learning rate (default: 0.001)" in text
     assert "adam, or adagrad (LibKGE's default) (default: adam)" in text
-    assert "label smoothing of the KvsAll labels (kvsall, kvsall-ce) (default: 0.1)" in text
+    assert "label smoothing of the KvsAll labels (either loss; 1vsall has none) (default: 0.1)" in text
 
 
 def test_train_options_take_their_help_from_the_config_fields():

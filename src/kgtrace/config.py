@@ -60,7 +60,7 @@ class TrainConfig:
                                  "this many validations (PyTorch's ReduceLROnPlateau, as LibKGE does; needs "
                                  "eval_every); 0: after every epoch")
     weight_decay: float = option(0.0, "weight decay (L2 penalty, applied by the optimizer)")
-    label_smoothing: float = option(0.1, "label smoothing of the KvsAll labels (kvsall, kvsall-ce)")
+    label_smoothing: float = option(0.1, "label smoothing of the KvsAll labels (either loss; 1vsall has none)")
     label_smoothing_style: str = option("pykeen", "pykeen (positives 1 - eps, negatives eps / (E - 1)) or conve (the "
                                                   "ConvE authors' code: 1/E added to every label after scaling by "
                                                   "1 - eps)")
