@@ -15,11 +15,11 @@ from kgtrace.models import build_model
 from kgtrace.config import TrainConfig
 from kgtrace.training.loss import (
     dense_bce_reference,
+    dense_ce_reference,
     kvsall_bce,
     kvsall_bce_chunked_backward,
-    onevsall_ce,
     kvsall_ce,
-    dense_ce_reference,
+    onevsall_ce,
     smoothed_label_values,
 )
 
