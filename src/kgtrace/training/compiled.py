@@ -107,11 +107,11 @@ def train_call(model: nn.Module, training: str, batch_size: int, device: torch.d
     if key not in per_model:
         queries = torch.zeros(1, 2, dtype=torch.long, device=device)
         if training == "1vsall":
-            targets = {"queries": queries, "answers": torch.zeros(1, dtype=torch.long, device=device)}
+            example = {"queries": queries, "answers": torch.zeros(1, dtype=torch.long, device=device)}
         else:
-            targets = {"queries": queries, "labels": torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)}
+            example = {"queries": queries, "labels": torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)}
         name = "train_" + training.replace("-", "_")
-        per_model[key] = CompiledCall(name, ROWS[training], batch_size, targets, training=True)
+        per_model[key] = CompiledCall(name, ROWS[training], batch_size, example, training=True)
     return per_model[key]
 
 

@@ -10,7 +10,7 @@ binary cross-entropy against the (sparse) set of true answers. With smoothed lab
 with ``p`` the positive and ``n`` the negative label value, so only the positives'
 scores need to be gathered ([P] values) and the dense label matrix is never formed.
 KvsAll with cross-entropy (``kvsall-ce``) and 1vsAll gather the same way: a logsumexp per row
-less the (mean) score of its answers.
+less a weighted sum of its scores (without smoothing, the mean of its answers' scores).
 """
 
 from __future__ import annotations
