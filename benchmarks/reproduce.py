@@ -63,8 +63,11 @@ CONVE_CODE = {**CONVE_PAPER, "label_smoothing_style": "conve"}
 # ReduceLROnPlateau on validation MRR (factor .95, relative threshold 1e-4), validation every 5
 # epochs, early stopping after 10 validations without improvement, at most 400 epochs.
 LIBKGE = {"eval_every": 5, "patience": 10, "epochs": 400, "lr_decay": 0.95, "label_smoothing": 0.0}
-NO_DROPOUT = ("kgtrace's DistMult and ComplEx have no embedding dropout, and no run here applies LibKGE's "
-              "weighted Lp penalty (its weights are tiny in these configurations)")
+# LibKGE's WN18RR DistMult and ComplEx also drop out embeddings (.37/.50 and .36/.31), draw them from U(a, 1.0)
+# and (DistMult) smooth KvsAll labels by .074 with reciprocal relations; their runs here began before kgtrace had
+# these options and keep their first settings (a run resumes with its own).
+LEFT_OUT = ("this recipe leaves out LibKGE's embedding dropout, uniform initialisation and weighted Lp penalty "
+            "(tiny weights){}: its run predates kgtrace's options for them")
 
 RECIPES = {r.name: r for r in (
     Recipe("conve-paper-fb15k237", "fb15k237", CONVE_PAPER, 0.325, "Dettmers et al. 2018, table 3", goal_mrr=0.339),
@@ -79,20 +82,22 @@ RECIPES = {r.name: r for r in (
            notes="LibKGE drops out the relation embedding only (.118); kgtrace's input dropout drops the stacked "
                  "head and relation image at that rate"),
     Recipe("distmult-libkge-fb15k237", "fb15k237",
-           {**LIBKGE, "model": "distmult", "training": "1vsall", "optimizer": "adagrad", "lr": 0.1595,
-            "batch_size": 1024, "lr_patience": 6}, 0.343, "Ruffinelli et al. 2020, distmult-negative_sampling-kl-bo-best",
-           model_args={"embedding_dim": 256},
-           notes="LibKGE's best FB15k-237 DistMult trained with negative sampling (255 head and 402 tail negatives "
-                 "per triple, kl loss), embedding dropout .42 (entities) and .41 (relations) and a uniform "
-                 "initialisation, none of which kgtrace implements: this recipe keeps its optimizer, rate, batch, "
-                 f"size and schedule with 1vsAll; {NO_DROPOUT}"),
+           {**LIBKGE, "model": "distmult", "training": "negative-sampling", "negatives_tail": 402,
+            "negatives_head": 255, "optimizer": "adagrad", "lr": 0.1595, "batch_size": 1024, "lr_patience": 6},
+           0.343, "Ruffinelli et al. 2020, distmult-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 256, "inverse_relations": True, "entity_dropout": 0.4197,
+                       "relation_dropout": 0.4097, "init_uniform": [-0.9352, 1.0]},
+           notes="LibKGE's reciprocal relations model, negative sampling with kl and uniform init as kgtrace's "
+                 "options; its weighted L3 penalty (weights 1e-9 and 4e-15) is left out"),
     Recipe("complex-libkge-fb15k237", "fb15k237",
-           {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.1826,
-            "batch_size": 1024, "lr_patience": 7}, 0.348, "Ruffinelli et al. 2020, complex-negative_sampling-kl-bo-best",
-           model_args={"embedding_dim": 128},
-           notes="LibKGE's best FB15k-237 ComplEx trained with negative sampling, which kgtrace does not implement: "
-                 f"this recipe keeps its optimizer, rate, batch, size (256 reals = 128 complex) and schedule with "
-                 f"1vsAll; {NO_DROPOUT}"),
+           {**LIBKGE, "model": "complex", "training": "negative-sampling", "negatives_tail": 1000,
+            "negatives_head": 529, "optimizer": "adagrad", "lr": 0.1826, "batch_size": 1024, "lr_patience": 7},
+           0.348, "Ruffinelli et al. 2020, complex-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 128, "inverse_relations": True, "entity_dropout": 0.5,
+                       "relation_dropout": 0.2268, "init_uniform": [-0.8328, 1.0]},
+           notes="256 reals = 128 complex dimensions; LibKGE's reciprocal relations model, negative sampling with "
+                 "kl and uniform init as kgtrace's options; its weighted L3 penalty (weights 7e-9 and 4e-14) is "
+                 "left out"),
     Recipe("conve-libkge-wn18rr", "wn18rr",
            {**LIBKGE, "model": "conve", "training": "kvsall-ce", "optimizer": "adam", "lr": 0.001623,
             "batch_size": 1024, "lr_patience": 1}, 0.442, "Ruffinelli et al. 2020, conve-KvsAll-kl-bo-best",
@@ -102,11 +107,12 @@ RECIPES = {r.name: r for r in (
            {**LIBKGE, "model": "distmult", "training": "kvsall-ce", "optimizer": "adagrad", "lr": 0.3313,
             "batch_size": 1024, "lr_patience": 7}, 0.452, "Ruffinelli et al. 2020, distmult-KvsAll-kl-bo-best",
            model_args={"embedding_dim": 512},
-           notes=f"LibKGE's KvsAll with kl is kgtrace's kvsall-ce; {NO_DROPOUT}"),
+           notes="LibKGE's KvsAll with kl is kgtrace's kvsall-ce; " + LEFT_OUT.format(
+               ", reciprocal relations and label smoothing .074")),
     Recipe("complex-libkge-wn18rr", "wn18rr",
            {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.5256,
             "batch_size": 512, "lr_patience": 5}, 0.475, "Ruffinelli et al. 2020, complex-1vsAll-kl-bo-best",
-           model_args={"embedding_dim": 64}, notes=f"128 reals = 64 complex dimensions; {NO_DROPOUT}"),
+           model_args={"embedding_dim": 64}, notes="128 reals = 64 complex dimensions; " + LEFT_OUT.format("")),
 )}
 
 
@@ -161,10 +167,25 @@ def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, dea
     from kgtrace.training.loop import resume, train
 
     if RunLayout(run_dir).config.is_file():
+        check_run_is_recipe(recipe, run_dir)
         return resume(run_dir, progress=False, deadline=deadline, device=args.device, threads=args.threads)
     config = TrainConfig(dataset=recipe.dataset, device=args.device, threads=args.threads,
                          precision=args.precision, model_args=dict(recipe.model_args), **recipe.settings)
     return train(config, run_dir, progress=False, deadline=deadline)
+
+
+def check_run_is_recipe(recipe: Recipe, run_dir: Path) -> None:
+    """Refuse to resume a run folder trained with other settings than the recipe's (an earlier recipe's run)."""
+    from kgtrace.config import read_yaml
+    from kgtrace.layout import RunLayout
+
+    saved = read_yaml(RunLayout(run_dir).config)
+    wanted = {**recipe.settings, "dataset": recipe.dataset, "model_args": dict(recipe.model_args)}
+    differ = [f"{key}: run {saved.get(key)!r}, recipe {value!r}" for key, value in wanted.items()
+              if saved.get(key) != value]
+    if differ:
+        raise SystemExit(f"{run_dir} was trained with other settings than recipe {recipe.name} "
+                         f"({'; '.join(differ)}). Fix: move that folder away, or pass --name for a new run")
 
 
 def record_session(run_dir: Path, started: float, epochs: int) -> None:

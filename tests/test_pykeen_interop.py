@@ -303,6 +303,23 @@ def test_export_of_other_models(model, distmult, complex_, tmp_path):
     assert_same_scores(run.model, result.model, run.dataset.train[:200])
 
 
+def test_inverse_relations_export_and_import_back(tmp_path):
+    """A DistMult with its own inverse relations exports as PyKEEN's with inverse triples and comes back as one."""
+    run_dir, export, back = tmp_path / "run", tmp_path / "export", tmp_path / "back"
+    config = kgtrace.TrainConfig(dataset="umls", model="distmult", epochs=1, eval_every=0, threads=1, device="cpu",
+                                 model_args={"embedding_dim": 8, "inverse_relations": True, "entity_dropout": 0.1})
+    kgtrace.train(config, run_dir, progress=False, log=lambda *_: None)
+    assert main(["export-pykeen", str(run_dir), "--out", str(export)]) == 0
+    run = kgtrace.load_run(run_dir)
+    assert json.loads((export / "config.json").read_text())["create_inverse_triples"] is True
+    assert_same_scores(run.model, load_in_pykeen(export), run.dataset.test[:200])
+    assert main(["import-pykeen", str(export), "--out", str(back)]) == 0
+    again = kgtrace.load_run(back)
+    assert again.config.model_args["inverse_relations"] is True
+    with torch.no_grad():
+        torch.testing.assert_close(again.model.score_h(run.dataset.test[:, 1:]), run.model.score_h(run.dataset.test[:, 1:]))
+
+
 @pytest.mark.parametrize("name, args", [("conve", {"embedding_dim": 20, "embedding_height": 5, "output_channels": 3}),
                                         ("conve", {"embedding_dim": 20, "embedding_height": 2, "kernel_width": 5,
                                                    "apply_batch_normalization": False}),

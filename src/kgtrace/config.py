@@ -22,7 +22,7 @@ from kgtrace.io import atomic_write_text
 from kgtrace.registry import model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall")
+TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall", "negative-sampling")
 #: How label smoothing spreads eps (training.loss.smoothed_label_values): PyKEEN's, or the ConvE authors' code's.
 SMOOTHING_STYLES = ("pykeen", "conve")
 OPTIMIZERS = ("adam", "adagrad")
@@ -67,7 +67,11 @@ class TrainConfig:
     training: str = option("kvsall", "kvsall (all known answers of a query are positives, binary cross-entropy per "
                                      "entity), kvsall-ce (the same answers, one softmax cross-entropy against them "
                                      "spread evenly: LibKGE's KvsAll with kl, PyKEEN's LCWA with CrossEntropyLoss) "
-                                     "or 1vsall (softmax per triple)")
+                                     "1vsall (softmax per triple) or negative-sampling (softmax of each triple's "
+                                     "answer among it and sampled entities: LibKGE's negative_sampling with kl)")
+    negatives_tail: int = option(0, "negative-sampling: entities drawn uniformly (with replacement, unfiltered) "
+                                    "against each triple's tail (LibKGE's num_samples.o)")
+    negatives_head: int = option(0, "negative-sampling: the same against each triple's head (num_samples.s)")
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
     seed: int = option(0, "random seed (weights, query order, dropout)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda")
@@ -109,6 +113,7 @@ class TrainConfig:
         problems += choice_problems(self, "training", TRAINING_MODES)
         problems += choice_problems(self, "label_smoothing_style", SMOOTHING_STYLES)
         problems += choice_problems(self, "device", DEVICES)
+        problems += self._negatives_problems()
         if self.entity_chunk and self.training != "kvsall":
             problems.append(f"entity_chunk={self.entity_chunk}: only applies to training=kvsall; set it to 0")
         if self.entity_chunk and self.precision == "fp16":
@@ -126,6 +131,20 @@ class TrainConfig:
         if problems:
             raise ConfigError(problems)
         return self
+
+    def _negatives_problems(self) -> list[str]:
+        """negatives_tail/head: set with training negative-sampling (at least one side), 0 otherwise."""
+        for name in ("negatives_tail", "negatives_head"):
+            if getattr(self, name) < 0:
+                return [f"{name}={getattr(self, name)}: must be 0 or more"]
+        given = self.negatives_tail or self.negatives_head
+        if self.training == "negative-sampling" and not given:
+            return ["training=negative-sampling: draws no negatives; set negatives_tail and negatives_head "
+                    "(--negatives-tail 256 --negatives-head 256; 0 on one side trains that side not at all)"]
+        if self.training != "negative-sampling" and given:
+            return [f"negatives_tail={self.negatives_tail}, negatives_head={self.negatives_head}: only apply to "
+                    f"training=negative-sampling; set them to 0 (training={self.training} scores every entity)"]
+        return []
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -360,13 +360,15 @@ def train_probes(run, device: torch.device, gen: torch.Generator) -> list[Probe]
         return rows.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
     def probe(size: int) -> Probe:
-        call = train_call(twins[1], config.training, size, device)
+        call = train_call(twins[1], config.training, size, device, (config.negatives_tail, config.negatives_head))
 
         def sample(n: int) -> dict[str, Tensor]:
-            return step_inputs(batches, torch.randperm(len(batches), generator=gen)[:n], ds.num_entities, device)
+            pos = torch.randperm(len(batches), generator=gen)[:n]
+            return step_inputs(batches, pos, config, ds.num_entities, device)
 
         def eager(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
-            valid = torch.ones(len(inputs["queries"]), dtype=torch.bool, device=device)
+            rows = len(next(iter(inputs.values())))  # the first input's rows: queries, or triples
+            valid = torch.ones(rows, dtype=torch.bool, device=device)
             on_device = {k: v.to(device) for k, v in inputs.items()}
             return step(twins[0], lambda m: rows_fn(*step_static(m, config), **on_device, valid=valid))
 

@@ -92,6 +92,11 @@ def training_hessian(model: nn.Module, train: Tensor, num_relations: int, config
     each block's Hessian is ``jacrev(grad(loss))`` with the basis vectors vmapped in chunks.
     It costs P Hessian-vector products over the training set: minutes for P ~ 10^4.
     """
+    if config.training == "negative-sampling":
+        raise KgtraceError("influence with the exact Hessian: the run trained with negative-sampling, whose loss "
+                           "depends on the entities drawn at each step, so it has no one Hessian to invert. Fix: "
+                           "explain it with TracIn (the default), grad-cos or the Fisher approximation "
+                           "(--methods tracin-last,grad-cos,influence-fisher)")
     batches = Batches.build(train, num_relations, config.training)
     params = dict(model.named_parameters())
     flat = torch.cat([params[n].detach().reshape(-1) for n in names])  # [P]

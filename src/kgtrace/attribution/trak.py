@@ -86,6 +86,10 @@ def removal_weights(model: nn.Module, train: Tensor, config: TrainConfig, chunk_
     """[n] q_j of each training triple under the run's objective ``config.training`` (module doc), float64."""
     if config.training == "kvsall":
         return torch.ones(len(train), dtype=torch.float64)
+    if config.training == "negative-sampling":
+        raise KgtraceError("TRAK: its removal weights come from the training loss's probabilities, and a run trained "
+                           "with negative-sampling has them only for the entities drawn at each step. Fix: explain it "
+                           "with TracIn (the default) or grad-cos (--methods tracin-last,grad-cos)")
     with torch.no_grad():  # softmax probability of the triple's tail among all tails
         prob = torch.cat([model.score_t(chunk[:, :2]).double().softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
                           for chunk in train.split(chunk_size)])  # [n]

@@ -75,12 +75,19 @@ def complex_from_pykeen(table: Tensor) -> Tensor:
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
 
 
+def has_inverse_relations(name: str, args: dict[str, object]) -> bool:
+    """Whether kgtrace model ``name`` built with ``args`` has a relation table of 2R rows (its PyKEEN model is
+    created with inverse triples): ConvE always, DistMult and ComplEx with ``inverse_relations``."""
+    return spec_named(name).inverse_relations or bool(args.get("inverse_relations", False))
+
+
 def pykeen_state_dict(model: nn.Module, template: dict[str, Tensor]) -> dict[str, Tensor]:
     """``template`` (a PyKEEN model's state_dict) with kgtrace ``model``'s weights filled in.
 
     Supports ConvE (PyKEEN created with inverse triples, batch normalisation on or off),
-    DistMult and ComplEx (PyKEEN created without inverse triples). Entries kgtrace has no
-    counterpart of (regularizer buffers) keep the template's values.
+    DistMult and ComplEx (PyKEEN created with inverse triples when the model has
+    ``inverse_relations``, else without). Entries kgtrace has no counterpart of (regularizer
+    buffers) keep the template's values.
     """
     state = dict(template)
     spec = spec_of(model)
@@ -89,6 +96,8 @@ def pykeen_state_dict(model: nn.Module, template: dict[str, Tensor]) -> dict[str
         raise ValueError(f"no PyKEEN mapping for {type(model).__qualname__}; supported: "
                          f"{', '.join(PYKEEN_NAMES.values())} (and their subclasses)")
     entities, relations = model.entity_embeddings.detach(), model.relation_embeddings.detach()
+    if name != "conve" and model.inverse_relations:
+        relations = interleave_inverses(relations, model.num_relations)
     if name == "distmult":
         state[ENTITY], state[RELATION] = entities.clone(), relations.clone()
         return state
@@ -104,13 +113,15 @@ def pykeen_state_dict(model: nn.Module, template: dict[str, Tensor]) -> dict[str
     return state
 
 
-def kgtrace_state_dict(name: str, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A PyKEEN state dict -> the state dict of kgtrace model ``name`` (shapes unchecked here)."""
-    if name == "distmult":
-        return {"entity_embeddings": state[ENTITY], "relation_embeddings": state[RELATION]}
-    if name == "complex":
+def kgtrace_state_dict(name: str, state: dict[str, Tensor], inverse: bool = False) -> dict[str, Tensor]:
+    """A PyKEEN state dict -> the state dict of kgtrace model ``name`` (shapes unchecked here); ``inverse``:
+    a DistMult's or ComplEx's relation table holds inverse relations (interleaved, as PyKEEN keeps them)."""
+    if name in ("distmult", "complex"):
+        relations = block_inverses(state[RELATION]) if inverse else state[RELATION]
+        if name == "distmult":
+            return {"entity_embeddings": state[ENTITY], "relation_embeddings": relations}
         return {"entity_embeddings": complex_from_pykeen(state[ENTITY]),
-                "relation_embeddings": complex_from_pykeen(state[RELATION])}
+                "relation_embeddings": complex_from_pykeen(relations)}
     out = {"entity_embeddings": state[ENTITY], "entity_bias": state[ENTITY_BIAS].squeeze(1),  # [E, 1] -> [E]
            "relation_embeddings": block_inverses(state[RELATION])}
     for ours, theirs in conve_layers(has_batch_norm(state)).items():

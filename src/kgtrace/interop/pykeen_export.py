@@ -69,7 +69,7 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
     check_out_folder(out, kind="pykeen-export", overwrite=overwrite, inputs=[run_dir])
     run = load_run(run_dir, checkpoint)
     name, args = run.config.model, full_args(run.config.model, run.config.model_args)
-    factories = triples_factories(pykeen, run.dataset, inverse=spec_named(name).inverse_relations)
+    factories = triples_factories(pykeen, run.dataset, inverse=layout.has_inverse_relations(name, args))
     kwargs = layout.pykeen_model_kwargs(name, args)
     # The seed only quiets PyKEEN's warning: every weight is overwritten next.
     theirs = pykeen.models.model_resolver.make(layout.PYKEEN_NAMES[name], kwargs, triples_factory=factories["train"],
@@ -145,7 +145,7 @@ def write_export(folder: Path, run: Run, factories: dict[str, Any], state: dict[
     config = {
         "format": FORMAT, "version": 1,
         "model": layout.PYKEEN_NAMES[run.config.model], "model_kwargs": kwargs,
-        "create_inverse_triples": spec_named(run.config.model).inverse_relations,
+        "create_inverse_triples": layout.has_inverse_relations(run.config.model, run.config.model_args),
         "optimizer": "Adam", "optimizer_kwargs": {"lr": run.config.lr, "weight_decay": run.config.weight_decay},
         "model_state": "model_state.pt", "epoch": int(final["epoch"]), "checkpoints": entries,
         "triples": {split: folder_name for split, folder_name in SPLIT_FOLDERS.items() if split in factories},

@@ -110,7 +110,10 @@ def make_plan(source: Source, out: Path, dataset: str | None, model: str | None,
     name = model_name(model, recorded, state)
     args, origins = hyperparameters(name, state, recorded, given)
     entities, relations = pykeen_vocabs(source)
-    check_sizes(name, state, entities, relations)
+    if name != "conve" and state[layout.RELATION].shape[0] == 2 * len(relations) and "inverse_relations" not in given:
+        args["inverse_relations"] = True
+        origins["inverse_relations"] = "the weights' shapes (PyKEEN's inverse triples)"
+    check_sizes(name, args, state, entities, relations)
     run_dataset, own = evaluation_data(dataset, entities, relations, source, out)
     losses = source.loop.losses or (source.results or {}).get("losses")
     plan = Plan(name, args, origins, entities, relations, series, best, run_dataset, own, losses,
@@ -357,15 +360,16 @@ def conve_arguments(state: dict[str, Tensor], recorded: Recorded, given: dict[st
     return []
 
 
-def check_sizes(name: str, state: dict[str, Tensor], entities: Vocab, relations: Vocab) -> None:
-    """The tables' rows must match the id maps; ConvE needs PyKEEN's inverse relations, the others must lack them."""
+def check_sizes(name: str, args: dict[str, Any], state: dict[str, Tensor], entities: Vocab, relations: Vocab) -> None:
+    """The tables' rows must match the id maps; ConvE needs PyKEEN's inverse relations, DistMult and ComplEx have
+    them exactly when ``args`` ask for inverse_relations."""
     problems = []
     rows, num = state[layout.ENTITY].shape[0], len(relations)
     if rows != len(entities):
         problems.append(f"the entity table has {rows} rows but entity_to_id {len(entities)} labels. "
                         "Fix: pass the id maps of the run that wrote these weights")
     have = state[layout.RELATION].shape[0]
-    inverse = spec_named(name).inverse_relations
+    inverse = layout.has_inverse_relations(name, args)
     want = 2 * num if inverse else num
     if have != want:
         fix = (f"train the PyKEEN {layout.PYKEEN_NAMES[name]} with create_inverse_triples=True (kgtrace answers head "
@@ -381,7 +385,8 @@ def kgtrace_model(plan: Plan, state: dict[str, Tensor]) -> nn.Module:
     """A kgtrace model with PyKEEN weights ``state``, in eval mode."""
     model = build_model(plan.name, len(plan.entities), len(plan.relations), **plan.args)
     try:
-        model.load_state_dict(layout.kgtrace_state_dict(plan.name, state))
+        model.load_state_dict(layout.kgtrace_state_dict(plan.name, state, layout.has_inverse_relations(plan.name,
+                                                                                                    plan.args)))
     except RuntimeError as e:
         raise KgtraceError(f"the PyKEEN weights do not fit a kgtrace {plan.name} with {json.dumps(plan.args)}: "
                            f"{str(e).splitlines()[-1].strip()}. Fix: check --model-arg") from None

@@ -20,58 +20,84 @@ from torch import Tensor, nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
+from kgtrace.models._tables import dropped, init_tables, relation_ids, table_problems
 from kgtrace.models.base import inverse_queries
 from kgtrace.registry import ModelSpec
 
-__all__ = ["SPEC", "ComplEx", "complex_query"]
+__all__ = ["SPEC", "ComplEx", "complex_product", "complex_query", "conjugate_inverses"]
+
+
+def complex_product(h: Tensor, r: Tensor) -> Tensor:
+    """q = h * r as [Re | Im], [B, 2D], for rows h and r [B, 2D] in the real | imag layout."""
+    h_real, h_imag = h.chunk(2, dim=-1)  # [B, D] each, views
+    r_real, r_imag = r.chunk(2, dim=-1)
+    return torch.cat([h_real * r_real - h_imag * r_imag, h_real * r_imag + h_imag * r_real], dim=-1)  # [B, 2D]
+
+
+def conjugate_inverses(r: Tensor, relations: Tensor, num_relations: int) -> Tensor:
+    """Rows r [B, 2D] of relation-or-inverse ids ``relations`` [B] read at row ``id mod R``: conj(r) for the
+    inverse ids r + R (the imaginary part's sign flipped), r itself for the others."""
+    r_real, r_imag = r.chunk(2, dim=-1)
+    sign = 1.0 - 2.0 * (relations >= num_relations).to(r_imag.dtype)  # [B] +1, or -1 for an inverse
+    return torch.cat([r_real, r_imag * sign.unsqueeze(1)], dim=-1)
 
 
 def complex_query(entities: Tensor, relations: Tensor, hr: Tensor, num_relations: int) -> Tensor:
     """q = h * r as [Re | Im], [B, 2D], for (head, relation-or-inverse) ids hr [B, 2] over tables
     entities [E, 2D] and relations [R, 2D] in the real | imag layout; the inverse id r + R uses conj(r)."""
-    h_real, h_imag = F.embedding(hr[:, 0], entities).chunk(2, dim=-1)  # [B, D] each, views
-    r_packed = F.embedding(torch.remainder(hr[:, 1], num_relations), relations)  # [B, 2D]
-    r_real, r_imag = r_packed.chunk(2, dim=-1)
-    # conj flips the imaginary part's sign for the inverse ids.
-    r_imag = r_imag * (1.0 - 2.0 * (hr[:, 1] >= num_relations).to(r_imag.dtype)).unsqueeze(1)  # [B, D]
-    real = h_real * r_real - h_imag * r_imag
-    imag = h_real * r_imag + h_imag * r_real
-    return torch.cat([real, imag], dim=-1)  # [B, 2D]
+    r = F.embedding(torch.remainder(hr[:, 1], num_relations), relations)  # [B, 2D]
+    return complex_product(F.embedding(hr[:, 0], entities), conjugate_inverses(r, hr[:, 1], num_relations))
 
 
 class ComplEx(nn.Module):
-    """ComplEx with inverse relations answered exactly through the conjugate relation.
+    """ComplEx with inverse relations answered exactly through the conjugate relation, unless
+    ``inverse_relations`` gives each inverse its own row (options: :mod:`kgtrace.models._tables`).
 
     Re(<h, r, conj(t)>) = Re(<t, conj(r), conj(h)>), so the query (t, r + R) uses conj(r)
     and its scores over all entities are exactly the head scores of (?, r, t).
 
-    Parameters: ``entity_embeddings`` [E, 2D] and ``relation_embeddings`` [R, 2D] in the
-    real | imag layout, Xavier-normal over the whole table. Query representation:
-    q = h * r packed as [Re | Im], [B, 2D], so that score = q . [Re(t) | Im(t)].
+    Parameters: ``entity_embeddings`` [E, 2D] and ``relation_embeddings`` [R, 2D] ([2R, 2D] with
+    inverse relations) in the real | imag layout, Xavier-normal over the whole table (or
+    ``init_uniform``). Query representation: q = h * r packed as [Re | Im], [B, 2D], so that
+    score = q . [Re(t) | Im(t)].
     """
 
-    def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200):
+    def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200,
+                 inverse_relations: bool = False, entity_dropout: float = 0.0, relation_dropout: float = 0.0,
+                 init_uniform: list[float] | None = None):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
+        problems += table_problems(inverse_relations=inverse_relations, entity_dropout=entity_dropout,
+                                   relation_dropout=relation_dropout, init_uniform=init_uniform)
         if problems:
             raise ConfigError(problems)
         self.num_entities = num_entities
         self.num_relations = num_relations
         self.embedding_dim = embedding_dim
+        self.inverse_relations = inverse_relations
+        self.entity_dropout, self.relation_dropout = entity_dropout, relation_dropout
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, 2 * embedding_dim))
-        self.relation_embeddings = nn.Parameter(torch.empty(num_relations, 2 * embedding_dim))
-        nn.init.xavier_normal_(self.entity_embeddings)
-        nn.init.xavier_normal_(self.relation_embeddings)
+        self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations,
+                                                            2 * embedding_dim))
+        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+
+    def _entities(self, ids: Tensor) -> Tensor:
+        """Entity ids [B] -> rows [B, 2D] (dropped out in training)."""
+        return dropped(F.embedding(ids, self.entity_embeddings), self.entity_dropout, self.training)
 
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = h * r as [Re | Im], [B, 2D]."""
-        return complex_query(self.entity_embeddings, self.relation_embeddings, hr, self.num_relations)
+        ids = relation_ids(hr[:, 1], self.num_relations, self.inverse_relations)
+        r = dropped(F.embedding(ids, self.relation_embeddings), self.relation_dropout, self.training)  # [B, 2D]
+        if not self.inverse_relations:
+            r = conjugate_inverses(r, hr[:, 1], self.num_relations)
+        return complex_product(self._entities(hr[:, 0]), r)
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, 2D] -> scores Re(<q, conj(t)>) of entities start..stop-1, [B, stop - start]."""
         # Re(q * conj(t)) = Re(q) Re(t) + Im(q) Im(t): one real matmul on the packed layout.
-        return q @ self.entity_embeddings[start:stop].t()
+        return q @ dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training).t()
 
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
@@ -83,8 +109,7 @@ class ComplEx(nn.Module):
 
     def score_hrt(self, hrt: Tensor) -> Tensor:
         """[B, 3] (head, relation, tail) ids -> scores [B]."""
-        t = F.embedding(hrt[:, 2], self.entity_embeddings)  # [B, 2D]
-        return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), t)
+        return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), self._entities(hrt[:, 2]))
 
 
 SPEC = ModelSpec(

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
+from kgtrace.models._tables import dropped, init_tables, relation_ids, table_problems
 from kgtrace.models.base import inverse_queries
 from kgtrace.registry import ModelSpec
 
@@ -15,37 +16,49 @@ __all__ = ["SPEC", "DistMult"]
 
 
 class DistMult(nn.Module):
-    """DistMult; symmetric in head and tail, so an inverse relation r + R reuses r's vector.
+    """DistMult; symmetric in head and tail, so an inverse relation r + R reuses r's vector unless
+    ``inverse_relations`` gives it its own (options: :mod:`kgtrace.models._tables`).
 
-    Parameters: ``entity_embeddings`` [E, D], ``relation_embeddings`` [R, D], both
-    Xavier-normal over the whole table. Query representation: q = e_h * w_r, [B, D].
+    Parameters: ``entity_embeddings`` [E, D], ``relation_embeddings`` [R, D] ([2R, D] with
+    inverse relations, the inverses after the relations), Xavier-normal over the whole table
+    (or ``init_uniform``). Query representation: q = e_h * w_r, [B, D].
     """
 
-    def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200):
+    def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200,
+                 inverse_relations: bool = False, entity_dropout: float = 0.0, relation_dropout: float = 0.0,
+                 init_uniform: list[float] | None = None):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
+        problems += table_problems(inverse_relations=inverse_relations, entity_dropout=entity_dropout,
+                                   relation_dropout=relation_dropout, init_uniform=init_uniform)
         if problems:
             raise ConfigError(problems)
         self.num_entities = num_entities
         self.num_relations = num_relations
         self.embedding_dim = embedding_dim
+        self.inverse_relations = inverse_relations
+        self.entity_dropout, self.relation_dropout = entity_dropout, relation_dropout
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, embedding_dim))
-        self.relation_embeddings = nn.Parameter(torch.empty(num_relations, embedding_dim))
-        nn.init.xavier_normal_(self.entity_embeddings)
-        nn.init.xavier_normal_(self.relation_embeddings)
+        self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations, embedding_dim))
+        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+
+    def _entities(self, ids: Tensor) -> Tensor:
+        """Entity ids [B] -> rows [B, D] (dropped out in training)."""
+        return dropped(F.embedding(ids, self.entity_embeddings), self.entity_dropout, self.training)
 
     def _relations(self, relations: Tensor) -> Tensor:
-        """Relation-or-inverse ids [B] in [0, 2R) -> vectors [B, D]; r + R shares r's vector."""
-        return F.embedding(torch.remainder(relations, self.num_relations), self.relation_embeddings)
+        """Relation-or-inverse ids [B] in [0, 2R) -> vectors [B, D] (dropped out in training)."""
+        ids = relation_ids(relations, self.num_relations, self.inverse_relations)
+        return dropped(F.embedding(ids, self.relation_embeddings), self.relation_dropout, self.training)
 
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = e_h * w_r, [B, D]."""
-        return F.embedding(hr[:, 0], self.entity_embeddings) * self._relations(hr[:, 1])
+        return self._entities(hr[:, 0]) * self._relations(hr[:, 1])
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, D] -> scores of entities start..stop-1, [B, stop - start]."""
-        return q @ self.entity_embeddings[start:stop].t()
+        return q @ dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training).t()
 
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
@@ -57,8 +70,7 @@ class DistMult(nn.Module):
 
     def score_hrt(self, hrt: Tensor) -> Tensor:
         """[B, 3] (head, relation, tail) ids -> scores [B]."""
-        t = F.embedding(hrt[:, 2], self.entity_embeddings)  # [B, D]
-        return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), t)
+        return torch.linalg.vecdot(self.encode_query(hrt[:, :2]), self._entities(hrt[:, 2]))
 
 
 SPEC = ModelSpec(

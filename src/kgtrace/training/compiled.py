@@ -39,8 +39,10 @@ switched on or off when a run is resumed.
 Losses: KvsAll positives become a dense [B, E] bool label mask, one byte per score next to the
 scores' four (the sparse pairs have a varying count, which a static graph cannot take); the
 per-row BCE sum uses the decomposition of :mod:`kgtrace.training.loss`. 1vsAll takes the
-true answers [B]. The entity-chunked loss runs its own backward passes and is not compiled
-(``compile`` with ``entity_chunk`` is a configuration error).
+true answers [B]. Negative sampling takes the triples [B, 3] and the candidates drawn for them
+outside the graph (the draws are inputs, so eager and compiled steps see the same ones). The
+entity-chunked loss runs its own backward passes and is not compiled (``compile`` with
+``entity_chunk`` is a configuration error).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from torch import Tensor, nn
 
 from kgtrace.compile import CompiledCall
 from kgtrace.config import TrainConfig
-from kgtrace.training.loss import ce_target_weights, smoothed_label_values
+from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_sampling_rows, smoothed_label_values
 
 from kgtrace.training.batches import Batches
 
@@ -97,16 +99,23 @@ def onevsall_rows(model: nn.Module, queries: Tensor, answers: Tensor, valid: Ten
 
 
 # The per-row loss of each training mode (TrainConfig.training), compiled by train_call.
-ROWS = {"kvsall": kvsall_rows, "kvsall-ce": kvsall_ce_rows, "1vsall": onevsall_rows}
+ROWS = {"kvsall": kvsall_rows, "kvsall-ce": kvsall_ce_rows, "1vsall": onevsall_rows,
+        "negative-sampling": negative_sampling_rows}
 
 
-def train_call(model: nn.Module, training: str, batch_size: int, device: torch.device) -> CompiledCall:
-    """The model's compiled loss of ``training`` (a key of ROWS) for this batch size, compiled on first use."""
+def train_call(model: nn.Module, training: str, batch_size: int, device: torch.device,
+               negatives: tuple[int, int] = (0, 0)) -> CompiledCall:
+    """The model's compiled loss of ``training`` (a key of ROWS) for this batch size, compiled on first use;
+    negative-sampling's call also per (negatives_tail, negatives_head)."""
     per_model = _CALLS.setdefault(model, {})
-    key = (training, batch_size, str(device))
+    key = (training, batch_size, str(device), negatives)
     if key not in per_model:
         queries = torch.zeros(1, 2, dtype=torch.long, device=device)
-        if training == "1vsall":
+        if training == "negative-sampling":
+            example = {"triples": torch.zeros(1, 3, dtype=torch.long, device=device),
+                       "tail_candidates": torch.zeros(1, 1 + negatives[0], dtype=torch.long, device=device),
+                       "head_candidates": torch.zeros(1, 1 + negatives[1], dtype=torch.long, device=device)}
+        elif training == "1vsall":
             example = {"queries": queries, "answers": torch.zeros(1, dtype=torch.long, device=device)}
         else:
             example = {"queries": queries, "labels": torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)}
@@ -115,9 +124,15 @@ def train_call(model: nn.Module, training: str, batch_size: int, device: torch.d
     return per_model[key]
 
 
-def step_inputs(batches: "Batches", pos: Tensor, num_entities: int, device: torch.device) -> dict[str, Tensor]:
+def step_inputs(batches: "Batches", pos: Tensor, config: TrainConfig, num_entities: int,
+                device: torch.device) -> dict[str, Tensor]:
     """The compiled call's inputs for the examples at ``pos`` [n]: queries [n, 2] and labels [n, E] bool
-    (KvsAll, either loss) or answers [n] (1vsAll)."""
+    (KvsAll, either loss) or answers [n] (1vsAll); negative-sampling: the triples [n, 3] and their
+    candidates, drawn here as eager training draws them (the same calls of the global generator)."""
+    if config.training == "negative-sampling":
+        triples = batches.triples(pos).to(device)
+        tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head, num_entities)
+        return {"triples": triples, "tail_candidates": tails, "head_candidates": heads}
     queries = batches.queries[pos]  # [n, 2], copied into the call's static buffer
     if batches.index is None:
         return {"queries": queries, "answers": batches.answers[pos]}
@@ -146,7 +161,7 @@ def compiled_batch_loss(model: nn.Module, batches: "Batches", pos: Tensor, confi
     Returns a scalar whose ``backward()`` runs the compiled backward graph.
     """
     n = len(pos)
-    call = train_call(model, config.training, n, device)
-    (rows,) = call(*step_static(model, config), **step_inputs(batches, pos, model.num_entities, device))
+    call = train_call(model, config.training, n, device, (config.negatives_tail, config.negatives_head))
+    (rows,) = call(*step_static(model, config), **step_inputs(batches, pos, config, model.num_entities, device))
     mean_over = n if batch_rows is None else batch_rows
     return rows.sum() / (mean_over * model.num_entities if config.training == "kvsall" else mean_over)

@@ -11,13 +11,15 @@ with ``p`` the positive and ``n`` the negative label value, so only the positive
 scores need to be gathered ([P] values) and the dense label matrix is never formed.
 KvsAll with cross-entropy (``kvsall-ce``) and 1vsAll gather the same way: a logsumexp per row
 less a weighted sum of its scores (without smoothing, the mean of its answers' scores).
+Negative sampling gathers each row's answer and its sampled entities and takes the same
+cross-entropy over just those columns.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from kgtrace.config import SMOOTHING_STYLES
 from kgtrace.errors import ConfigError
@@ -27,10 +29,14 @@ __all__ = [
     "ce_target_weights",
     "dense_bce_reference",
     "dense_ce_reference",
+    "draw_candidates",
     "kvsall_bce",
     "kvsall_bce_chunked_backward",
     "kvsall_ce",
+    "negative_sampling_reference",
+    "negative_sampling_rows",
     "onevsall_ce",
+    "sampled_ce_rows",
     "smoothed_label_values",
 ]
 
@@ -307,3 +313,76 @@ def dense_bce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, labe
         num_classes = scores.shape[1]
         labels = labels * (1.0 - label_smoothing) + (1.0 - labels) * label_smoothing / (num_classes - 1)
     return F.binary_cross_entropy_with_logits(scores, labels)
+
+
+def draw_candidates(triples: Tensor, negatives_tail: int, negatives_head: int,
+                    num_entities: int) -> tuple[Tensor, Tensor]:
+    """Negative sampling's candidates of ``triples`` [B, 3]: tails [B, 1 + negatives_tail] (each triple's tail
+    in column 0, then the entities drawn against it) and heads [B, 1 + negatives_head] (its head, then draws).
+
+    Uniform over all entities, with replacement and unfiltered (LibKGE's sampler by default, PyKEEN's
+    basic sampler without a filterer): a draw may repeat, be a true answer, or be the answer itself.
+    Drawn from torch's global generator on the triples' device, which checkpoints save.
+    """
+    def side(answers: Tensor, negatives: int) -> Tensor:
+        drawn = torch.randint(num_entities, (len(answers), negatives), device=answers.device)  # [B, n]
+        return torch.cat([answers.unsqueeze(1), drawn], dim=1)
+
+    return side(triples[:, 2], negatives_tail), side(triples[:, 0], negatives_head)
+
+
+def sampled_ce_rows(scores: Tensor, candidates: Tensor) -> Tensor:
+    """Per-row cross-entropy [B] of each row's answer among its candidates::
+
+        loss_b = logsumexp_j s[b, c_bj] - s[b, c_b0]
+
+    :param scores: logits [B, E] over every entity.
+    :param candidates: LongTensor [B, 1 + n], the answer first (:func:`draw_candidates`); with
+        n = 0 the loss is 0 (a softmax over one candidate).
+    :return: losses [B], as PyKEEN's ``CrossEntropyLoss.process_slcwa_scores`` per row.
+    """
+    picked = scores.gather(1, candidates)  # [B, 1 + n]
+    return torch.logsumexp(picked, dim=1) - picked[:, 0]
+
+
+def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: Tensor, head_candidates: Tensor,
+                           valid: Tensor) -> Tensor:
+    """Per-triple loss [B] of negative sampling (0 on rows not ``valid``): the tail side's
+    :func:`sampled_ce_rows` plus the head side's, the head side asked as the query (t, r + R).
+
+    LibKGE's negative_sampling with its kl loss sums the two sides' losses and divides by the
+    batch's triples: the mean of these rows. Both sides go through one ``score_t`` call of 2B
+    queries (one dropout draw, one pass of batch norm over both); a side without negatives
+    (candidates [B, 1]) adds 0 and is not scored.
+
+    :param triples: LongTensor [B, 3] of (head, relation, tail), relation in [0, R).
+    :param tail_candidates: LongTensor [B, 1 + n_t]: the tail, then the entities drawn against it.
+    :param head_candidates: LongTensor [B, 1 + n_h]: the head, then the entities drawn against it.
+    :param valid: BoolTensor [B].
+    """
+    h, r, t = triples.unbind(1)
+    sides = []  # (queries [B, 2], candidates [B, 1 + n]) of the sides that draw negatives
+    if tail_candidates.shape[1] > 1:
+        sides.append((torch.stack([h, r], dim=1), tail_candidates))
+    if head_candidates.shape[1] > 1:
+        sides.append((torch.stack([t, r + model.num_relations], dim=1), head_candidates))
+    scores = model.score_t(torch.cat([q for q, _ in sides]))  # [len(sides) * B, E]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # bf16/fp16 under autocast -> float32
+    rows = sum(sampled_ce_rows(part, c) for part, (_, c) in zip(scores.chunk(len(sides)), sides))  # [B]
+    return torch.where(valid, rows, 0.0)
+
+
+def negative_sampling_reference(model: nn.Module, triples: Tensor, tail_candidates: Tensor,
+                                head_candidates: Tensor) -> Tensor:
+    """REFERENCE ONLY (tests): the mean of :func:`negative_sampling_rows`, one triple and one candidate at a
+    time through ``score_hrt`` (the head side's candidates c scored as (t, r + R, c)), then PyKEEN's formula:
+    ``F.cross_entropy`` of [positive, negatives] against class 0."""
+    total = torch.zeros((), dtype=torch.float64)
+    for (h, r, t), tails, heads in zip(triples.tolist(), tail_candidates.tolist(), head_candidates.tolist()):
+        for anchor, relation, candidates in ((h, r, tails), (t, r + model.num_relations, heads)):
+            if len(candidates) == 1:
+                continue
+            hrt = torch.tensor([[anchor, relation, c] for c in candidates])  # [1 + n, 3]
+            scores = model.score_hrt(hrt).double().unsqueeze(0)  # [1, 1 + n]
+            total = total + F.cross_entropy(scores, torch.zeros(1, dtype=torch.long))
+    return total / len(triples)

@@ -1,0 +1,59 @@
+"""Options of the embedding-table models (DistMult, ComplEx), as LibKGE's tuned runs set them.
+
+* ``inverse_relations``: a relation table of 2R rows, the inverse relation r + R with its own
+  row (LibKGE's ``reciprocal_relations_model``, PyKEEN's ``create_inverse_triples``); without,
+  the head query (t, r + R) reuses row r (DistMult: r itself; ComplEx: its conjugate), which
+  answers it exactly.
+* ``entity_dropout``, ``relation_dropout``: dropout on every embedding row read in training
+  (LibKGE's ``entity_embedder.dropout`` / ``relation_embedder.dropout``): the query's anchor and
+  relation rows, and the candidate entities' rows when scored; the identity in eval mode, where
+  every attribution and evaluation runs.
+* ``init_uniform``: [low, high] to draw both tables from U(low, high) instead of Xavier-normal.
+  LibKGE's tuned configurations give only its ``uniform_.a`` (low) and so draw from
+  U(a, 1.0), torch's default upper bound (uma-pi1/kge issue 244): their recipes pass [a, 1.0].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kgtrace.models._checks import check_bool, check_dropout
+
+
+def table_problems(*, inverse_relations: object, entity_dropout: object, relation_dropout: object,
+                   init_uniform: object) -> list[str]:
+    """One line per bad table option (module doc), with its fix."""
+    problems: list[str] = []
+    check_bool(problems, "inverse_relations", inverse_relations)
+    check_dropout(problems, "entity_dropout", entity_dropout)
+    check_dropout(problems, "relation_dropout", relation_dropout)
+    if init_uniform is not None:
+        pair = isinstance(init_uniform, (list, tuple)) and len(init_uniform) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in init_uniform)
+        if not pair or not init_uniform[0] < init_uniform[1]:
+            problems.append(f"init_uniform={init_uniform!r}: must be [low, high] with low < high; fix: e.g. "
+                            "init_uniform=[-0.9,1.0], or leave it unset for Xavier-normal")
+    return problems
+
+
+def init_tables(init_uniform: list[float] | tuple[float, float] | None, *tables: nn.Parameter) -> None:
+    """Xavier-normal over each whole table, or U(low, high) with ``init_uniform`` = [low, high]."""
+    for table in tables:
+        if init_uniform is None:
+            nn.init.xavier_normal_(table)
+        else:
+            nn.init.uniform_(table, float(init_uniform[0]), float(init_uniform[1]))
+
+
+def relation_ids(relations: Tensor, num_relations: int, inverse_relations: bool) -> Tensor:
+    """Relation-or-inverse ids [B] in [0, 2R) -> rows of the relation table: r + R is its own row with
+    ``inverse_relations``, row r without."""
+    return relations if inverse_relations else relations.remainder(num_relations)
+
+
+def dropped(rows: Tensor, p: float, training: bool) -> Tensor:
+    """``rows`` with dropout p in training (a new tensor), else ``rows`` itself."""
+    return F.dropout(rows, p, training=True) if training and p else rows

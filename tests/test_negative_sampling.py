@@ -1,0 +1,238 @@
+"""Negative sampling (``--training negative-sampling``) and the table models' LibKGE options
+(inverse relations, embedding dropout, uniform initialisation)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from pykeen.losses import CrossEntropyLoss
+from pykeen.models import model_resolver
+from pykeen.triples import TriplesFactory
+
+from kgtrace.attribution.influence import training_hessian
+from kgtrace.attribution.trak import removal_weights
+from kgtrace.config import TrainConfig
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.interop import pykeen as layout
+from kgtrace.models import ComplEx, ConvE, DistMult, build_model
+from kgtrace.training.batches import Batches
+from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
+from kgtrace.training.compiled import step_inputs, train_call
+from kgtrace.training.loop import resume, train
+from kgtrace.training.loss import (draw_candidates, negative_sampling_reference, negative_sampling_rows,
+                                   sampled_ce_rows)
+
+E, R = 23, 4
+
+
+def triples(n=9, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(0, E, (n,), generator=gen), torch.randint(0, R, (n,), generator=gen),
+                        torch.randint(0, E, (n,), generator=gen)], dim=1)
+
+
+def models():
+    torch.manual_seed(1)
+    return [DistMult(E, R, embedding_dim=6), DistMult(E, R, embedding_dim=6, inverse_relations=True),
+            ComplEx(E, R, embedding_dim=3), ComplEx(E, R, embedding_dim=3, inverse_relations=True),
+            ConvE(E, R, embedding_dim=8, embedding_height=2, output_channels=2)]
+
+
+def test_sampled_cross_entropy_is_pykeens_slcwa_cross_entropy():
+    """Per row: the cross-entropy of column 0 among the gathered candidates, PyKEEN's sLCWA formula."""
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(6, E, generator=gen, dtype=torch.float64)
+    candidates = torch.randint(0, E, (6, 5), generator=gen)
+    candidates[0, 3] = candidates[0, 0]  # a draw equal to the answer counts as a negative, as in PyKEEN
+    picked = scores.gather(1, candidates)
+    expected = CrossEntropyLoss(reduction="mean").process_slcwa_scores(picked[:, :1], picked[:, 1:])
+    torch.testing.assert_close(sampled_ce_rows(scores, candidates).mean(), expected, rtol=1e-12, atol=0)
+    assert torch.equal(sampled_ce_rows(scores, candidates[:, :1]), torch.zeros(6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("negatives", [(4, 3), (5, 0), (0, 2)])
+def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives):
+    """One score_t call over both sides equals scoring each (triple, candidate) alone through score_hrt,
+    the head side as (t, r + R, c); also every parameter's gradient."""
+    hrt = triples()
+    torch.manual_seed(3)
+    tails, heads = draw_candidates(hrt, *negatives, E)
+    for model in models():
+        model = model.double().eval()
+        twin = copy.deepcopy(model)
+        rows = negative_sampling_rows(model, hrt, tails, heads, torch.ones(len(hrt), dtype=torch.bool))
+        rows.mean().backward()
+        expected = negative_sampling_reference(twin, hrt, tails, heads)
+        expected.backward()
+        torch.testing.assert_close(rows.mean(), expected, rtol=1e-12, atol=1e-12)
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=f"{type(model).__name__} {name}")
+
+
+def test_padded_rows_add_nothing():
+    model, hrt = models()[0].eval(), triples()
+    tails, heads = draw_candidates(hrt, 3, 3, E)
+    valid = torch.arange(len(hrt)) < 5
+    rows = negative_sampling_rows(model, hrt, tails, heads, valid)
+    assert torch.equal(rows[5:], torch.zeros(len(hrt) - 5))
+    torch.testing.assert_close(rows[:5], negative_sampling_rows(model, hrt[:5], tails[:5], heads[:5],
+                                                                torch.ones(5, dtype=torch.bool)))
+
+
+def test_draws_are_uniform_unfiltered_and_follow_the_global_generator():
+    hrt = triples(2000)
+    torch.manual_seed(4)
+    tails, heads = draw_candidates(hrt, 7, 2, E)
+    assert tails.shape == (2000, 8) and heads.shape == (2000, 3)
+    assert torch.equal(tails[:, 0], hrt[:, 2]) and torch.equal(heads[:, 0], hrt[:, 0])
+    counts = torch.bincount(tails[:, 1:].reshape(-1), minlength=E).double()
+    assert counts.min() > 0 and counts.max() < 1.2 * counts.mean()  # 14,000 draws over 23 entities
+    assert (tails[:, 1:] == hrt[:, 2:3]).any()  # the answer itself may be drawn (unfiltered)
+    torch.manual_seed(4)
+    again = draw_candidates(hrt, 7, 2, E)
+    assert torch.equal(again[0], tails) and torch.equal(again[1], heads)
+
+
+def test_config_needs_negatives_exactly_with_negative_sampling():
+    with pytest.raises(ConfigError, match="draws no negatives"):
+        TrainConfig(training="negative-sampling").validate()
+    with pytest.raises(ConfigError, match="only apply to training=negative-sampling"):
+        TrainConfig(training="1vsall", negatives_tail=5).validate()
+    with pytest.raises(ConfigError, match="negatives_head=-1"):
+        TrainConfig(training="negative-sampling", negatives_tail=5, negatives_head=-1).validate()
+    TrainConfig(training="negative-sampling", negatives_tail=5).validate()
+
+
+def config(**kw):
+    base = dict(dataset="nations", model="distmult", model_args={"embedding_dim": 16}, training="negative-sampling",
+                negatives_tail=6, negatives_head=4, epochs=4, batch_size=64, seed=3, optimizer="adagrad", lr=0.1,
+                checkpoint_every=1, eval_every=4, threads=1, device="cpu", compile=False)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("model_args", [
+    {"embedding_dim": 16},
+    {"embedding_dim": 16, "inverse_relations": True, "entity_dropout": 0.2, "relation_dropout": 0.1,
+     "init_uniform": [-0.5, 1.0]},
+])
+def test_negative_sampling_learns_and_resumes_exactly(tmp_path, model_args):
+    """Loss falls and validation beats chance; a run stopped after epoch 2 and resumed ends with the same
+    weights as one run straight through (the draws come from the generator the checkpoints save)."""
+    whole = train(config(model_args=model_args), tmp_path / "whole", progress=False, log=lambda *_: None)
+    records = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert whole.best_valid_mrr > 0.3  # Nations has 14 entities: random ranking gives about 0.25
+    train(config(model_args=model_args, epochs=2), tmp_path / "part", progress=False, log=lambda *_: None)
+    resume(tmp_path / "part", progress=False, log=lambda *_: None, epochs=4)
+    a = torch.load(tmp_path / "whole/checkpoints/epoch-0004.pt", weights_only=True)["model_state"]
+    b = torch.load(tmp_path / "part/checkpoints/epoch-0004.pt", weights_only=True)["model_state"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_compiled_negative_sampling_equals_eager():
+    """The compiled call takes the eagerly drawn candidates: the loss and gradients of the eager rows."""
+    torch.manual_seed(7)
+    model = DistMult(E, R, embedding_dim=8, inverse_relations=True)
+    twin = copy.deepcopy(model)
+    cfg = config(negatives_tail=5, negatives_head=3)
+    batches = Batches.build(triples(40), R, "negative-sampling")
+    call = train_call(model, "negative-sampling", 8, torch.device("cpu"), (5, 3))
+    for n in (8, 5):
+        inputs = step_inputs(batches, torch.arange(n), cfg, E, torch.device("cpu"))
+        (rows,) = call(model, **inputs)
+        (rows.sum() / n).backward()
+        eager = compiled_rows(twin, **inputs, valid=torch.ones(n, dtype=torch.bool))
+        (eager.sum() / n).backward()
+        torch.testing.assert_close(rows, eager)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+    assert call.name == "train_negative_sampling" and call.stats.recompilations == 0
+
+
+def test_influence_and_trak_refuse_a_sampled_objective():
+    model, hrt = models()[0], triples()
+    cfg = config()
+    with pytest.raises(KgtraceError, match="negative-sampling"):
+        training_hessian(model, hrt, R, cfg, ["relation_embeddings"])
+    with pytest.raises(KgtraceError, match="negative-sampling"):
+        removal_weights(model, hrt, cfg)
+
+
+# ----------------------------------------------------------------------------- the table options
+
+
+@pytest.mark.parametrize("cls", [DistMult, ComplEx])
+def test_inverse_relations_have_their_own_rows(cls):
+    """With inverse relations the head query (t, r + R) reads row r + R: changing it changes head scores only."""
+    torch.manual_seed(0)
+    model = cls(E, R, embedding_dim=4, inverse_relations=True).eval()
+    assert model.relation_embeddings.shape[0] == 2 * R
+    hrt = triples()
+    tails, heads = model.score_t(hrt[:, :2]), model.score_h(hrt[:, 1:])
+    with torch.no_grad():
+        model.relation_embeddings[R:] += 1.0
+    assert torch.equal(model.score_t(hrt[:, :2]), tails) and not torch.allclose(model.score_h(hrt[:, 1:]), heads)
+    # score_hrt is the tail query's score (the forward relation), as for ConvE
+    torch.testing.assert_close(model.score_hrt(hrt), tails.gather(1, hrt[:, 2:]).squeeze(1))
+
+
+@pytest.mark.parametrize("cls", [DistMult, ComplEx])
+def test_embedding_dropout_acts_in_training_only(cls):
+    torch.manual_seed(0)
+    model = cls(E, R, embedding_dim=4, entity_dropout=0.5, relation_dropout=0.5)
+    plain = cls(E, R, embedding_dim=4)
+    plain.load_state_dict(model.state_dict())
+    hr = triples()[:, :2]
+    assert torch.equal(model.eval().score_t(hr), plain.eval().score_t(hr))
+    model.train()
+    torch.manual_seed(1)
+    first = model.score_t(hr)
+    torch.manual_seed(1)
+    assert torch.equal(model.score_t(hr), first)  # masks from the global generator
+    assert not torch.allclose(first, plain.score_t(hr))
+    # dropped rows are zero and kept ones scaled by 1/(1-p): the masks reach the candidates' rows too
+    torch.manual_seed(2)
+    assert (model.decode(torch.ones(1, model.entity_embeddings.shape[1])) != plain.decode(
+        torch.ones(1, model.entity_embeddings.shape[1]))).any()
+
+
+def test_uniform_initialisation_draws_within_its_bounds():
+    torch.manual_seed(0)
+    model = DistMult(500, 40, embedding_dim=64, init_uniform=[-0.25, 1.0])
+    for table in (model.entity_embeddings.detach(), model.relation_embeddings.detach()):
+        assert -0.25 <= float(table.min()) < -0.2 and 0.95 < float(table.max()) <= 1.0
+        assert float(table.mean()) == pytest.approx(0.375, abs=0.02)
+
+
+def test_table_options_are_checked_all_at_once():
+    with pytest.raises(ConfigError) as err:
+        build_model("complex", E, R, embedding_dim=4, inverse_relations="yes", entity_dropout=1.0,
+                    relation_dropout=-0.1, init_uniform=[1.0])
+    for key in ("inverse_relations='yes'", "entity_dropout=1.0", "relation_dropout=-0.1", "init_uniform=[1.0]"):
+        assert key in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["distmult", "complex"])
+def test_pykeen_layouts_with_inverse_relations_round_trip(name):
+    """PyKEEN's model created with inverse triples scores as ours (both directions), and its weights map back."""
+    torch.manual_seed(0)
+    ours = build_model(name, E, R, embedding_dim=4, inverse_relations=True).eval()
+    factory = TriplesFactory(mapped_triples=triples(30), num_entities=E, num_relations=R,
+                             entity_to_id={str(i): i for i in range(E)}, relation_to_id={str(i): i for i in range(R)},
+                             create_inverse_triples=True)
+    theirs = model_resolver.make(layout.PYKEEN_NAMES[name], {"embedding_dim": 4}, triples_factory=factory,
+                                 random_seed=0)
+    theirs.load_state_dict(layout.pykeen_state_dict(ours, theirs.state_dict()))
+    theirs.eval()
+    hrt = triples()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.predict_t(hrt[:, :2]), ours.score_t(hrt[:, :2]))
+        torch.testing.assert_close(theirs.predict_h(hrt[:, 1:]), ours.score_h(hrt[:, 1:]))
+    back = layout.kgtrace_state_dict(name, theirs.state_dict(), inverse=True)
+    for key, value in ours.state_dict().items():
+        torch.testing.assert_close(back[key], value)
