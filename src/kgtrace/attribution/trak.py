@@ -90,17 +90,24 @@ def removal_weights(model: nn.Module, train: Tensor, config: TrainConfig, chunk_
         raise KgtraceError("TRAK: its removal weights come from the training loss's probabilities, and a run trained "
                            "with negative-sampling has them only for the entities drawn at each step. Fix: explain it "
                            "with TracIn (the default) or grad-cos (--methods tracin-last,grad-cos)")
-    with torch.no_grad():  # softmax probability of the triple's tail among all tails
-        prob = torch.cat([model.score_t(chunk[:, :2]).double().softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
-                          for chunk in train.split(chunk_size)])  # [n]
     if config.training == "1vsall":
-        return 1.0 - prob
+        return 1.0 - tail_probabilities(model, train, chunk_size)
     _, query, answers = torch.unique(train[:, :2], dim=0, return_inverse=True, return_counts=True)
     n = answers[query]  # [n] answers of each triple's query (h, r)
     eps, style, entities = config.label_smoothing, config.label_smoothing_style, model.num_entities
     alpha, beta = ce_target_weights(eps, entities, n, style)  # [n] each
     beta_without = ce_target_weights(eps, entities, (n - 1).clamp_min(1), style)[1]  # [n]
-    return torch.where(n > 1, alpha + beta - beta_without, alpha + beta - prob)
+    weights = alpha + beta - beta_without
+    alone = (n == 1).nonzero().squeeze(1)  # only a query's sole answer needs the model's probability
+    weights[alone] = alpha[alone] + beta[alone] - tail_probabilities(model, train[alone], chunk_size)
+    return weights
+
+
+def tail_probabilities(model: nn.Module, triples: Tensor, chunk_size: int) -> Tensor:
+    """[n] softmax probability of each triple's tail among all tails of its query, float64."""
+    with torch.no_grad():
+        return torch.cat([model.score_t(chunk[:, :2]).double().softmax(1).gather(1, chunk[:, 2:3]).squeeze(1)
+                          for chunk in triples.split(chunk_size)] or [torch.zeros(0, dtype=torch.float64)])
 
 
 def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int,
