@@ -47,6 +47,19 @@ def complex_run(tmp_path_factory):
     return _train(tmp_path_factory, "complex")
 
 
+@pytest.fixture(scope="module")
+def complex_reciprocal_run(tmp_path_factory):
+    """ComplEx with its own inverse relations and embedding dropout, trained with negative sampling."""
+    out = tmp_path_factory.mktemp("complex-reciprocal")
+    config = TrainConfig(dataset="umls", model="complex", epochs=3, checkpoint_every=1, eval_every=0, threads=1,
+                         device="cpu", seed=5, lr=0.05, optimizer="adagrad", batch_size=256,
+                         training="negative-sampling", negatives_tail=20, negatives_head=10,
+                         model_args={"embedding_dim": 8, "inverse_relations": True, "entity_dropout": 0.3,
+                                     "relation_dropout": 0.2, "init_uniform": [-0.5, 0.5]})
+    train(config, out, progress=False, log=lambda *_: None)
+    return load_run(out)
+
+
 def probe(run):
     """Three test triples and one whose head is its tail (both entity slots on one row)."""
     return torch.cat([run.dataset.test[:3], torch.tensor([[5, 3, 5]])])
@@ -99,10 +112,11 @@ def test_options_are_checked(conve_run):
     ("distmult", "last", ["fast", "general"]),
     ("distmult", "all", ["fast", "general"]),
     ("complex", "all", ["fast", "general"]),
+    ("complex_reciprocal", "all", ["fast", "general"]),
 ])
 def test_paths_agree_with_reference(request, model, params, paths):
     run = request.getfixturevalue(f"{model}_run")
-    assert len(run.checkpoints) == 4
+    assert len(run.checkpoints) == (3 if model == "complex_reciprocal" else 4)
     test = probe(run)
     rows = subset(run, test)
     ref = TracIn(run, params=params, path="reference", train_indices=rows).influence(test)

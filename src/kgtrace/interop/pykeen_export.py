@@ -38,7 +38,7 @@ from kgtrace.errors import KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import EXPORT_FORMAT as FORMAT
 from kgtrace.io import atomic_folder, atomic_open, atomic_write_text
-from kgtrace.models import MODELS, spec_named
+from kgtrace.models import MODELS
 from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.run import Run, load_run, model_from_checkpoint
 from kgtrace.checkpoint import load_checkpoint

@@ -41,7 +41,7 @@ from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Sn
                                            pykeen_vocabs, read_source, split_triples)
 from kgtrace.io import atomic_folder, atomic_write_text
 from kgtrace.layout import RunLayout
-from kgtrace.models import build_model, spec_named
+from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.checkpoint import save_checkpoint
 
@@ -376,6 +376,8 @@ def check_sizes(name: str, args: dict[str, Any], state: dict[str, Tensor], entit
                "queries through inverse relations)") if inverse else (
             f"train the PyKEEN {layout.PYKEEN_NAMES[name]} with create_inverse_triples=False (kgtrace's answers head "
             "queries with the relation itself)")
+        if name != "conve":
+            fix += ", or pass --model-arg inverse_relations=" + ("false" if inverse else "true")
         problems.append(f"the relation table has {have} rows for {num} relations; expected {want}. Fix: {fix}")
     if problems:
         raise KgtraceError("the PyKEEN weights do not fit:\n  - " + "\n  - ".join(problems))
