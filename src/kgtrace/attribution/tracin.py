@@ -285,10 +285,13 @@ class TracIn:
         if self.path == "reference":
             states = ((load_checkpoint(c.path, map_location=self.device)["model_state"], c.lr) for c in self.checkpoints)
             return reference_influence(self._run_model, states, test, self.train, self.names).float().cpu()
-        total = torch.zeros(len(test), len(self.train), dtype=torch.float64, device=self.device)
+        # Accumulated as [n_train, n_test]: adding a chunk's rows is ~4x faster on a CPU than scattering its
+        # columns into [n_test, n_train] (a tenth of influence's time with 100 test triples on FB15k-237).
+        total = torch.zeros(len(self.train), len(test), dtype=torch.float64, device=self.device)
         for _, positions, parts in self._stream(test, "influence", False, _State.fresh(), whole=False):
-            total[:, positions] += parts.double().sum(0)
-        return self.world.all_reduce_sum(total).float().cpu()  # each column is non-zero on one process only
+            total.index_add_(0, positions, parts.double().sum(0).T)  # [c, n_test] rows at positions
+        # each row is non-zero on one process only
+        return self.world.all_reduce_sum(total).T.float().contiguous().cpu()
 
     def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None,
               save_every: float | None = None) -> list[TopK]:
