@@ -51,6 +51,9 @@ def test_conve_fast_path(conve):
     for call in calls:
         stats = call.stats
         assert call.batch_size == 128
+        if call.name.endswith("relation"):  # every relation id once per checkpoint's model, then reused
+            assert stats.calls == 2 and stats.input_sizes == {2 * conve.dataset.num_relations}
+            continue
         # Two checkpoints x (test factors + two chunks) x three passes, each with its own number of rows.
         assert stats.calls == 16 and len(stats.input_sizes) > 2
         assert stats.compilations == 1 and stats.recompilations == 0 and stats.graph_breaks == 0
@@ -106,7 +109,8 @@ def test_explain_writes_counters_beside_its_output(conve, tmp_path):
     assert [e["entry_point"] for e in entries] == [f"tracin_conve_band_{k}" for k in ("head", "pair", "relation")]
     for entry in entries:
         assert entry["compilations"] == 1 and entry["recompilations"] == 0
-        assert entry["calls"] == 6  # 2 checkpoints x (test + 2 chunks)
+        # 2 checkpoints x (test + 2 chunks); the relation band once per checkpoint, for every relation id
+        assert entry["calls"] == (2 if entry["entry_point"].endswith("relation") else 6)
     eager = tmp_path / "eager.json"
     assert main(["explain", str(conve.path), "--test", "2", "--top-k", "3", "--device", "cpu", "--no-progress",
                  "--out", str(eager)]) == 0

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kgtrace.attribution.conve import pair_pass
-from kgtrace.attribution.conve_bands import band_pass, bands
+from kgtrace.attribution.conve_bands import band_pass, band_values, bands, relation_band
 from kgtrace.models.conve import ConvE
 
 
@@ -68,3 +68,29 @@ def test_band_jvps_equal_the_whole_inputs_columns(batch_norm):
             dr = relation_tangent[band.ids[:, 1]] * (sees != 0)
             got = block_jvp(m, conv_block(m, band.ids, band.a, band.image_rows(m)), tangent, dh, dr)  # [U_b, F_b]
             torch.testing.assert_close(got.index_select(0, band.index), whole[:, band.columns])
+
+
+def test_relation_band_is_computed_once_and_again_when_the_weights_change():
+    """The relation band's values per relation id are kept per model, and recomputed after any weight changes."""
+    m = model(4, (3, 3), True)
+    calls = []
+
+    def counted(model_, key, ids):
+        calls.append(len(ids))
+        return band_values(model_, key, ids)
+
+    ids = torch.tensor([[0, 4], [0, 1]])  # distinct relations of a chunk (the head is not read)
+    with torch.no_grad():
+        first = relation_band(m, ids, counted)
+        again = relation_band(m, ids, counted)
+        assert calls == [6]  # every relation id of the table once (2R = 6), then reused
+        for got, want in zip(first, band_values(m, "relation", ids)):
+            torch.testing.assert_close(got, want)
+        assert all(torch.equal(x, y) for x, y in zip(first, again))
+        m.relation_embeddings.add_(0.5)  # in place: the cache must notice
+        changed = relation_band(m, ids, counted)
+        assert calls == [6, 6]
+        for got, want in zip(changed, band_values(m, "relation", ids)):
+            torch.testing.assert_close(got, want)
+    relation_band(m, ids, counted)  # with gradients on: computed for these ids, not cached
+    assert calls == [6, 6, 2]
