@@ -66,7 +66,7 @@ class TrainConfig:
                                                   "1 - eps)")
     training: str = option("kvsall", "kvsall (all known answers of a query are positives, binary cross-entropy per "
                                      "entity), kvsall-ce (the same answers, one softmax cross-entropy against them "
-                                     "spread evenly: LibKGE's KvsAll with kl, PyKEEN's LCWA with CrossEntropyLoss) "
+                                     "spread evenly: LibKGE's KvsAll with kl, PyKEEN's LCWA with CrossEntropyLoss), "
                                      "1vsall (softmax per triple) or negative-sampling (softmax of each triple's "
                                      "answer among it and sampled entities: LibKGE's negative_sampling with kl)")
     negatives_tail: int = option(0, "negative-sampling: entities drawn uniformly (with replacement, unfiltered) "
