@@ -22,8 +22,9 @@ from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
 from kgtrace.training.compiled import step_inputs, train_call
 from kgtrace.training.loop import resume, train
-from kgtrace.training.loss import (draw_candidates, negative_sampling_reference, negative_sampling_rows,
-                                   sampled_ce_rows)
+from kgtrace.training import loss
+from kgtrace.training.loss import (draw_candidates, gathers_rows, negative_sampling_reference,
+                                   negative_sampling_rows, sampled_ce_rows)
 
 E, R = 23, 4
 
@@ -49,14 +50,17 @@ def test_sampled_cross_entropy_is_pykeens_slcwa_cross_entropy():
     candidates[0, 3] = candidates[0, 0]  # a draw equal to the answer counts as a negative, as in PyKEEN
     picked = scores.gather(1, candidates)
     expected = CrossEntropyLoss(reduction="mean").process_slcwa_scores(picked[:, :1], picked[:, 1:])
-    torch.testing.assert_close(sampled_ce_rows(scores, candidates).mean(), expected, rtol=1e-12, atol=0)
-    assert torch.equal(sampled_ce_rows(scores, candidates[:, :1]), torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(sampled_ce_rows(picked).mean(), expected, rtol=1e-12, atol=0)
+    assert torch.equal(sampled_ce_rows(picked[:, :1]), torch.zeros(6, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("negatives", [(4, 3), (5, 0), (0, 2)])
-def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives):
-    """One score_t call over both sides equals scoring each (triple, candidate) alone through score_hrt,
-    the head side as (t, r + R, c); also every parameter's gradient."""
+def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives, gather, monkeypatch):
+    """Scoring every entity and gathering the candidates' columns, or scoring the candidates' gathered rows,
+    equals scoring each (triple, candidate) alone through score_hrt, the head side as (t, r + R, c); also
+    every parameter's gradient."""
+    monkeypatch.setattr(loss, "gathers_rows", lambda *_: gather)
     hrt = triples()
     torch.manual_seed(3)
     tails, heads = draw_candidates(hrt, *negatives, E)
@@ -70,6 +74,11 @@ def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives):
         torch.testing.assert_close(rows.mean(), expected, rtol=1e-12, atol=1e-12)
         for (name, p), q in zip(model.named_parameters(), twin.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=f"{type(model).__name__} {name}")
+
+
+def test_rows_are_gathered_when_the_candidates_are_few_beside_the_entities():
+    assert not gathers_rows(403, 256, 14_541)  # FB15k-237 with LibKGE's DistMult: score every entity
+    assert gathers_rows(257, 200, 1_097_020)  # a ROBOKOP-sized graph: gather each query's candidates
 
 
 def test_padded_rows_add_nothing():
@@ -132,8 +141,10 @@ def test_negative_sampling_learns_and_resumes_exactly(tmp_path, model_args):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_compiled_negative_sampling_equals_eager():
+@pytest.mark.parametrize("gather", [False, True])
+def test_compiled_negative_sampling_equals_eager(gather, monkeypatch):
     """The compiled call takes the eagerly drawn candidates: the loss and gradients of the eager rows."""
+    monkeypatch.setattr(loss, "gathers_rows", lambda *_: gather)
     torch.manual_seed(7)
     model = DistMult(E, R, embedding_dim=8, inverse_relations=True)
     twin = copy.deepcopy(model)

@@ -91,6 +91,15 @@ class FactorisedScorer(Scorer, Protocol):
         """
         ...
 
+    def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
+        """Score, for each query, its own entities: column j of row b scores entity ``ids[b, j]``.
+
+        :param q: query representation [B, D] from :meth:`encode_query`.
+        :param ids: LongTensor [B, C] of entity ids (negative sampling's candidates).
+        :return: scores [B, C], equal to ``decode(q).gather(1, ids)`` (in eval mode) without scoring all E.
+        """
+        ...
+
 
 def inverse_queries(rt: Tensor, num_relations: int) -> Tensor:
     """Turn head queries into tail queries over inverse relations.

@@ -99,6 +99,11 @@ class ComplEx(nn.Module):
         # Re(q * conj(t)) = Re(q) Re(t) + Im(q) Im(t): one real matmul on the packed layout.
         return q @ dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training).t()
 
+    def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
+        """q [B, 2D], entity ids [B, C] -> each query's scores of its own entities [B, C] (rows dropped out
+        in training, each occurrence apart)."""
+        return torch.linalg.vecdot(self._entities(ids), q.unsqueeze(1))  # [B, C, 2D] . [B, 1, 2D]
+
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
         return self.decode(self.encode_query(hr))

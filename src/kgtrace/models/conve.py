@@ -273,6 +273,11 @@ class ConvE(nn.Module):
         entities = self.entity_embeddings[start:stop]  # [n, D], a view
         return torch.addmm(self.entity_bias[start:stop], q, entities.t())
 
+    def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
+        """q [B, D], entity ids [B, C] -> each query's scores of its own entities [B, C]."""
+        rows = F.embedding(ids, self.entity_embeddings)  # [B, C, D]
+        return torch.linalg.vecdot(rows, q.unsqueeze(1)) + self.entity_bias[ids]
+
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
         return self.decode(self.encode_query(hr))

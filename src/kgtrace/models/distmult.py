@@ -60,6 +60,11 @@ class DistMult(nn.Module):
         """q [B, D] -> scores of entities start..stop-1, [B, stop - start]."""
         return q @ dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training).t()
 
+    def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
+        """q [B, D], entity ids [B, C] -> each query's scores of its own entities [B, C] (rows dropped out
+        in training, each occurrence apart)."""
+        return torch.linalg.vecdot(self._entities(ids), q.unsqueeze(1))  # [B, C, D] . [B, 1, D]
+
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
         return self.decode(self.encode_query(hr))
