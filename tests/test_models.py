@@ -99,6 +99,22 @@ def test_decode_chunks_concatenate_to_score_t(name):
     assert [c.shape[1] for c in chunks] == [3, 3, 1]
     torch.testing.assert_close(torch.cat(chunks, dim=1), full, **TOL)
     torch.testing.assert_close(model.decode(q), full, **TOL)
+    ids = torch.randint(0, E, (len(hr), 5), generator=torch.Generator().manual_seed(1))  # repeats included
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode_ids(q, ids), full.gather(1, ids), **TOL)
+
+
+@pytest.mark.parametrize("name", ["distmult", "complex"])
+def test_inverse_relations_keep_the_contract(name):
+    """With their own inverse rows, head scores are the inverse relation's tail scores, not the forward ones."""
+    model = make_model(name, inverse_relations=True)
+    hrt = all_hrt()
+    rows = torch.arange(len(hrt))
+    with torch.no_grad():
+        torch.testing.assert_close(model.score_hrt(hrt), model.score_t(hrt[:, :2])[rows, hrt[:, 2]], **TOL)
+        heads = model.score_h(hrt[:, 1:])[rows, hrt[:, 0]]
+        torch.testing.assert_close(heads, model.score_hrt(torch.stack([hrt[:, 2], hrt[:, 1] + R, hrt[:, 0]], 1)), **TOL)
+        assert not torch.allclose(heads, model.score_hrt(hrt))
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
