@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from kgtrace.attribution import TracIn
+from kgtrace.attribution import topk as topk_module
 from kgtrace.attribution.topk import RunningTopK
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
@@ -326,3 +327,19 @@ def test_a_failing_process_stops_the_job_with_its_error(umls_run, tmp_path):
     assert "kgtrace evaluate [rank 1/2]: error: injected failure on rank 1" in outputs[1][1]
     assert "kgtrace evaluate [rank 0/2]: stopped: lost contact with the other processes" in outputs[0][1]
     assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_running_top_k_equals_one_stable_sort_of_everything(largest, monkeypatch):
+    """With and without narrowing each merge to its contenders: the k best of all columns, ties to the lower one."""
+    torch.manual_seed(1)
+    parts = torch.randint(-4, 5, (3, 6, 5000)).float()  # [C, n, train]: few values, ties everywhere
+    totals = parts.double().sum(0)  # [n, train]
+    order = torch.argsort(totals, dim=1, descending=largest, stable=True)[:, :12]  # columns ascending among ties
+    for prefilter in (4, 10**9):  # narrowed, and two full sorts per merge
+        monkeypatch.setattr(topk_module, "PREFILTER", prefilter)
+        running = RunningTopK(6, 12, 3, largest)
+        for chunk in torch.randperm(5000).split(700):  # chunks of shuffled columns
+            running.update(parts[:, :, chunk], chunk)
+        assert torch.equal(running.columns, order) and torch.equal(running.values, totals.gather(1, order))
+        assert torch.equal(running.parts, parts.permute(1, 2, 0).gather(1, order.unsqueeze(2).expand(-1, -1, 3)))

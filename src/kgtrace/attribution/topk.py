@@ -9,6 +9,9 @@ from torch import Tensor
 
 __all__ = ["RunningTopK", "TopK", "top_k_results"]
 
+#: Candidates per kept value above which a merge first narrows them to the contenders (RunningTopK._contenders).
+PREFILTER = 4
+
 
 @dataclass
 class TopK:
@@ -64,12 +67,27 @@ class RunningTopK:
 
     def _select(self, values: Tensor, cols: Tensor, per: Tensor) -> None:
         """Keep the k best of candidates values [n, m] at columns [n, m] with parts [n, m, C]."""
+        if values.shape[1] > PREFILTER * self.k:
+            values, cols, per = self._contenders(values, cols, per)
         by_column = torch.argsort(cols, dim=1, stable=True)
         values, cols = values.gather(1, by_column), cols.gather(1, by_column)
         best = torch.argsort(values, dim=1, descending=self.largest, stable=True)[:, : self.k]  # [n, k]
         per = per.gather(1, by_column.unsqueeze(2).expand_as(per))
         self.values, self.columns = values.gather(1, best), cols.gather(1, best)
         self.parts = per.gather(1, best.unsqueeze(2).expand(-1, -1, per.shape[2]))
+
+    def _contenders(self, values: Tensor, cols: Tensor, per: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The candidates [n, w] at least as good as each row's k-th best (ties to it included, so the
+        tie-break by column is unchanged), padded per row with others that cannot make the k best.
+
+        A chunk of 4,096 columns otherwise costs two full sorts per row (a fifth of ``explain``'s time).
+        """
+        kth = values.topk(self.k, dim=1, largest=self.largest).values[:, -1:]  # [n, 1]
+        keep = values >= kth if self.largest else values <= kth  # [n, m], at least k a row
+        width = int(keep.sum(1).max())
+        chosen = keep.to(torch.uint8).topk(width, dim=1).indices  # [n, w]: every kept column, then filler
+        return (values.gather(1, chosen), cols.gather(1, chosen),
+                per.gather(1, chosen.unsqueeze(2).expand(-1, -1, per.shape[2])))
 
     def state(self) -> dict[str, Tensor]:
         return {"values": self.values, "columns": self.columns, "parts": self.parts}
