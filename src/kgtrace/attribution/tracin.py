@@ -290,8 +290,8 @@ class TracIn:
         total = torch.zeros(len(self.train), len(test), dtype=torch.float64, device=self.device)
         for _, positions, parts in self._stream(test, "influence", False, _State.fresh(), whole=False):
             total.index_add_(0, positions, parts.double().sum(0).T)  # [c, n_test] rows at positions
-        # each row is non-zero on one process only
-        return self.world.all_reduce_sum(total).T.float().contiguous().cpu()
+        total = self.world.all_reduce_sum(total).float()  # each row is non-zero on one process only
+        return total.T.contiguous().cpu()  # the float64 sums are freed before the transposed copy
 
     def top_k(self, test: Tensor, k: int = 10, progress: bool = False, state: str | Path | None = None,
               save_every: float | None = None) -> list[TopK]:
