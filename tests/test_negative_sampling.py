@@ -8,23 +8,18 @@ import json
 
 import pytest
 import torch
-from pykeen.losses import CrossEntropyLoss
-from pykeen.models import model_resolver
-from pykeen.triples import TriplesFactory
 
 from kgtrace.attribution.influence import training_hessian
 from kgtrace.attribution.trak import removal_weights
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.interop import pykeen as layout
 from kgtrace.models import ComplEx, ConvE, DistMult, build_model
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
 from kgtrace.training.compiled import step_inputs, train_call
 from kgtrace.training.loop import resume, train
 from kgtrace.training import loss
-from kgtrace.training.loss import (draw_candidates, gathers_rows, negative_sampling_reference,
-                                   negative_sampling_rows, sampled_ce_rows)
+from kgtrace.training.loss import draw_candidates, gathers_rows, negative_sampling_reference, negative_sampling_rows
 
 E, R = 23, 4
 
@@ -40,18 +35,6 @@ def models():
     return [DistMult(E, R, embedding_dim=6), DistMult(E, R, embedding_dim=6, inverse_relations=True),
             ComplEx(E, R, embedding_dim=3), ComplEx(E, R, embedding_dim=3, inverse_relations=True),
             ConvE(E, R, embedding_dim=8, embedding_height=2, output_channels=2)]
-
-
-def test_sampled_cross_entropy_is_pykeens_slcwa_cross_entropy():
-    """Per row: the cross-entropy of column 0 among the gathered candidates, PyKEEN's sLCWA formula."""
-    gen = torch.Generator().manual_seed(2)
-    scores = torch.randn(6, E, generator=gen, dtype=torch.float64)
-    candidates = torch.randint(0, E, (6, 5), generator=gen)
-    candidates[0, 3] = candidates[0, 0]  # a draw equal to the answer counts as a negative, as in PyKEEN
-    picked = scores.gather(1, candidates)
-    expected = CrossEntropyLoss(reduction="mean").process_slcwa_scores(picked[:, :1], picked[:, 1:])
-    torch.testing.assert_close(sampled_ce_rows(picked).mean(), expected, rtol=1e-12, atol=0)
-    assert torch.equal(sampled_ce_rows(picked[:, :1]), torch.zeros(6, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("gather", [False, True])
@@ -226,24 +209,3 @@ def test_table_options_are_checked_all_at_once():
                     relation_dropout=-0.1, init_uniform=[1.0])
     for key in ("inverse_relations='yes'", "entity_dropout=1.0", "relation_dropout=-0.1", "init_uniform=[1.0]"):
         assert key in str(err.value)
-
-
-@pytest.mark.parametrize("name", ["distmult", "complex"])
-def test_pykeen_layouts_with_inverse_relations_round_trip(name):
-    """PyKEEN's model created with inverse triples scores as ours (both directions), and its weights map back."""
-    torch.manual_seed(0)
-    ours = build_model(name, E, R, embedding_dim=4, inverse_relations=True).eval()
-    factory = TriplesFactory(mapped_triples=triples(30), num_entities=E, num_relations=R,
-                             entity_to_id={str(i): i for i in range(E)}, relation_to_id={str(i): i for i in range(R)},
-                             create_inverse_triples=True)
-    theirs = model_resolver.make(layout.PYKEEN_NAMES[name], {"embedding_dim": 4}, triples_factory=factory,
-                                 random_seed=0)
-    theirs.load_state_dict(layout.pykeen_state_dict(ours, theirs.state_dict()))
-    theirs.eval()
-    hrt = triples()
-    with torch.no_grad():
-        torch.testing.assert_close(theirs.predict_t(hrt[:, :2]), ours.score_t(hrt[:, :2]))
-        torch.testing.assert_close(theirs.predict_h(hrt[:, 1:]), ours.score_h(hrt[:, 1:]))
-    back = layout.kgtrace_state_dict(name, theirs.state_dict(), inverse=True)
-    for key, value in ours.state_dict().items():
-        torch.testing.assert_close(back[key], value)

@@ -423,3 +423,34 @@ def test_protocol_5_files_load_as_saved_without_running_code(tmp_path):
     except UnsafeFileError:
         pass
     assert not marker.exists()
+
+
+# The table models' own inverse relations (E entities, R relations, random triples).
+E, R = 23, 4
+
+
+def random_triples(n):
+    gen = torch.Generator().manual_seed(0)
+    return torch.stack([torch.randint(0, E, (n,), generator=gen), torch.randint(0, R, (n,), generator=gen),
+                        torch.randint(0, E, (n,), generator=gen)], dim=1)
+
+
+@pytest.mark.parametrize("name", ["distmult", "complex"])
+def test_pykeen_layouts_with_inverse_relations_round_trip(name):
+    """PyKEEN's model created with inverse triples scores as ours (both directions), and its weights map back."""
+    torch.manual_seed(0)
+    ours = kgtrace.build_model(name, E, R, embedding_dim=4, inverse_relations=True).eval()
+    factory = TriplesFactory(mapped_triples=random_triples(30), num_entities=E, num_relations=R,
+                             entity_to_id={str(i): i for i in range(E)}, relation_to_id={str(i): i for i in range(R)},
+                             create_inverse_triples=True)
+    theirs = model_resolver.make(layout.PYKEEN_NAMES[name], {"embedding_dim": 4}, triples_factory=factory,
+                                 random_seed=0)
+    theirs.load_state_dict(layout.pykeen_state_dict(ours, theirs.state_dict()))
+    theirs.eval()
+    hrt = random_triples(9)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.predict_t(hrt[:, :2]), ours.score_t(hrt[:, :2]))
+        torch.testing.assert_close(theirs.predict_h(hrt[:, 1:]), ours.score_h(hrt[:, 1:]))
+    back = layout.kgtrace_state_dict(name, theirs.state_dict(), inverse=True)
+    for key, value in ours.state_dict().items():
+        torch.testing.assert_close(back[key], value)

@@ -18,7 +18,7 @@ from kgtrace.data.dataset import load_dataset  # noqa: E402
 from kgtrace.evaluation.evaluate import Candidates, evaluate  # noqa: E402
 from kgtrace.interop.pykeen import pykeen_state_dict  # noqa: E402
 from kgtrace.models import build_model  # noqa: E402
-from kgtrace.training.loss import kvsall_ce  # noqa: E402
+from kgtrace.training.loss import kvsall_ce, sampled_ce_rows  # noqa: E402
 
 METRICS = {"mrr": "inverse_harmonic_mean_rank", "mr": "arithmetic_mean_rank", "hits_at_1": "hits_at_1",
            "hits_at_3": "hits_at_3", "hits_at_10": "hits_at_10"}
@@ -80,3 +80,15 @@ def test_kvsall_ce_is_pykeens_lcwa_cross_entropy():
     for eps in (0.0, 0.1):
         theirs = CrossEntropyLoss().process_lcwa_scores(scores, labels.double(), label_smoothing=eps, num_entities=17)
         torch.testing.assert_close(kvsall_ce(scores, rows, cols, eps), theirs, rtol=1e-12, atol=0.0)
+
+
+def test_sampled_cross_entropy_is_pykeens_slcwa_cross_entropy():
+    """Per row: the cross-entropy of column 0 among the gathered candidates, PyKEEN's sLCWA formula."""
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(6, 23, generator=gen, dtype=torch.float64)
+    candidates = torch.randint(0, 23, (6, 5), generator=gen)
+    candidates[0, 3] = candidates[0, 0]  # a draw equal to the answer counts as a negative, as in PyKEEN
+    picked = scores.gather(1, candidates)
+    expected = CrossEntropyLoss(reduction="mean").process_slcwa_scores(picked[:, :1], picked[:, 1:])
+    torch.testing.assert_close(sampled_ce_rows(picked).mean(), expected, rtol=1e-12, atol=0)
+    assert torch.equal(sampled_ce_rows(picked[:, :1]), torch.zeros(6, dtype=torch.float64))
