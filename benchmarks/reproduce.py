@@ -67,7 +67,7 @@ LIBKGE = {"eval_every": 5, "patience": 10, "epochs": 400, "lr_decay": 0.95, "lab
 # and (DistMult) smooth KvsAll labels by .074 with reciprocal relations; their runs here began before kgtrace had
 # these options and keep their first settings (a run resumes with its own).
 LEFT_OUT = ("this recipe leaves out LibKGE's embedding dropout, uniform initialisation and weighted Lp penalty "
-            "(tiny weights){}: its run predates kgtrace's options for them")
+            "(tiny weights){}: its run began without them, and a run resumes with its own settings")
 
 RECIPES = {r.name: r for r in (
     Recipe("conve-paper-fb15k237", "fb15k237", CONVE_PAPER, 0.325, "Dettmers et al. 2018, table 3", goal_mrr=0.339),
@@ -87,8 +87,8 @@ RECIPES = {r.name: r for r in (
            0.343, "Ruffinelli et al. 2020, distmult-negative_sampling-kl-bo-best",
            model_args={"embedding_dim": 256, "inverse_relations": True, "entity_dropout": 0.4197,
                        "relation_dropout": 0.4097, "init_uniform": [-0.9352, 1.0]},
-           notes="LibKGE's reciprocal relations model, negative sampling with kl and uniform init as kgtrace's "
-                 "options; its weighted L3 penalty (weights 1e-9 and 4e-15) is left out"),
+           notes="LibKGE's reciprocal relations model, negative sampling with kl, embedding dropout and uniform "
+                 "init as kgtrace's options; its weighted L3 penalty (weights 1e-9 and 4e-15) is left out"),
     Recipe("complex-libkge-fb15k237", "fb15k237",
            {**LIBKGE, "model": "complex", "training": "negative-sampling", "negatives_tail": 1000,
             "negatives_head": 529, "optimizer": "adagrad", "lr": 0.1826, "batch_size": 1024, "lr_patience": 7},
@@ -96,8 +96,8 @@ RECIPES = {r.name: r for r in (
            model_args={"embedding_dim": 128, "inverse_relations": True, "entity_dropout": 0.5,
                        "relation_dropout": 0.2268, "init_uniform": [-0.8328, 1.0]},
            notes="256 reals = 128 complex dimensions; LibKGE's reciprocal relations model, negative sampling with "
-                 "kl and uniform init as kgtrace's options; its weighted L3 penalty (weights 7e-9 and 4e-14) is "
-                 "left out"),
+                 "kl, embedding dropout and uniform init as kgtrace's options; its weighted L3 penalty (weights 7e-9 "
+                 "and 4e-14) is left out"),
     Recipe("conve-libkge-wn18rr", "wn18rr",
            {**LIBKGE, "model": "conve", "training": "kvsall-ce", "optimizer": "adam", "lr": 0.001623,
             "batch_size": 1024, "lr_patience": 1}, 0.442, "Ruffinelli et al. 2020, conve-KvsAll-kl-bo-best",
