@@ -11,6 +11,7 @@ import torch
 
 from kgtrace.attribution.influence import training_hessian
 from kgtrace.attribution.trak import removal_weights
+from kgtrace.checkpoint import load_checkpoint
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.models import ComplEx, ConvE, DistMult, build_model
@@ -119,8 +120,8 @@ def test_negative_sampling_learns_and_resumes_exactly(tmp_path, model_args):
     assert whole.best_valid_mrr > 0.3  # Nations has 14 entities: random ranking gives about 0.25
     train(config(model_args=model_args, epochs=2), tmp_path / "part", progress=False, log=lambda *_: None)
     resume(tmp_path / "part", progress=False, log=lambda *_: None, epochs=4)
-    a = torch.load(tmp_path / "whole/checkpoints/epoch-0004.pt", weights_only=True)["model_state"]
-    b = torch.load(tmp_path / "part/checkpoints/epoch-0004.pt", weights_only=True)["model_state"]
+    a = load_checkpoint(tmp_path / "whole/checkpoints/epoch-0004.pt")["model_state"]
+    b = load_checkpoint(tmp_path / "part/checkpoints/epoch-0004.pt")["model_state"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -128,7 +128,7 @@ def step_inputs(batches: "Batches", pos: Tensor, config: TrainConfig, num_entiti
                 device: torch.device) -> dict[str, Tensor]:
     """The compiled call's inputs for the examples at ``pos`` [n]: queries [n, 2] and labels [n, E] bool
     (KvsAll, either loss) or answers [n] (1vsAll); negative-sampling: the triples [n, 3] and their
-    candidates, drawn here as eager training draws them (the same calls of the global generator)."""
+    candidates, drawn here (eager training takes its inputs from here too)."""
     if config.training == "negative-sampling":
         triples = batches.triples(pos).to(device)
         tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head, num_entities)

@@ -17,9 +17,9 @@ from tqdm import tqdm
 from kgtrace.config import TrainConfig
 from kgtrace.precision import precision_context
 from kgtrace.training.batches import Batches
-from kgtrace.training.compiled import compiled_batch_loss
-from kgtrace.training.loss import (draw_candidates, kvsall_bce, kvsall_bce_chunked_backward, kvsall_ce,
-                                   negative_sampling_rows, onevsall_ce)
+from kgtrace.training.compiled import compiled_batch_loss, step_inputs
+from kgtrace.training.loss import (kvsall_bce, kvsall_bce_chunked_backward, kvsall_ce, negative_sampling_rows,
+                                   onevsall_ce)
 from kgtrace.system import bar_disable
 
 
@@ -48,10 +48,9 @@ def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainCon
     """
     if config.compile:
         return compiled_batch_loss(model, batches, pos, config, device, batch_rows=batch_rows)
-    if config.training == "negative-sampling":
-        triples = batches.triples(pos).to(device)
-        tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head, model.num_entities)
-        rows = negative_sampling_rows(model, triples, tails, heads, torch.ones(len(pos), dtype=torch.bool, device=device))
+    if config.training == "negative-sampling":  # the triples and their drawn candidates, as the compiled step's
+        inputs = step_inputs(batches, pos, config, model.num_entities, device)
+        rows = negative_sampling_rows(model, **inputs, valid=torch.ones(len(pos), dtype=torch.bool, device=device))
         return rows.sum() / (batch_rows if batch_rows is not None else len(pos))
     queries = batches.queries[pos].to(device)
     if batches.index is None:
