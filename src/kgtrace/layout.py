@@ -4,6 +4,7 @@
     config.yaml               the resolved TrainConfig (a prover run: prover.yaml and rules.txt)
     node_dict, rel_dict       the id maps the run was trained with (label<TAB>id)
     data.json                 each split's digest and the id maps' (kgtrace.data.pinned)
+    dataset.cache             a large dataset as reloading the run built it (kgtrace.data.cache)
     checkpoints/              epoch-NNNN.pt every checkpoint_every epochs, and best.pt
     metrics.jsonl             one record per epoch
     training_curve.png        loss and validation MRR per epoch
@@ -62,6 +63,10 @@ class RunLayout:
     @property
     def data(self) -> Path:
         return self.root / "data.json"
+
+    @property
+    def dataset_cache(self) -> Path:
+        return self.root / "dataset.cache"
 
     @property
     def checkpoints(self) -> Path:

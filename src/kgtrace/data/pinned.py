@@ -12,17 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
+from kgtrace.data.cache import cache_key, read_cache, write_cache
 from kgtrace.data.dataset import SPLITS, Dataset, load_dataset
 from kgtrace.data.vocab import read_vocab
-from kgtrace.errors import KgtraceError, UnknownLabel
+from kgtrace.errors import DataWarning, KgtraceError, UnknownLabel
 from kgtrace.io import atomic_write_text
 from kgtrace.layout import RunLayout
-
 
 
 def split_digest(triples: Tensor) -> str:
@@ -64,16 +66,36 @@ def check_pinned(folder: str | os.PathLike, dataset: Dataset) -> None:
 
 def load_pinned_dataset(folder: str | os.PathLike, source: str) -> Dataset:
     """The dataset ``source`` through the id maps of the run in ``folder`` (node_dict, rel_dict),
-    refused when it no longer is the data the run was trained with."""
+    refused when it no longer is the data the run was trained with.
+
+    A large dataset is read from the run's cache when its files are unchanged, and cached after
+    being parsed (:mod:`kgtrace.data.cache`); either way its splits are checked against the pins.
+    """
     folder = Path(folder)
+    key = cache_key(folder, source)
+    dataset = read_cache(folder, key)
+    if dataset is not None:
+        check_pinned(folder, dataset)
+        return dataset
+    started = time.time_ns()
+    with warnings.catch_warnings(record=True) as caught:  # kept with the cache, to be given again on a hit
+        warnings.simplefilter("always")
+        dataset = _parse(folder, source)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    check_pinned(folder, dataset)
+    write_cache(folder, key, dataset, [str(w.message) for w in caught if issubclass(w.category, DataWarning)], started)
+    return dataset
+
+
+def _parse(folder: Path, source: str) -> Dataset:
+    """``source`` read from its files through the run's id maps; a label they lack is a KgtraceError."""
     try:
-        dataset = load_dataset(source, entities=read_vocab(RunLayout(folder).node_dict),
-                               relations=read_vocab(RunLayout(folder).rel_dict))
+        return load_dataset(source, entities=read_vocab(RunLayout(folder).node_dict),
+                            relations=read_vocab(RunLayout(folder).rel_dict))
     except UnknownLabel as e:  # a label the run never saw: its model has no embedding for it
         where = e.path if e.line is None else f"{e.path}:{e.line}"
         raise KgtraceError(
             f"{folder}: the dataset {source} changed since this run was trained: {where}: {e.problem}. Fix: restore "
             f"the dataset's files as they were, or train a new run on the changed data (kgtrace train --dataset "
             f"{source} --out NEW_RUN)") from None
-    check_pinned(folder, dataset)
-    return dataset
