@@ -54,6 +54,9 @@ class TrainConfig:
                                      "queries (0: a full pass); for smoke runs and timings on very large graphs")
     lr: float = option(1e-3, "learning rate")
     optimizer: str = option("adam", "adam, or adagrad (LibKGE's default)")
+    sparse: bool = option(False, "negative-sampling with adagrad: the embedding tables get sparse gradients, so a "
+                                 "step computes and updates only the rows it read (the dense update's result, up to "
+                                 "float summation order); for graphs of millions of entities")
     lr_decay: float = option(1.0, "multiply the learning rate by this after each epoch, or with lr_patience when "
                                   "validation stalls (1.0: constant)")
     lr_patience: int = option(0, "decay the learning rate only when validation MRR has not improved for more than "
@@ -114,6 +117,7 @@ class TrainConfig:
         problems += choice_problems(self, "label_smoothing_style", SMOOTHING_STYLES)
         problems += choice_problems(self, "device", DEVICES)
         problems += self._negatives_problems()
+        problems += self._sparse_problems()
         if self.entity_chunk and self.training != "kvsall":
             problems.append(f"entity_chunk={self.entity_chunk}: only applies to training=kvsall; set it to 0")
         if self.entity_chunk and self.precision == "fp16":
@@ -145,6 +149,25 @@ class TrainConfig:
             return [f"negatives_tail={self.negatives_tail}, negatives_head={self.negatives_head}: only apply to "
                     f"training=negative-sampling; set them to 0 (training={self.training} scores every entity)"]
         return []
+
+    def _sparse_problems(self) -> list[str]:
+        """sparse: only where a step reads a few rows, with an optimizer whose sparse update is its dense one."""
+        if not self.sparse:
+            return []
+        problems = []
+        if self.training != "negative-sampling":
+            problems.append(f"sparse=true: training={self.training} scores every entity, so every row of the entity "
+                            "table has a gradient; set training negative-sampling, or sparse false")
+        if self.optimizer != "adagrad":
+            problems.append(f"sparse=true: needs optimizer adagrad, whose update of the rows read equals its dense "
+                            f"update; {self.optimizer}'s does not (torch's SparseAdam is lazy Adam: a row's moments "
+                            "stand still in the steps that do not read it); set optimizer adagrad, or sparse false")
+        if self.weight_decay:
+            problems.append(f"sparse=true: weight_decay={self.weight_decay} changes every row at every step, which a "
+                            "sparse step cannot; set weight_decay 0, or sparse false")
+        if self.compile:
+            problems.append("sparse=true: sparse gradients are not compiled; set compile false (--no-compile)")
+        return problems
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,12 +11,17 @@
 * ``init_uniform``: [low, high] to draw both tables from U(low, high) instead of Xavier-normal.
   LibKGE's tuned configurations give only its ``uniform_.a`` (low) and so draw from
   U(a, 1.0), torch's default upper bound (uma-pi1/kge issue 244): their recipes pass [a, 1.0].
+
+Every model reads its rows through :func:`rows`, with its ``sparse_grad`` attribute (False when
+built; ``kgtrace train --sparse`` sets it): then a table's gradient is a sparse tensor of the rows
+a step read, as ``nn.Embedding(sparse=True)`` gives, instead of a dense one of the whole table.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -52,6 +57,14 @@ def relation_ids(relations: Tensor, num_relations: int, inverse_relations: bool)
     """Relation-or-inverse ids [B] in [0, 2R) -> rows of the relation table: r + R is its own row with
     ``inverse_relations``, row r without."""
     return relations if inverse_relations else relations.remainder(num_relations)
+
+
+def rows(table: Tensor, ids: Tensor, sparse: bool) -> Tensor:
+    """Rows of ``table`` [N, D] (or entries of a vector [N]) at ``ids`` [*]: [*, D] (or [*]); sparse: the
+    table's gradient is a sparse tensor of the rows read (module doc)."""
+    if table.dim() == 1:
+        return torch.gather(table, 0, ids.reshape(-1), sparse_grad=sparse).view(ids.shape)
+    return F.embedding(ids, table, sparse=sparse)
 
 
 def dropped(rows: Tensor, p: float, training: bool) -> Tensor:

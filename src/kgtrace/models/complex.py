@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
-from kgtrace.models._tables import dropped, init_tables, relation_ids, table_problems
+from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
 from kgtrace.registry import ModelSpec
 
@@ -81,15 +81,16 @@ class ComplEx(nn.Module):
         self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations,
                                                             2 * embedding_dim))
         init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+        self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def _entities(self, ids: Tensor) -> Tensor:
         """Entity ids [B] -> rows [B, 2D] (dropped out in training)."""
-        return dropped(F.embedding(ids, self.entity_embeddings), self.entity_dropout, self.training)
+        return dropped(rows(self.entity_embeddings, ids, self.sparse_grad), self.entity_dropout, self.training)
 
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = h * r as [Re | Im], [B, 2D]."""
         ids = relation_ids(hr[:, 1], self.num_relations, self.inverse_relations)
-        r = dropped(F.embedding(ids, self.relation_embeddings), self.relation_dropout, self.training)  # [B, 2D]
+        r = dropped(rows(self.relation_embeddings, ids, self.sparse_grad), self.relation_dropout, self.training)  # [B, 2D]
         if not self.inverse_relations:
             r = conjugate_inverses(r, hr[:, 1], self.num_relations)
         return complex_product(self._entities(hr[:, 0]), r)

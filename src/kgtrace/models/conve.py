@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_bool, check_dropout, check_positive_int, check_sizes
+from kgtrace.models._tables import rows
 from kgtrace.models.base import inverse_queries
 from kgtrace.registry import ModelSpec
 
@@ -159,6 +160,7 @@ class ConvE(nn.Module):
         self.bn1 = nn.BatchNorm2d(output_channels) if apply_batch_normalization else None
         self.bn2 = nn.BatchNorm1d(embedding_dim) if apply_batch_normalization else None
         self.reset_embeddings()
+        self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def reset_embeddings(self) -> None:
         """Re-draw the embeddings (Xavier normal) and zero the entity bias."""
@@ -168,8 +170,8 @@ class ConvE(nn.Module):
 
     def _image(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation) ids -> stacked input image [B, 1, 2*height, width]."""
-        h = F.embedding(hr[:, 0], self.entity_embeddings)  # [B, D]
-        r = F.embedding(hr[:, 1], self.relation_embeddings)  # [B, D]
+        h = rows(self.entity_embeddings, hr[:, 0], self.sparse_grad)  # [B, D]
+        r = rows(self.relation_embeddings, hr[:, 1], self.sparse_grad)  # [B, D]
         return self._stack(h, r)
 
     def _stack(self, h: Tensor, r: Tensor) -> Tensor:
@@ -275,8 +277,8 @@ class ConvE(nn.Module):
 
     def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
         """q [B, D], entity ids [B, C] -> each query's scores of its own entities [B, C]."""
-        rows = F.embedding(ids, self.entity_embeddings)  # [B, C, D]
-        return torch.linalg.vecdot(rows, q.unsqueeze(1)) + self.entity_bias[ids]
+        entities = rows(self.entity_embeddings, ids, self.sparse_grad)  # [B, C, D]
+        return torch.linalg.vecdot(entities, q.unsqueeze(1)) + rows(self.entity_bias, ids, self.sparse_grad)
 
     def score_t(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> scores of every tail [B, E]."""
@@ -290,8 +292,8 @@ class ConvE(nn.Module):
         """[B, 3] (head, relation, tail) ids -> scores [B], scoring only the given tails."""
         q = self.encode_query(hrt[:, :2])  # [B, D]
         tails = hrt[:, 2]
-        t = F.embedding(tails, self.entity_embeddings)  # [B, D]
-        return torch.linalg.vecdot(q, t) + self.entity_bias[tails]
+        t = rows(self.entity_embeddings, tails, self.sparse_grad)  # [B, D]
+        return torch.linalg.vecdot(q, t) + rows(self.entity_bias, tails, self.sparse_grad)
 
 
 SPEC = ModelSpec(

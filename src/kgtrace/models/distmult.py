@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kgtrace.errors import ConfigError
 from kgtrace.models._checks import check_sizes
-from kgtrace.models._tables import dropped, init_tables, relation_ids, table_problems
+from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
 from kgtrace.registry import ModelSpec
 
@@ -42,15 +41,16 @@ class DistMult(nn.Module):
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, embedding_dim))
         self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations, embedding_dim))
         init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+        self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def _entities(self, ids: Tensor) -> Tensor:
         """Entity ids [B] -> rows [B, D] (dropped out in training)."""
-        return dropped(F.embedding(ids, self.entity_embeddings), self.entity_dropout, self.training)
+        return dropped(rows(self.entity_embeddings, ids, self.sparse_grad), self.entity_dropout, self.training)
 
     def _relations(self, relations: Tensor) -> Tensor:
         """Relation-or-inverse ids [B] in [0, 2R) -> vectors [B, D] (dropped out in training)."""
         ids = relation_ids(relations, self.num_relations, self.inverse_relations)
-        return dropped(F.embedding(ids, self.relation_embeddings), self.relation_dropout, self.training)
+        return dropped(rows(self.relation_embeddings, ids, self.sparse_grad), self.relation_dropout, self.training)
 
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = e_h * w_r, [B, D]."""

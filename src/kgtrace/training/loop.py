@@ -60,6 +60,7 @@ class TrainResult:
 def new_state(config: TrainConfig, dataset: Dataset, device: torch.device) -> TrainState:
     torch.manual_seed(config.seed)
     model = build_model(config.model, dataset.num_entities, dataset.num_relations, **config.model_args).to(device)
+    model.sparse_grad = config.sparse  # the tables' gradients: the rows read (kgtrace.models._tables.rows)
     optimizer = make_optimizer(config, model)
     scheduler = make_scheduler(config, optimizer)
     # Loss scaling guards fp16 gradients from underflow; bf16 and fp32 do not need it.
@@ -73,9 +74,12 @@ FUSED_DEVICES = {torch.optim.Adam: ("cpu", "cuda"), torch.optim.Adagrad: ("cpu",
 
 
 def make_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    # fused: one kernel per step instead of a handful per parameter, where the device has one.
+    # fused: one kernel per step instead of a handful per parameter, where the device has one (not for sparse
+    # gradients, which only the unfused Adagrad takes).
     kind = torch.optim.Adagrad if config.optimizer == "adagrad" else torch.optim.Adam
-    fused = next(model.parameters()).device.type in FUSED_DEVICES[kind]
+    fused = next(model.parameters()).device.type in FUSED_DEVICES[kind] and not config.sparse
+    if config.sparse:  # torch leaves its checks of sparse tensors off unless asked, and warns until told so
+        torch.sparse.check_sparse_tensor_invariants.disable()
     return kind(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
 
 
@@ -245,8 +249,10 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     hints = RESUME_HINT if RunLayout(out).config.is_file() else ()
     world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=hints))
     device = setup_device(config)
-    if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, eagerly
-        config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk)
+    if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, and sparse
+        # gradients are not compiled: both run eagerly
+        config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk
+                                     and not config.sparse)
     dataset = load_dataset(config.dataset)
     check_splits(dataset, config)
     with ExitStack() as held:
@@ -350,6 +356,9 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     epoch = run_epoch
+    if world.distributed and config.sparse:  # its all-reduce sums dense gradients of the same layout
+        raise ConfigError(["sparse=true: a distributed job all-reduces dense gradients; train on one process "
+                           "(without torchrun), or set sparse false"])
     if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet

@@ -353,8 +353,9 @@ def gathers_rows(num_candidates: int, dim: int, num_entities: int) -> bool:
 
 
 def candidate_scores(model: nn.Module, q: Tensor, candidates: Tensor) -> Tensor:
-    """Scores [B, 1 + n] of each encoded query q [B, D] against its candidates [B, 1 + n] (:func:`gathers_rows`)."""
-    if gathers_rows(candidates.shape[1], q.shape[1], model.num_entities):
+    """Scores [B, 1 + n] of each encoded query q [B, D] against its candidates [B, 1 + n] (:func:`gathers_rows`;
+    always gathered for a model with sparse gradients, whose step reads only the candidates' rows)."""
+    if getattr(model, "sparse_grad", False) or gathers_rows(candidates.shape[1], q.shape[1], model.num_entities):
         return model.decode_ids(q, candidates)
     return model.decode(q).gather(1, candidates)
 
