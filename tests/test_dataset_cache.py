@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_data_registry import make_archive, register
+
 from kgtrace.data import cache, pinned
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
@@ -37,9 +39,9 @@ def make_dataset(folder: Path) -> Path:
     return folder
 
 
-def make_run(tmp_path: Path) -> tuple[Path, str]:
-    """A run folder as training leaves it (id maps, pins), for the dataset of make_dataset."""
-    source = str(make_dataset(tmp_path / "data"))
+def make_run(tmp_path: Path, source: str | None = None) -> tuple[Path, str]:
+    """A run folder as training leaves it (id maps, pins), for ``source`` (default: the folder of make_dataset)."""
+    source = source or str(make_dataset(tmp_path / "data"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)
         dataset = load_dataset(source)
@@ -153,3 +155,17 @@ def test_a_stale_cache_is_replaced(tmp_path, cached_anything):
     state = torch.load(RunLayout(run).dataset_cache, weights_only=True)
     assert RunLayout(run).dataset_cache.stat().st_ino != first and '"ASA"' in state["entity_names"]
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp") or p.name.endswith(".lock")]
+
+
+def test_a_fetched_dataset_is_cached_under_its_name(tmp_path, monkeypatch, cached_anything):
+    register(make_archive(tmp_path / "mirror"), tmp_path, monkeypatch)
+    run, source = make_run(tmp_path, "tiny")
+    parsed = load_pinned_dataset(run, source)
+    no_parsing(monkeypatch)
+    assert_same(parsed, load_pinned_dataset(run, source))
+
+
+def test_bundled_datasets_are_not_cached(tmp_path, cached_anything):
+    run, source = make_run(tmp_path, "nations")
+    load_pinned_dataset(run, source)
+    assert not RunLayout(run).dataset_cache.exists()
