@@ -390,7 +390,7 @@ def table(results: dict) -> str:
 def plan(results: dict, batch: int = 128, dim: int = 200) -> str:
     """Where one machine is not enough: an epoch here and per process, and ConvE's memory per process at 2M and 10M
     entities (weights, gradient and Adam's two moments of the entity table, the [batch, entities] scores and their
-    gradient), as a Markdown table."""
+    gradient; with ``--sparse`` negative sampling, the table and Adagrad's sum of squares), as a Markdown table."""
     train = results.get("steps", {}).get("train")
     if not train:
         return ""
@@ -406,13 +406,16 @@ def plan(results: dict, batch: int = 128, dim: int = 200) -> str:
             "process takes 1/N of every batch but holds the whole model and all-reduces its dense gradient "
             f"({train['entities'] * dim * 4 / 2**30:.2f} GiB of entity table a step), so N machines cut the "
             "compute, not the memory per process: at 10M entities ConvE with Adam needs more than this machine's "
-            "24 GB in every process (a sparse optimizer or a sharded entity table would be the next step).", "",
-            "| entities | entity table | + gradient + Adam | scores and their gradient | per process |", "|---|---|---|---|---|"]
+            "24 GB in every process; on one process, `--sparse` negative sampling with Adagrad holds the table and "
+            "its sum of squares only (a sharded entity table would be the next step for `torchrun`).", "",
+            "| entities | entity table | + gradient + Adam | scores and their gradient | per process | `--sparse`, "
+            "Adagrad |", "|---|---|---|---|---|---|"]
     for entities in (2_000_000, 10_000_000):
         table_gb = entities * dim * 4 / 2**30
         scores_gb = 2 * batch * entities * 4 / 2**30
         rows.append(f"| {entities:,} | {table_gb:.1f} GiB | {4 * table_gb:.1f} GiB | {scores_gb:.1f} GiB "
-                    f"(`--entity-chunk 65536`: {2 * batch * 65536 * 4 / 2**30:.2f} GiB) | {4 * table_gb + scores_gb:.1f} GiB |")
+                    f"(`--entity-chunk 65536`: {2 * batch * 65536 * 4 / 2**30:.2f} GiB) | {4 * table_gb + scores_gb:.1f} GiB "
+                    f"| {2 * table_gb:.1f} GiB |")
     return "\n".join(rows)
 
 
