@@ -11,10 +11,11 @@ import torch
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
+from kgtrace.distributed import World
 from kgtrace.errors import ConfigError
 from kgtrace.models import ComplEx, ConvE, DistMult
 from kgtrace.training import loss
-from kgtrace.training.loop import train
+from kgtrace.training.loop import setup_device, train
 from kgtrace.training.loss import draw_candidates, negative_sampling_rows
 
 E, R = 40, 3
@@ -81,6 +82,13 @@ def test_sparse_is_refused_where_it_would_not_equal_the_dense_step():
                      "not compiled"):
         assert expected in problems
     config(sparse=True).validate()
+
+
+def test_sparse_is_refused_under_torchrun():
+    """setup_device, the first thing train and resume do on every process, before the run folder is made."""
+    with pytest.raises(ConfigError, match="all-reduces dense gradients"):
+        setup_device(config(sparse=True), World(rank=0, size=2))
+    setup_device(config(sparse=True), World())
 
 
 def test_train_takes_sparse_on_the_command_line(tmp_path):

@@ -67,6 +67,6 @@ def rows(table: Tensor, ids: Tensor, sparse: bool) -> Tensor:
     return F.embedding(ids, table, sparse=sparse)
 
 
-def dropped(rows: Tensor, p: float, training: bool) -> Tensor:
-    """``rows`` with dropout p in training (a new tensor), else ``rows`` itself."""
-    return F.dropout(rows, p, training=True) if training and p else rows
+def dropped(values: Tensor, p: float, training: bool) -> Tensor:
+    """``values`` with dropout p in training (a new tensor), else ``values`` itself."""
+    return F.dropout(values, p, training=True) if training and p else values

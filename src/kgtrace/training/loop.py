@@ -248,7 +248,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     inputs = (*dataset_inputs(config.dataset), *inputs)
     hints = RESUME_HINT if RunLayout(out).config.is_file() else ()
     world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=hints))
-    device = setup_device(config)
+    device = setup_device(config, world)
     if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, and sparse
         # gradients are not compiled: both run eagerly
         config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk
@@ -277,7 +277,7 @@ def resume(out: str | Path, *, progress: bool = True, log=print, world: World = 
     with ExitStack() as held:
         world.on_main(lambda: held.enter_context(folder_lock(out, "run folder")))
         config = resume_config(out, overrides)
-        device = setup_device(config)
+        device = setup_device(config, world)
         dataset = load_run_dataset(out, config)
         state = new_state(config, dataset, device)
         resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
@@ -289,9 +289,12 @@ def _quiet(*_: Any) -> None:
     """The log of a process other than rank 0."""
 
 
-def setup_device(config: TrainConfig) -> torch.device:
+def setup_device(config: TrainConfig, world: World = ONE) -> torch.device:
     device = resolve_device(config.device)
     problems = precision_problems(config.precision, device)
+    if world.distributed and config.sparse:  # its all-reduce sums dense gradients of the same layout
+        problems.append("sparse=true: a distributed job all-reduces dense gradients; train on one process "
+                        "(without torchrun), or set sparse false")
     if problems:
         raise ConfigError(problems)
     if config.threads:
@@ -356,9 +359,6 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
     epoch = run_epoch
-    if world.distributed and config.sparse:  # its all-reduce sums dense gradients of the same layout
-        raise ConfigError(["sparse=true: a distributed job all-reduces dense gradients; train on one process "
-                           "(without torchrun), or set sparse false"])
     if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet
