@@ -99,8 +99,10 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, b
     dy_dz = _bn2_slope(model, y)  # [D]
     q = torch.relu(y).index_select(0, index)  # [n, D]
     tails = triples[:, 2]
-    e_t = model.entity_embeddings[tails]  # [n, D]
-    g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias[tails]))  # [n]
+    # index_select, not table[tails]: on a CPU advanced indexing gathers rows ~6x slower (a sixth of a pass over a
+    # 1.1M-entity graph's training triples).
+    e_t = model.entity_embeddings.index_select(0, tails)  # [n, D]
+    g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias.index_select(0, tails)))  # [n]
     dl_dy = g.unsqueeze(1) * e_t * relu_gate(q)  # [n, D], relu's derivative (q > 0 iff y > 0)
     return _Pass(pairs, index, fc_bands, z_hat, q, g, dl_dy, dl_dy * dy_dz)
 
@@ -126,7 +128,7 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
     selected = set(names) if head_slot else set(names) - {*UPSTREAM, "relation_embeddings"}
     blocks = {"fc.bias": fw.delta, "bn2.bias": fw.dl_dy}
     if "bn2.weight" in selected:
-        blocks["bn2.weight"] = fw.dl_dy * fw.z_hat[fw.index]
+        blocks["bn2.weight"] = fw.dl_dy * fw.z_hat.index_select(0, fw.index)
     head_rows = rel_rows = None
     if head_slot and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
         up, head_rows, rel_rows = _upstream(model, fw, upstream_chunk)

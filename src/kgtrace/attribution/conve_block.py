@@ -129,7 +129,7 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     n, channels = len(index), block.weight.shape[0]
     gate = block.active.index_select(0, index)  # [n, C, L], made relu's derivative in place
     do = relu_gate(gate, out=gate).mul_(da.view(n, channels, -1))  # [n, C, L]
-    d_affine = do @ block.patches[index].transpose(1, 2)  # [n, C, K + 1]
+    d_affine = do @ block.patches.index_select(0, index).transpose(1, 2)  # [n, C, K + 1]
     d_weight, d_bias = d_affine[:, :, :-1], d_affine[:, :, -1]  # [n, C, K] d/dW', [n, C] d/dB' (the ones row)
     height, width = block.normalised.shape[1:]
     dx0 = _fold(block.weight.T @ do, model.conv.kernel_size, height, width)  # [n, 2H, W]
@@ -138,7 +138,7 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     if model.bn1 is not None:
         grads["bn1.weight"] = ((d_weight * block.raw_weight).sum(2) + d_bias * (block.raw_bias - block.mean1)) * block.inv1
         grads["bn1.bias"] = d_bias
-        grads["bn0.weight"] = (dx0 * block.normalised[index]).sum((1, 2)).unsqueeze(1)  # [n, 1]
+        grads["bn0.weight"] = (dx0 * block.normalised.index_select(0, index)).sum((1, 2)).unsqueeze(1)  # [n, 1]
         grads["bn0.bias"] = dx0.sum((1, 2)).unsqueeze(1)
     dx = (dx0 * block.gain0).view(n, -1)  # [n, 2D]: head row, then relation row
     dim = dx.shape[1] // 2

@@ -76,7 +76,7 @@ class Outer:
 
     def input_norms(self) -> Tensor:
         """|a_j|^2 [n] float32."""
-        return sum(p.a.float().pow(2).sum(1)[p.index] for p in self.parts)
+        return sum(p.a.float().pow(2).sum(1).index_select(0, p.index) for p in self.parts)
 
 
 def _aligned(x: list[Part], y: list[Part]) -> tuple[list[Part], list[Part]]:
@@ -140,7 +140,7 @@ def _add_row_products(out: Tensor, ids_x: Tensor, g_x: Tensor, ids_y: Tensor, g_
         out += (g_x @ g_y.T).float().mul_(same)
     elif count:
         i, j = torch.nonzero(same, as_tuple=True)
-        out.index_put_((i, j), (g_x[i] * g_y[j]).sum(-1).float(), accumulate=True)
+        out.index_put_((i, j), (g_x.index_select(0, i) * g_y.index_select(0, j)).sum(-1).float(), accumulate=True)
 
 
 def self_dot(x: Factors) -> Tensor:

@@ -55,7 +55,7 @@ def row_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> t
     params = dict(model.named_parameters())
     dense_names = [n for n in names if n not in tables]
     diff = {f"model.{n}": params[n].detach() for n in dense_names}
-    local = {f"model.{n}": params[n].detach()[triples[:, SLOTS[space]]] for n, space in tables.items()}  # [n, S, ...]
+    local = {f"model.{n}": _gather(params[n].detach(), triples[:, SLOTS[space]]) for n, space in tables.items()}
     hrt = torch.tensor([LOCAL_TRIPLE], device=triples.device)  # [1, 3]
 
     def loss(d: dict[str, Tensor], rows: dict[str, Tensor]) -> Tensor:
@@ -72,6 +72,11 @@ def row_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> t
             # Tables of one space share ids: their row gradients sit side by side, [n, S, W].
             out.append(torch.cat([g_rows[f"model.{c}"].reshape(n, len(slots), -1) for c in chosen], dim=2))
     return tuple(out)
+
+
+def _gather(table: Tensor, ids: Tensor) -> Tensor:
+    """``table[ids]`` for ids [n, S]: [n, S, *row] (index_select: ~6x faster than advanced indexing on a CPU)."""
+    return table.index_select(0, ids.reshape(-1)).view(*ids.shape, *table.shape[1:])
 
 
 def rows_to_factors(model: nn.Module, triples: Tensor, names: Sequence[str], grads: Sequence[Tensor]) -> Factors:

@@ -244,7 +244,7 @@ class TracIn:
                     last = g == len(self.groups) - 1
                     for number in range(first, len(chunks)):
                         positions = chunks[number]
-                        parts = self._parts(models, lrs, test_factors, test, self.train[positions])
+                        parts = self._parts(models, lrs, test_factors, test, self.train.index_select(0, positions))
                         if spill is not None and not last:
                             spill.write(g, number, parts)
                         elif spill is not None:
