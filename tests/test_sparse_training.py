@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from test_negative_sampling import config as sampled_config
 
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
@@ -51,10 +52,8 @@ def test_sparse_gradients_hold_the_rows_read_and_equal_the_dense_ones(index):
 
 
 def config(**kw):
-    base = dict(dataset="nations", model="distmult", model_args={"embedding_dim": 16}, training="negative-sampling",
-                negatives_tail=6, negatives_head=4, epochs=3, batch_size=64, seed=3, optimizer="adagrad", lr=0.1,
-                checkpoint_every=3, eval_every=0, threads=1, device="cpu", compile=False)
-    return TrainConfig(**{**base, **kw})
+    """test_negative_sampling's Nations run, 3 epochs with one checkpoint and no validation."""
+    return sampled_config(**{"epochs": 3, "checkpoint_every": 3, "eval_every": 0, **kw})
 
 
 @pytest.mark.parametrize("model, model_args", [
