@@ -57,8 +57,7 @@ WORK = HERE / "runs" / "scale"
 KGTRACE = [sys.executable, "-m", "kgtrace"]
 STEPS = ("prepare", "train", "train-chunked", "train-sampled", "train-sampled-adagrad", "train-sparse", "evaluate",
          "evaluate-compiled", "restrict", "tracin-last", "tracin-all", "explain", "explain-last", "explain-torchrun",
-         "index",
-         "explain-index", "mine", "run")
+         "index", "explain-index", "mine", "run")
 PAIRS = ("biolink:ChemicalEntity,biolink:Disease", "biolink:ChemicalEntity,biolink:Gene", "biolink:Gene,biolink:Gene",
          "biolink:Gene,biolink:Disease", "biolink:Gene,biolink:BiologicalProcessOrActivity",
          "biolink:Gene,biolink:AnatomicalEntity", "biolink:DiseaseOrPhenotypicFeature,biolink:DiseaseOrPhenotypicFeature",
@@ -134,12 +133,9 @@ SAMPLED = {"training": "negative-sampling", "negatives_tail": 256, "negatives_he
 ADAGRAD = {**SAMPLED, "optimizer": "adagrad", "lr": 0.1}
 
 
-def step_train(args: argparse.Namespace, chunk: int = 0, sampled: bool = False, adagrad: bool = False,
-               sparse: bool = False) -> dict:
-    out = args.work / ("conve-chunked" if chunk else "conve-sparse" if sparse else "conve-adagrad" if adagrad
-                       else "conve-sampled" if sampled else "conve")
-    changes = ({"entity_chunk": chunk, "epochs": 1, "steps_per_epoch": 10} if chunk else
-               {**ADAGRAD, "sparse": sparse} if adagrad else SAMPLED if sampled else {})
+def step_train(args: argparse.Namespace, name: str = "conve", **changes) -> dict:
+    """Train the run ``name`` with ``changes`` to :func:`train_config`'s settings; seconds per step, an epoch."""
+    out = args.work / name
     config = train_config(args, **changes)
     result = measure([sys.executable, __file__, "--child", "train", json.dumps(config), str(out)])
     child = _child_json(result) | _child_json(measure([sys.executable, __file__, "--child", "flops", json.dumps(config),
@@ -260,10 +256,12 @@ def _child_json(result: dict) -> dict:
     return json.loads(lines[-1])
 
 
-STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train, "train-chunked": lambda a: step_train(a, 65536),
-                  "train-sampled": lambda a: step_train(a, sampled=True),
-                  "train-sampled-adagrad": lambda a: step_train(a, adagrad=True),
-                  "train-sparse": lambda a: step_train(a, adagrad=True, sparse=True),
+STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train,
+                  "train-chunked": lambda a: step_train(a, "conve-chunked", entity_chunk=65536, epochs=1,
+                                                        steps_per_epoch=10),
+                  "train-sampled": lambda a: step_train(a, "conve-sampled", **SAMPLED),
+                  "train-sampled-adagrad": lambda a: step_train(a, "conve-adagrad", **ADAGRAD),
+                  "train-sparse": lambda a: step_train(a, "conve-sparse", **ADAGRAD, sparse=True),
                   "evaluate": step_evaluate, "evaluate-compiled": lambda a: step_evaluate(a, compiled=True),
                   "restrict": step_restrict, "tracin-last": step_tracin_last, "tracin-all": step_tracin_all,
                   "explain": step_explain, "explain-last": lambda a: step_explain(a, "4"),

@@ -55,12 +55,12 @@ def cache_key(run: Path, source: str) -> Key | None:
     folder = _dataset_folder(source)
     if folder is None:
         return None
-    names = [f"{split}{suffix}" for split in SPLITS for suffix in SPLIT_SUFFIXES]
-    names += [name for pair in MAP_FILES for name in pair] + [NAMES_FILE, EDGE_MAP_FILE, CATEGORIES_FILE, UNPACKED]
+    split_names = [f"{split}{suffix}" for split in SPLITS for suffix in SPLIT_SUFFIXES]
+    other_names = [name for pair in MAP_FILES for name in pair] + [NAMES_FILE, EDGE_MAP_FILE, CATEGORIES_FILE, UNPACKED]
     layout = RunLayout(run)
-    files = {name: _signature(folder / name) for name in names}
+    files = {name: _signature(folder / name) for name in split_names + other_names}
     files |= {f"run:{path.name}": _signature(path) for path in (layout.node_dict, layout.rel_dict, layout.data)}
-    split_bytes = sum(files[name][0] for name in names[:len(SPLITS) * len(SPLIT_SUFFIXES)] if files[name])
+    split_bytes = sum(files[name][0] for name in split_names if files[name])
     if split_bytes < MIN_BYTES:
         return None
     return {"version": VERSION, "source": source, "files": files}
