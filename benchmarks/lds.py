@@ -91,7 +91,7 @@ MODELS = {
 OUTPUTS = ("score", "log_prob")
 # dattri attributors tried (--dattri-methods); what each is, in dattri_attributor.
 DATTRI_METHODS = ("tracin", "grad-dot", "grad-cos", "tracin-proj", "if-explicit", "if-cg", "if-lissa", "if-datainf",
-                  "if-arnoldi", "if-ekfac", "trak", "logra")
+                  "if-arnoldi", "if-ekfac", "trak", "trak-exact", "logra")
 # dattri attributors not tried, and why.
 DATTRI_NOT_RUN = {
     "DVEmbAttributor": "records per-step gradients during training (it is trained alongside the model), "
@@ -122,7 +122,7 @@ def kgtrace_lds(run: Path, args: argparse.Namespace) -> tuple[object, float]:
     from kgtrace.faithfulness.lds import LdsSettings, check_lds
 
     settings = LdsSettings(subsets=args.subsets, fraction=args.fraction, sample=args.predictions, seed=0,
-                           bootstrap=args.bootstrap, damping=args.damping, trak_dim=args.trak_dim,
+                           bootstrap=args.bootstrap, damping=args.damping, trak_dim=args.kgtrace_trak_dim,
                            jobs=args.jobs, threads=args.threads, device=args.device.type,
                            **({"methods": args.methods} if args.methods else {}))
     start = time.perf_counter()
@@ -230,7 +230,8 @@ def dattri_attributor(method: str, run, scorer: Scorer, args: argparse.Namespace
     grad-cos: the final checkpoint, weight 1, raw or normalised gradients; tracin-proj: tracin
     with dattri's default projection (512, Gaussian). The influence functions: the final
     checkpoint, damping --damping, the Hessian of the mean loss over the training triples.
-    trak: every checkpoint as the ensemble, projection --trak-dim, as kgtrace's trak. logra: the
+    trak: every checkpoint as the ensemble, projection --trak-dim; trak-exact: the same without a
+    projection (dattri's identity projector), as kgtrace's trak by default. logra: the
     final checkpoint, dattri's defaults, its files in ``scratch`` (else the working directory,
     where the next run would take them up as its own).
     """
@@ -282,6 +283,10 @@ def dattri_attributor(method: str, run, scorer: Scorer, args: argparse.Namespace
         return (da.TRAKAttributor(dattri_task(run, scorer, everything, target="score"), correct_probability(scorer),
                                   projector_kwargs=projection, device=device, regularization=args.trak_ridge),
                 {"checkpoints": len(everything), "proj_dim": args.trak_dim, "regularization": args.trak_ridge})
+    if method == "trak-exact":
+        return (da.TRAKAttributor(dattri_task(run, scorer, everything, target="score"), correct_probability(scorer),
+                                  projector_kwargs=identity, device=device, regularization=args.trak_ridge),
+                {"checkpoints": len(everything), "projection": "none", "regularization": args.trak_ridge})
     if method == "logra":
         logits = BinaryLogits(scorer.model)
         return (da.LoGraAttributor(dattri_task(run, logits, final, target="module"), device=device, offload="none",
@@ -355,7 +360,7 @@ def attribute(method: str, attributor, train: Tensor, predictions: Tensor, batch
     test_loader = triple_loader(predictions, len(predictions) if method == "if-explicit" else test_batch, classes)
     if method not in ("tracin", "grad-dot", "grad-cos", "tracin-proj"):  # TracIn has nothing to cache
         attributor.cache(cache_loader)
-    if method == "trak":  # TRAK attributes the training set it cached
+    if method in ("trak", "trak-exact"):  # TRAK attributes the training set it cached
         scores = attributor.attribute(test_dataloader=test_loader)
     else:
         scores = attributor.attribute(train_loader, test_loader)
@@ -495,7 +500,7 @@ def ridge_sweep(run_dir: Path, inputs, args: argparse.Namespace) -> dict[str, fl
     from kgtrace.run import load_run
 
     run = load_run(run_dir, "last")
-    matrices = trak_ridges(run, inputs.predictions, args.trak_ridges, dim=args.trak_dim)  # [G, N, n_train]
+    matrices = trak_ridges(run, inputs.predictions, args.trak_ridges, dim=args.kgtrace_trak_dim)  # [G, N, n_train]
     return {f"{ridge:g}": round(float(np.nanmean(lds_scores(inputs.outputs["score"], inputs.masks, m.numpy()))), 4)
             for ridge, m in zip(args.trak_ridges, matrices)}
 
@@ -643,10 +648,12 @@ def main() -> None:
     parser.add_argument("--peers", default="dattri", help="peer libraries: dattri, or '' for none")
     parser.add_argument("--dattri-methods", default=",".join(DATTRI_METHODS))
     parser.add_argument("--damping", type=float, default=1e-3, help="influence functions' damping (both libraries)")
-    parser.add_argument("--trak-dim", type=int, default=2048, help="dattri TRAK's projection (kgtrace's default)")
+    parser.add_argument("--trak-dim", type=int, default=2048, help="dattri TRAK's projection")
+    parser.add_argument("--kgtrace-trak-dim", type=int, default=None,
+                        help="kgtrace TRAK's projection (default: none, the exact gradients, as its own default)")
     parser.add_argument("--trak-ridge", type=float, default=1e-3, help="dattri TRAK's ridge on Phi'Phi")
     parser.add_argument("--trak-ridges", default="", help="kgtrace TRAK's LDS at each of these ridges (comma-separated "
-                        "fractions of its kernel's mean diagonal), besides its default's")
+                        "fractions of the mean of its kernel's nonzero eigenvalues), besides its default's")
     parser.add_argument("--cg-iterations", type=int, default=10, help="dattri if-cg's iterations (its default)")
     parser.add_argument("--lissa-depth", type=int, default=1000, help="dattri if-lissa's recursion depth")
     parser.add_argument("--explicit-limit", type=float, default=EXPLICIT_LIMIT,

@@ -12,11 +12,12 @@ from scipy import stats
 from torch.func import functional_call
 
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
+from kgtrace.attribution import trak as trak_module
 from kgtrace.attribution.trak import DEFAULT_RIDGE, removal_weights, trak, trak_ridges
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import build_parser, main
 from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
@@ -97,27 +98,38 @@ def _score_gradient(model, triple, names):
     return torch.cat([g.reshape(-1) for g in grads])
 
 
-def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult):
+@pytest.mark.parametrize("dim", [16, 2000, None])  # k < n, k > n (solved as an [n, n] system), no projection
+def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult, dim):
     run = load_run(tiny_distmult)
     test = run.dataset.test[:3]
-    dim = 16
     expected = torch.zeros(3, len(run.dataset.train), dtype=torch.float64)
     for c, info in enumerate(run.checkpoints):
         model = model_from_checkpoint(load_checkpoint(info.path)).double()
         names = [n for n, _ in model.named_parameters()]
         size = sum(p.numel() for p in model.parameters())
-        projection = (torch.randn(size, dim, generator=torch.Generator().manual_seed(5 * 1_000_003 + c))
-                      / dim ** 0.5).double()
-        phi = torch.stack([_score_gradient(model, z, names) for z in run.dataset.train]) @ projection  # [n, k]
-        phi_test = torch.stack([_score_gradient(model, z, names) for z in test]) @ projection  # [3, k]
-        kernel = phi.T @ phi
-        kernel = kernel + (0.5 * kernel.diagonal().mean() + 1e-12) * torch.eye(dim, dtype=torch.float64)
+        projection = (torch.eye(size) if dim is None else
+                      torch.randn(size, dim, generator=torch.Generator().manual_seed(5 * 1_000_003 + c)) / dim ** 0.5)
+        phi = torch.stack([_score_gradient(model, z, names) for z in run.dataset.train]) @ projection.double()  # [n, k]
+        phi_test = torch.stack([_score_gradient(model, z, names) for z in test]) @ projection.double()  # [3, k]
+        kernel = phi.T @ phi  # [k, k]: the primal form, whatever k
+        mean_eigenvalue = float(torch.linalg.eigvalsh(kernel).sum()) / min(phi.shape)  # its rank is at most min(n, k)
+        kernel = kernel + (0.5 * mean_eigenvalue + 1e-12) * torch.eye(len(kernel), dtype=torch.float64)
         expected += (phi_test @ torch.linalg.solve(kernel, phi.T)).detach()  # KvsAll: q_j = 1
     expected /= len(run.checkpoints)
     got = trak(run, test, dim=dim, seed=5, ridge=0.5)
     assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4 * expected.abs().max())
     several = trak_ridges(run, test, [0.01, 0.5], dim=dim, seed=5)  # the gradients once, each ridge's solve
     assert torch.equal(several[1], got) and not torch.allclose(several[0], got)
+
+
+def test_trak_refuses_features_that_would_not_fit_and_names_a_projection_that_does(tiny_distmult, monkeypatch):
+    run = load_run(tiny_distmult)
+    monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", len(run.dataset.train) * 100 * 8)  # k = 100 fits
+    with pytest.raises(KgtraceError, match=r"--trak-dim 100\)"):
+        trak(run, run.dataset.test[:1])  # exact: 552 parameters
+    with pytest.raises(KgtraceError, match=r"--trak-dim 100\)"):
+        trak(run, run.dataset.test[:1], dim=101)
+    assert trak(run, run.dataset.test[:1], dim=100).shape == (1, len(run.dataset.train))
 
 
 def test_leaving_a_triple_out_of_kvsall_changes_the_gradient_by_one_multiple_of_its_score_gradient(tiny_distmult):

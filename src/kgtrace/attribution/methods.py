@@ -49,8 +49,8 @@ class AttributionInputs:
     seed: int = 0  # random: the draw; trak: the projections
     progress: bool = False
     damping: float = 1e-3  # influence: the first damping tried
-    trak_dim: int = 2048  # trak: the projection dimension
-    trak_ridge: float = DEFAULT_RIDGE  # trak: the ridge, a fraction of the kernel's mean diagonal
+    trak_dim: int | None = None  # trak: the projection dimension; None: the exact gradients
+    trak_ridge: float = DEFAULT_RIDGE  # trak: the ridge, a fraction of its kernel's mean nonzero eigenvalue
 
 
 Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]
@@ -141,7 +141,8 @@ METHOD_INPUTS: dict[str, tuple[str, ...]] = {
     "random": ("seed",),
 }
 #: Methods whose formula changed: results saved under an earlier revision are recomputed (absent: the first).
-METHOD_REVISIONS: dict[str, int] = {"trak": 2}  # 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid
+# trak 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid; 3: lambda from trace / min(n, k), not trace / k.
+METHOD_REVISIONS: dict[str, int] = {"trak": 3}
 
 
 def attribution_signature(method: str, inputs: AttributionInputs) -> dict:

@@ -1,9 +1,10 @@
-"""TRAK (Park et al., 2023) for a run's triples: projected score gradients, an ensemble over checkpoints.
+"""TRAK (Park et al., 2023) for a run's triples: score gradients, an ensemble over checkpoints.
 
 A training triple z_j enters the run's 1-N objective through its score f(z_j) = score_hrt(z_j),
-a logit. At one model theta, with a random projection R [P, k] (Gaussian, entries N(0, 1/k)):
+a logit. At one model theta, with R [P, k] either the identity (k = P: the exact gradients, the
+default) or a random projection (Gaussian, entries N(0, 1/k), ``dim=k``):
 
-    phi(z)     = R^T grad_theta f(z)                       [k]   the projected gradient
+    phi(z)     = R^T grad_theta f(z)                       [k]   the gradient's features
     Phi        = [phi(z_1); ...; phi(z_n)]                 [n, k] over the training triples
     q_j        = how the loss's gradient changes when z_j is left out, per unit of grad f(z_j)
     tau(z, j)  = phi(z)^T (Phi^T Phi + lambda I)^{-1} phi(z_j) q_j
@@ -30,9 +31,20 @@ A 1-N objective does not remove anything when z_j is left out (``removal_weights
 
 The estimate is averaged over an ensemble of models: here the run's epoch checkpoints, each
 with its own projection (seeded by (seed, c)). The paper trains independent models instead;
-checkpoints of one run are the cheap ensemble it also discusses. lambda = ``ridge`` x the
-kernel's mean diagonal. Gradients are over every parameter, computed per triple with
-``torch.func`` (model in eval mode), a chunk at a time and projected at once, so memory holds
+checkpoints of one run are the cheap ensemble it also discusses.
+
+lambda = ``ridge`` x the mean of the kernel's nonzero eigenvalues, trace(Phi^T Phi) / min(n, k)
+(its rank is at most min(n, k)). Parameters that no triple's gradient touches leave it unchanged;
+the mean diagonal, trace / k, would shrink with them once k > n.
+
+The projection exists to make Phi fit: TRAK's models have millions of parameters. Where the exact
+gradients fit (n x P x 8 bytes within ``MAX_FEATURE_BYTES``, as for the bundled graphs' small
+models) they are used as they are (docs/benchmarks.md compares the two). The kernel is solved in
+whichever space is smaller: by the push-through identity
+Phi (Phi^T Phi + lambda I)^-1 = (Phi Phi^T + lambda I)^-1 Phi, an [n, n] system when k > n.
+
+Gradients are over every parameter, computed per triple with ``torch.func`` (model in eval mode),
+a chunk at a time (and projected at once), so memory holds Phi [n, k] besides one chunk's
 [chunk, P] and R.
 """
 
@@ -55,21 +67,24 @@ __all__ = ["DEFAULT_RIDGE", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
-# lambda's default fraction of the kernel's mean diagonal (docs/benchmarks.md, the LDS's ridge sweep).
+# The features Phi [n, k] (float64) may take at most this many bytes.
+MAX_FEATURE_BYTES = 2 << 30
+# lambda's default fraction of the mean of the kernel's nonzero eigenvalues (docs/benchmarks.md, the ridge sweep).
 DEFAULT_RIDGE = 0.3
 
 
-def trak(run: Run, test: Tensor, dim: int = 2048, seed: int = 0, chunk_size: int = 512,
+def trak(run: Run, test: Tensor, dim: int | None = None, seed: int = 0, chunk_size: int = 512,
          checkpoints: Sequence[int] | None = None, ridge: float = DEFAULT_RIDGE) -> Tensor:
     """TRAK attributions [n_test, n_train] (float64) of the run's training triples (module doc).
 
+    dim: the random projection's dimension k; None: the exact gradients (k = P).
     checkpoints: positions in ``run.checkpoints`` forming the ensemble; None: all of them.
-    ridge: lambda as a fraction of the kernel's mean diagonal.
+    ridge: lambda as a fraction of the mean of the kernel's nonzero eigenvalues (module doc).
     """
     return trak_ridges(run, test, [ridge], dim, seed, chunk_size, checkpoints)[0]
 
 
-def trak_ridges(run: Run, test: Tensor, ridges: Sequence[float], dim: int = 2048, seed: int = 0,
+def trak_ridges(run: Run, test: Tensor, ridges: Sequence[float], dim: int | None = None, seed: int = 0,
                 chunk_size: int = 512, checkpoints: Sequence[int] | None = None) -> Tensor:
     """[len(ridges), n_test, n_train] (float64): :func:`trak` at each ridge, the gradients computed once."""
     chosen = list(range(len(run.checkpoints))) if checkpoints is None else list(checkpoints)
@@ -110,25 +125,53 @@ def tail_probabilities(model: nn.Module, triples: Tensor, chunk_size: int) -> Te
                           for chunk in triples.split(chunk_size)] or [torch.zeros(0, dtype=torch.float64)])
 
 
-def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int, seed: int, chunk_size: int,
+def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int | None, seed: int, chunk_size: int,
                ridges: Sequence[float], config: TrainConfig) -> Tensor:
     """One model's TRAK estimates [len(ridges), n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
-    size = sum(p.numel() for n, p in model.named_parameters() if n in names)
-    if size * dim * 4 > MAX_PROJECTION_BYTES:
-        raise KgtraceError(f"TRAK: a projection of {size:,} parameters to {dim} dimensions takes "
-                           f"{size * dim * 4 / 2**30:.1f} GiB, more than {MAX_PROJECTION_BYTES / 2**30:.0f} GiB. "
-                           f"Fix: a smaller projection (--trak-dim {max(1, MAX_PROJECTION_BYTES // (size * 4))})")
-    projection = torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5  # [P, k]
-    features = torch.cat([per_sample_gradients(model, chunk, names, of="score") @ projection
-                          for chunk in train.split(chunk_size)]).double()  # [n, k]
+    projection = _projection(sum(p.numel() for n, p in model.named_parameters() if n in names), len(train), dim, seed)
+    features = torch.cat([_features(model, chunk, names, projection)
+                          for chunk in train.split(chunk_size)])  # [n, k] Phi
     weights = removal_weights(model, train, config, chunk_size)  # [n] q_j
-    test_features = (per_sample_gradients(model, test, names, of="score") @ projection).double()  # [n_test, k]
-    kernel = features.T @ features  # [k, k]
-    scale = float(kernel.diagonal().mean())
+    test_features = _features(model, test, names, projection)  # [n_test, k]
+    n, k = features.shape
+    scale = float(features.square().sum()) / min(n, k)  # trace(Phi^T Phi) / its largest possible rank
+    dual = k > n
+    kernel = features @ features.T if dual else features.T @ features  # [n, n] or [k, k]
+    right = features @ test_features.T if dual else test_features.T  # [n, n_test] or [k, n_test]
     estimates = []
     for ridge in ridges:
-        damped = kernel + (ridge * scale + 1e-12) * torch.eye(dim, dtype=kernel.dtype)
-        solved = torch.linalg.solve(damped, test_features.T)  # [k, n_test]
-        estimates.append((features @ solved).T * weights)  # [n_test, n] each column j scaled by q_j
+        damped = kernel + (ridge * scale + 1e-12) * torch.eye(len(kernel), dtype=kernel.dtype)
+        solved = _solve_positive(damped, right)  # [n, n_test] or [k, n_test]
+        estimates.append((solved if dual else features @ solved).T * weights)  # [n_test, n] column j times q_j
     return torch.stack(estimates)
+
+
+def _projection(size: int, n: int, dim: int | None, seed: int) -> Tensor | None:
+    """R [P, k] (float32) for ``dim`` = k, or None for the exact gradients; refused where R or Phi would not fit."""
+    fits = max(1, min(2048, MAX_PROJECTION_BYTES // (size * 4), MAX_FEATURE_BYTES // (n * 8)))  # a k that fits
+    if dim is None:
+        if n * size * 8 > MAX_FEATURE_BYTES:
+            raise KgtraceError(f"TRAK: the exact score gradients of {n:,} training triples over {size:,} parameters "
+                               f"take {n * size * 8 / 2**30:.1f} GiB, more than {MAX_FEATURE_BYTES / 2**30:.0f} GiB. "
+                               f"Fix: project them (--trak-dim {fits})")
+        return None
+    if size * dim * 4 > MAX_PROJECTION_BYTES or n * dim * 8 > MAX_FEATURE_BYTES:
+        raise KgtraceError(f"TRAK: a projection of {size:,} parameters to {dim} dimensions takes "
+                           f"{size * dim * 4 / 2**30:.1f} GiB and its features of {n:,} training triples "
+                           f"{n * dim * 8 / 2**30:.1f} GiB, more than {MAX_PROJECTION_BYTES / 2**30:.0f} GiB each may. "
+                           f"Fix: a smaller projection (--trak-dim {fits})")
+    return torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5
+
+
+def _features(model: nn.Module, triples: Tensor, names: list[str], projection: Tensor | None) -> Tensor:
+    """[len(triples), k] (float64): the triples' score gradients, projected when ``projection`` is given."""
+    gradients = per_sample_gradients(model, triples, names, of="score")  # [m, P]
+    return (gradients if projection is None else gradients @ projection).double()
+
+
+def _solve_positive(matrix: Tensor, right: Tensor) -> Tensor:
+    """matrix^-1 right for a symmetric positive definite ``matrix``: by Cholesky (half of LU's work), by LU
+    where rounding leaves a tiny ridge's matrix not numerically positive definite."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    return torch.cholesky_solve(right, factor) if int(info) == 0 else torch.linalg.solve(matrix, right)

@@ -39,9 +39,11 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="tracin (streaming, any size; --params, --checkpoints, --index apply) or a method that "
                         "scores every training triple at once on the CPU (small models: trak, influence-fisher, "
                         "influence, grad-cos, ...; see docs/tracin.md and the LDS benchmark)")
-    p.add_argument("--trak-dim", type=int, default=2048, help="--method trak: the projection dimension")
+    p.add_argument("--trak-dim", type=int, default=None, metavar="K",
+                   help="--method trak: project the score gradients to K random dimensions (default: the exact "
+                        "gradients; a projection is needed where training triples x parameters x 8 bytes exceed 2 GiB)")
     p.add_argument("--trak-ridge", type=float, default=0.3,
-                   help="--method trak: the ridge, a fraction of its kernel's mean diagonal")
+                   help="--method trak: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default="last",
                    help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")

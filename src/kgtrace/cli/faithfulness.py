@@ -66,8 +66,10 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     lds.add_argument("--fraction", type=float, default=0.5, help="fraction of the training triples in each subset")
     lds.add_argument("--bootstrap", type=int, default=1000, help="resamples of the predictions for the interval")
     lds.add_argument("--damping", type=float, default=1e-3, help="influence functions: the first damping tried")
-    lds.add_argument("--trak-dim", type=int, default=2048, help="TRAK: the projection dimension")
-    lds.add_argument("--trak-ridge", type=float, default=0.3, help="TRAK: the ridge, a fraction of its kernel's mean diagonal")
+    lds.add_argument("--trak-dim", type=int, default=None, metavar="K",
+                     help="TRAK: project the score gradients to K random dimensions (default: the exact gradients)")
+    lds.add_argument("--trak-ridge", type=float, default=0.3,
+                     help="TRAK: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:

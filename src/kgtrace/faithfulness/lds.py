@@ -76,8 +76,8 @@ class LdsSettings:
     threads: int = 1  # torch threads per training
     device: str = "cpu"
     damping: float = 1e-3  # influence functions: the first damping tried
-    trak_dim: int = 2048  # TRAK: projection dimension
-    trak_ridge: float = DEFAULT_RIDGE  # TRAK: the ridge, a fraction of the kernel's mean diagonal
+    trak_dim: int | None = None  # TRAK: projection dimension; None: the exact gradients
+    trak_ridge: float = DEFAULT_RIDGE  # TRAK: the ridge, a fraction of its kernel's mean nonzero eigenvalue
 
     def validate(self) -> "LdsSettings":
         problems = []
@@ -91,7 +91,7 @@ class LdsSettings:
                             f"choose from {', '.join(ATTRIBUTIONS)}")
         problems += [f"{key}={getattr(self, key)}: must be at least 1" for key in ("jobs", "threads", "bootstrap",
                                                                                     "trak_dim")
-                     if getattr(self, key) < 1]
+                     if getattr(self, key) is not None and getattr(self, key) < 1]
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
         problems += [f"{key}={getattr(self, key)}: must be positive" for key in ("damping", "trak_ridge")
