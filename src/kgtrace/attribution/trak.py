@@ -67,7 +67,8 @@ __all__ = ["DEFAULT_RIDGE", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
-# The features Phi [n, k] (float64) may take at most this many bytes.
+# Phi [n, k] counted at 8 bytes an entry may take at most this many bytes: float32 itself, and its kernel
+# (at most min(n, k)^2 <= n k entries) in float64.
 MAX_FEATURE_BYTES = 2 << 30
 # lambda's default fraction of the mean of the kernel's nonzero eigenvalues (docs/benchmarks.md, the ridge sweep).
 DEFAULT_RIDGE = 0.3
@@ -135,15 +136,16 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int | None, s
     weights = removal_weights(model, train, config, chunk_size)  # [n] q_j
     test_features = _features(model, test, names, projection)  # [n_test, k]
     n, k = features.shape
-    scale = float(features.square().sum()) / min(n, k)  # trace(Phi^T Phi) / its largest possible rank
+    scale = float(features.double().square().sum()) / min(n, k)  # trace(Phi^T Phi) / its largest possible rank
     dual = k > n
-    kernel = features @ features.T if dual else features.T @ features  # [n, n] or [k, k]
-    right = features @ test_features.T if dual else test_features.T  # [n, n_test] or [k, n_test]
+    # The products, n^2 k or n k^2, are most of the time: in float32 (half of float64's), solved in float64.
+    kernel = (features @ features.T if dual else features.T @ features).double()  # [n, n] or [k, k]
+    right = (features @ test_features.T if dual else test_features.T).double()  # [n, n_test] or [k, n_test]
     estimates = []
     for ridge in ridges:
         damped = kernel + (ridge * scale + 1e-12) * torch.eye(len(kernel), dtype=kernel.dtype)
         solved = _solve_positive(damped, right)  # [n, n_test] or [k, n_test]
-        estimates.append((solved if dual else features @ solved).T * weights)  # [n_test, n] column j times q_j
+        estimates.append((solved if dual else features.double() @ solved).T * weights)  # [n_test, n] times q_j
     return torch.stack(estimates)
 
 
@@ -165,9 +167,9 @@ def _projection(size: int, n: int, dim: int | None, seed: int) -> Tensor | None:
 
 
 def _features(model: nn.Module, triples: Tensor, names: list[str], projection: Tensor | None) -> Tensor:
-    """[len(triples), k] (float64): the triples' score gradients, projected when ``projection`` is given."""
+    """[len(triples), k] (float32): the triples' score gradients, projected when ``projection`` is given."""
     gradients = per_sample_gradients(model, triples, names, of="score")  # [m, P]
-    return (gradients if projection is None else gradients @ projection).double()
+    return gradients if projection is None else gradients @ projection
 
 
 def _solve_positive(matrix: Tensor, right: Tensor) -> Tensor:
