@@ -222,7 +222,7 @@ def test_a_command_frees_its_process_group(umls_run, tmp_path):
 
 
 def test_explain_with_two_processes_equals_one(umls_run, tmp_path):
-    args = ["explain", str(umls_run), "--test", "6", "--top-k", "5", "--device", "cpu", "--no-progress"]
+    args = ["explain", str(umls_run), "--test", "6", "--top-k", "5", "--method", "tracin", "--device", "cpu", "--no-progress"]
     torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two.json"))
     with one_thread():
         assert main([*args, "--out", str(tmp_path / "one.json")]) == 0

@@ -37,7 +37,8 @@ def influence(run):
 
 def explain(run_dir, tmp_path, *args, name="e.json"):
     out = tmp_path / name
-    code = main(["explain", str(run_dir), *args, "--top-k", str(K), "--out", str(out), "--device", "cpu"])
+    code = main(["explain", str(run_dir), *args, "--top-k", str(K), "--method", "tracin", "--out", str(out),
+                 "--device", "cpu"])
     assert code == 0
     return json.loads(out.read_text()), out.with_suffix(".tsv").read_text().splitlines()
 
@@ -182,7 +183,7 @@ def test_out_dir_writes_one_file_per_triple(run_dir, run, tmp_path):
     file = tmp_path / "q.tsv"
     file.write_text("".join("\t".join(labels(run, t)) + "\n" for t in run.dataset.test[:3]))
     folder = tmp_path / "each"
-    assert main(["explain", str(run_dir), "--triples", str(file), "--top-k", "2", "--out-dir", str(folder),
+    assert main(["explain", str(run_dir), "--triples", str(file), "--top-k", "2", "--method", "tracin", "--out-dir", str(folder),
                  "--device", "cpu", "--no-progress"]) == 0
     names = sorted(p.name for p in folder.iterdir())
     assert names == [f"triple-{i:04d}.{ext}" for i in range(3) for ext in ("json", "tsv")]

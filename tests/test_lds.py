@@ -13,12 +13,12 @@ from torch.func import functional_call
 
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution import trak as trak_module
-from kgtrace.attribution.trak import DEFAULT_RIDGE, removal_weights, trak, trak_ridges
+from kgtrace.attribution.trak import DEFAULT_RIDGE, TrakCost, removal_weights, trak, trak_ridges
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import build_parser, main
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs
+from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs, choose_method
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
 from kgtrace.run import load_run, model_from_checkpoint
@@ -434,6 +434,55 @@ def test_explain_with_trak_ranks_its_matrix_and_says_so(tiny_distmult, tmp_path,
         assert item["proponents"][0]["influence"] == pytest.approx(float(matrix[i].max()), rel=1e-6)
         assert item["proponents"][0]["checkpoint_shares"] is None  # not per checkpoint
     assert "TRAK attribution of a training triple on a prediction (<code>trak</code>)" in explain_section(out, {})
+
+
+def test_trak_cost_counts_every_parameter_triple_and_checkpoint(tiny_distmult):
+    run = load_run(tiny_distmult)
+    cost = TrakCost.of(run)
+    # Nations: 14 entities and 55 relations of width 4 -> 276 parameters; checkpoints at epochs 3 and 6
+    assert (cost.triples, cost.parameters, cost.checkpoints) == (len(run.dataset.train), (14 + 55) * 4, 2)
+    assert cost.feature_bytes == len(run.dataset.train) * 276 * 8
+    assert cost.flops == 2 * len(run.dataset.train) * 276 * min(len(run.dataset.train), 276) * 2
+
+
+def test_auto_picks_trak_where_it_fits_and_tracin_where_it_does_not(tiny_distmult, monkeypatch):
+    from kgtrace.attribution import methods
+
+    run = load_run(tiny_distmult)
+    chosen = choose_method(run)
+    assert chosen.method == "trak" and "best LDS" in chosen.reason and "276 parameters" in chosen.reason
+    monkeypatch.setattr(methods, "AUTO_TRAK_FLOPS", TrakCost.of(run).flops - 1)
+    chosen = choose_method(run)
+    assert chosen.method == "tracin" and "operations" in chosen.reason
+    monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", TrakCost.of(run).feature_bytes - 1)
+    assert choose_method(run).method == "tracin" and "GiB" in choose_method(run).reason
+    sampled = dataclasses_replace(run, config=dataclasses_replace(run.config, training="negative-sampling"))
+    monkeypatch.undo()
+    assert choose_method(sampled).method == "tracin" and "negative sampling" in choose_method(sampled).reason
+
+
+def test_explain_by_default_says_which_method_it_chose_and_gives_its_ranking(tiny_distmult, tmp_path, capsys):
+    auto, named = tmp_path / "auto.json", tmp_path / "trak.json"
+    common = ["--test", "2", "--top-k", "3", "--device", "cpu", "--no-progress"]
+    assert main(["explain", str(tiny_distmult), *common, "--out", str(auto)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("--method auto: trak, the best LDS on the benchmark graphs; its exact gradients of ")
+    assert main(["explain", str(tiny_distmult), *common, "--method", "trak", "--out", str(named)]) == 0
+    first, second = (json.loads(f.read_text())["explanations"] for f in (auto, named))
+    assert [i["method"] for i in first] == ["trak", "trak"] and first[0]["method_reason"].startswith("the best LDS")
+    assert second[0]["method_reason"] == "--method trak"
+    for a, b in zip(first, second):
+        assert [e["train_index"] for e in a["proponents"]] == [e["train_index"] for e in b["proponents"]]
+
+
+def test_explain_auto_takes_tracin_when_a_tracin_option_is_given(tiny_distmult, tmp_path, capsys):
+    out = tmp_path / "tracin.json"
+    assert main(["explain", str(tiny_distmult), "--test", "1", "--params", "all", "--device", "cpu", "--no-progress",
+                 "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("--method auto: tracin, --params given, which only TracIn reads")
+    assert json.loads(out.read_text())["explanations"][0]["method"] == "tracin"
+    assert main(["explain", str(tiny_distmult), "--test", "1", "--params", "all", "--trak-dim", "8"]) == 2
+    assert "--trak-dim is TRAK's and --params TracIn's" in capsys.readouterr().err
 
 
 def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):

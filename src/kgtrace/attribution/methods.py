@@ -35,11 +35,12 @@ from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
-from kgtrace.attribution.trak import DEFAULT_RIDGE, trak
+from kgtrace.attribution.trak import DEFAULT_RIDGE, TrakCost, trak
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES", "METHOD_REVISIONS",
-           "attribution_signature", "checkpoints_used", "matrix_top_k", "shares_an_entity"]
+__all__ = ["ATTRIBUTIONS", "AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES",
+           "METHOD_REVISIONS", "MethodChoice", "attribution_signature", "checkpoints_used", "choose_method",
+           "matrix_top_k", "shares_an_entity"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,39 @@ def checkpoints_used(method: str, run: Run) -> list[int]:
     if method in ("tracin-last", "tracin-all", "trak"):
         return [c.epoch for c in run.checkpoints]
     return [run.checkpoints[-1].epoch]
+
+
+#: ``choose_method`` picks TRAK up to this many floating-point operations in its kernels (TrakCost.flops): about
+#: three minutes on one CPU core (UMLS ComplEx dim 32, eight checkpoints: 5.0e12 in 97 s).
+AUTO_TRAK_FLOPS = 10**13
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """The method ``choose_method`` picked for a run, and why, in words a console line can carry."""
+
+    method: str  # "trak" or "tracin"
+    reason: str
+
+
+def choose_method(run: Run) -> MethodChoice:
+    """``kgtrace explain --method auto``: TRAK, the best method by LDS on every benchmark graph
+    (docs/benchmarks.md), where its exact gradients fit and its kernels stay within ``AUTO_TRAK_FLOPS``;
+    else TracIn, which streams over any number of training triples and parameters."""
+    cost = TrakCost.of(run)
+    size = f"{cost.triples:,} training triples x {cost.parameters:,} parameters"
+    if run.config.training == "negative-sampling":
+        return MethodChoice("tracin", "TRAK weighs triples by a 1-N objective's probabilities, and this run trained "
+                                      "with negative sampling")
+    if not cost.fits:
+        return MethodChoice("tracin", f"TRAK's exact gradients of {size} would take "
+                                      f"{cost.feature_bytes / 2**30:.1f} GiB")
+    if cost.flops > AUTO_TRAK_FLOPS:
+        return MethodChoice("tracin", f"TRAK over {size} and {cost.checkpoints} checkpoints would take "
+                                      f"{cost.flops:.1e} operations, more than {AUTO_TRAK_FLOPS:.0e}")
+    return MethodChoice("trak", f"the best LDS on the benchmark graphs; its exact gradients of {size} fit "
+                                f"({cost.feature_bytes / 2**30:.2f} GiB, {cost.flops:.1e} operations over "
+                                f"{cost.checkpoints} checkpoints)")
 
 
 def matrix_top_k(matrix: Tensor, test: Tensor, k: int) -> list[TopK]:

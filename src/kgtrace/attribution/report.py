@@ -71,14 +71,15 @@ def _shares(parts: Tensor) -> list[list[float]]:
 
 
 def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int],
-                    memory_budget: int = 2 << 30, method: str = "tracin") -> list[dict]:
+                    memory_budget: int = 2 << 30, method: str = "tracin", method_reason: str = "") -> list[dict]:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
     found: each test triple's :class:`TopK` (``TracIn.top_k`` or ``ProjectedIndex.top_k``),
     whose parts follow the checkpoints ``epochs``; ``checkpoint_shares`` gives each
     checkpoint's fraction of an influence (signed, summing to 1; None where the parts are not
     per checkpoint, as for the methods of :mod:`.methods`). memory_budget: bytes for the
-    ranking's scores at once. method: the attribution method, recorded in each item.
+    ranking's scores at once. method: the attribution method, recorded in each item with
+    ``method_reason``, why it was used (explain's ``--method auto`` says why it chose it).
 
     Each item's ``split`` says where the triple itself is ("train": its strongest proponent is
     then itself, as TracIn's self-influence is large; "valid", "test", or None for a new
@@ -103,7 +104,8 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: list[int]
                 "probability": float(torch.sigmoid(scores[i])),
                 "rank": {"tail": float(realistic["tail"][i]), "head": float(realistic["head"][i])},
                 "checkpoints": epochs,
-                "method": method}
+                "method": method,
+                "method_reason": method_reason}
         for kind, index, values, parts in (("proponents", top.proponents, top.proponent_influence, top.proponent_parts),
                                            ("opponents", top.opponents, top.opponent_influence, top.opponent_parts)):
             shares = _shares(parts.T.double()) if parts.shape[1] == len(epochs) else [None] * len(index)

@@ -51,6 +51,7 @@ a chunk at a time (and projected at once), so memory holds Phi [n, k] besides on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -63,7 +64,7 @@ from kgtrace.errors import KgtraceError
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.training.loss import ce_target_weights
 
-__all__ = ["DEFAULT_RIDGE", "removal_weights", "trak", "trak_ridges"]
+__all__ = ["DEFAULT_RIDGE", "TrakCost", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
@@ -72,6 +73,36 @@ MAX_PROJECTION_BYTES = 2 << 30
 MAX_FEATURE_BYTES = 2 << 30
 # lambda's default fraction of the mean of the kernel's nonzero eigenvalues (docs/benchmarks.md, the ridge sweep).
 DEFAULT_RIDGE = 0.3
+
+
+@dataclass(frozen=True)
+class TrakCost:
+    """What exact TRAK (no projection) over a run takes: Phi [n, P] per checkpoint, and its kernel's product."""
+
+    triples: int  # n, the training triples
+    parameters: int  # P, every parameter of the model
+    checkpoints: int  # the ensemble: every epoch checkpoint
+
+    @classmethod
+    def of(cls, run: Run) -> TrakCost:
+        names = set(select_parameters(run.model, "all"))
+        size = sum(p.numel() for name, p in run.model.named_parameters() if name in names)
+        return cls(len(run.dataset.train), size, len(run.checkpoints))
+
+    @property
+    def feature_bytes(self) -> int:
+        """Phi counted at 8 bytes an entry, as ``MAX_FEATURE_BYTES`` bounds it."""
+        return self.triples * self.parameters * 8
+
+    @property
+    def fits(self) -> bool:
+        return self.feature_bytes <= MAX_FEATURE_BYTES
+
+    @property
+    def flops(self) -> int:
+        """The kernel products over all checkpoints: 2 n P min(n, P) each (Phi Phi^T or Phi^T Phi)."""
+        n, size = self.triples, self.parameters
+        return 2 * n * size * min(n, size) * self.checkpoints
 
 
 def trak(run: Run, test: Tensor, dim: int | None = None, seed: int = 0, chunk_size: int = 512,

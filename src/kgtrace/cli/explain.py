@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,8 @@ from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from kgtrace.attribution.methods import MethodChoice
 
 
 #: explain's methods: TracIn's streaming top-k, or a method of kgtrace.attribution.methods (every triple at once).
@@ -35,24 +38,29 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-n", type=int, default=10, help="with --predict: how many new tails to explain")
     p.add_argument("--top-k", type=int, default=10,
                    help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
-    p.add_argument("--method", default="tracin", choices=EXPLAIN_METHODS,
-                   help="tracin (streaming, any size; --params, --checkpoints, --index apply) or a method that "
-                        "scores every training triple at once on the CPU (small models: trak, influence-fisher, "
-                        "influence, grad-cos, ...; see docs/tracin.md and the LDS benchmark)")
+    p.add_argument("--method", default="auto", choices=("auto", *EXPLAIN_METHODS),
+                   help="auto (default): trak, the best method by LDS, where its exact gradients fit and cost at most "
+                        "about 3 CPU minutes, else tracin; the output says which and why. tracin: streaming, any size "
+                        "(--params, --checkpoints, --precision, --compile, --chunk-size, --index and --self apply, and "
+                        "make auto choose it). Or a method that scores every training triple at once on the CPU "
+                        "(small models: trak, influence-fisher, influence, grad-cos, ...; see docs/tracin.md)")
     p.add_argument("--trak-dim", type=int, default=None, metavar="K",
                    help="--method trak: project the score gradients to K random dimensions (default: the exact "
                         "gradients; a projection is needed where training triples x parameters x 8 bytes exceed 2 GiB)")
     p.add_argument("--trak-ridge", type=float, default=0.3,
                    help="--method trak: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
-    p.add_argument("--params", default="last",
-                   help="parameters whose gradients are compared: last (the model's last layer), all, or NAME,NAME")
-    p.add_argument("--checkpoints", default="all",
-                   help="epoch checkpoints summed over, each weighed by its learning rate: all or EPOCH,EPOCH")
+    p.add_argument("--params", default=None,
+                   help="TracIn's parameters whose gradients are compared: last (the model's last layer; default), "
+                        "all, or NAME,NAME")
+    p.add_argument("--checkpoints", default=None,
+                   help="TracIn's epoch checkpoints summed over, each weighed by its learning rate: all (default) or "
+                        "EPOCH,EPOCH")
     p.add_argument("--checkpoint", default="best",
                    help="checkpoint of the model that scores and ranks the triples: best, last or a file")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="gradients and their products in this type (bf16/fp16: faster, about 1e-2 relative error)")
+    p.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="TracIn's gradients and their products in this type (default fp32; bf16/fp16: faster, about "
+                        "1e-2 relative error)")
     p.add_argument("--index", metavar="FOLDER",
                    help="answer from a projected index built by kgtrace index (approximate; fast for many queries)")
     p.add_argument("--chunk-size", type=int, metavar="N",
@@ -100,15 +108,39 @@ def cmd_explain(args: argparse.Namespace) -> int:
     outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
     check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
     # The methods other than TracIn compute on the CPU: their run is loaded there.
-    device = resolve_device(args.device if args.method == "tracin" else "cpu")
-    options["compile"] = compile_default(device, args.compile)
+    device = resolve_device(args.device if args.method in ("tracin", "auto") else "cpu")
     run = load_run(args.run_dir, args.checkpoint, device=device)
+    choice = explain_method(args, run)
+    if choice.method != "tracin" and device.type != "cpu":
+        device = resolve_device("cpu")
+        run = dataclasses.replace(run, model=run.model.to(device))
+    options["compile"] = compile_default(device, args.compile)
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
                                   else compile_stats_path(out, out), options["compile"] and args.world.is_main)
     with output_lock(args.out_dir or out, args.world):  # also keeps a second process off the saved state
         if args.self_influence:
             return explain_self_influence(args, run, TracIn(run, device=device, **options), compiled, out)
-        return explain_test_triples(args, run, device, options, compiled, out)
+        return explain_test_triples(args, run, choice, device, options, compiled, out)
+
+
+def explain_method(args: argparse.Namespace, run) -> MethodChoice:
+    """--method as given; auto: TracIn where an option only TracIn reads is given, else ``choose_method``."""
+    from kgtrace.attribution.methods import MethodChoice, choose_method
+
+    if args.method != "auto":
+        return MethodChoice(args.method, f"--method {args.method}")
+    tracin_only = {"--self": args.self_influence, "--index": args.index, "--params": args.params,
+                   "--checkpoints": args.checkpoints, "--precision": args.precision, "--compile": args.compile,
+                   "--chunk-size": args.chunk_size, "torchrun": args.world.distributed}
+    given = [name for name, value in tracin_only.items() if value not in (None, False)]
+    if given and args.trak_dim is not None:
+        raise ConfigError([f"--trak-dim is TRAK's and {', '.join(given)} TracIn's; fix: drop one, or name the "
+                           "method with --method trak or --method tracin"])
+    if given:
+        return MethodChoice("tracin", f"{', '.join(given)} given, which only TracIn reads")
+    if args.trak_dim is not None:
+        return MethodChoice("trak", f"--trak-dim {args.trak_dim} given")
+    return choose_method(run)
 
 
 def check_explain_options(args: argparse.Namespace) -> None:
@@ -119,7 +151,7 @@ def check_explain_options(args: argparse.Namespace) -> None:
         problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
     if args.out_dir and (args.self_influence or args.out):
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
-    if args.method != "tracin":
+    if args.method not in ("tracin", "auto"):
         problems += [f"--{name} with --method {args.method}: {why}" for name, given, why in (
             ("index", args.index, "the index holds TracIn's projected gradients; fix: drop --index or use --method tracin"),
             ("self", args.self_influence, "self-influence is TracIn's; fix: use --method tracin"),
@@ -137,9 +169,10 @@ def check_explain_options(args: argparse.Namespace) -> None:
 
 def tracin_options(args: argparse.Namespace) -> dict:
     """TracIn's keyword arguments from explain's --params, --checkpoints, --precision and --compile."""
-    params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
-    checkpoints = "all" if args.checkpoints == "all" else list(parse_list(args.checkpoints, "--checkpoints", int))
-    return {"params": params, "checkpoints": checkpoints, "precision": args.precision, "compile": args.compile,
+    params = args.params or "last"
+    params = params if params in ("last", "all") else list(parse_list(params, "--params"))
+    checkpoints = "all" if args.checkpoints in (None, "all") else list(parse_list(args.checkpoints, "--checkpoints", int))
+    return {"params": params, "checkpoints": checkpoints, "precision": args.precision or "fp32", "compile": args.compile,
             "chunk_size": args.chunk_size, "world": args.world, "memory_budget": memory_budget(args.memory_budget)[0]}
 
 
@@ -161,17 +194,20 @@ def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out:
     return 0
 
 
-def explain_test_triples(args: argparse.Namespace, run, device, options: dict, compiled, out: Path) -> int:
+def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, device, options: dict, compiled,
+                         out: Path) -> int:
     from kgtrace.attribution import TracIn, report
 
     test = explain_targets(args, run)
-    if args.method != "tracin":
+    if args.method == "auto" and args.world.is_main:
+        print(f"--method auto: {choice.method}, {choice.reason} (--method tracin or trak to choose)")
+    if choice.method != "tracin":
         from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
 
         inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
                                    trak_ridge=args.trak_ridge)
-        matrix = ATTRIBUTIONS[args.method](run, test, inputs)
-        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), checkpoints_used(args.method, run)
+        matrix = ATTRIBUTIONS[choice.method](run, test, inputs)
+        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), checkpoints_used(choice.method, run)
     elif args.index:
         from kgtrace.attribution.index import ProjectedIndex
 
@@ -185,7 +221,8 @@ def explain_test_triples(args: argparse.Namespace, run, device, options: dict, c
         epochs = [c.epoch for c in tracin.checkpoints]
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
-    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"], method=args.method)
+    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"],
+                                   method=choice.method, method_reason=choice.reason)
     print_explanations(items)
     if args.out_dir:
         for i, item in enumerate(items):
