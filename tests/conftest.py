@@ -38,8 +38,8 @@ def full_run(tmp_path_factory):
     triples = tmp_path_factory.mktemp("in") / "two.tsv"
     triples.write_text("".join(f"{ds.entity_label(h)}\t{ds.relation_label(r)}\t{ds.entity_label(t)}\n"
                                for h, r, t in ds.test[:2].tolist()))
-    assert main(["explain", str(out), "--triples", str(triples), "--top-k", "3", "--method", "tracin", "--device", "cpu", "--no-progress",
-                 "--out", str(out / "explain" / "test.json")]) == 0
+    assert main(["explain", str(out), "--triples", str(triples), "--top-k", "3", "--method", "tracin", "--device", "cpu",
+                 "--no-progress", "--out", str(out / "explain" / "test.json")]) == 0
     return out
 
 

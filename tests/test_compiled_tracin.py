@@ -112,8 +112,8 @@ def test_explain_writes_counters_beside_its_output(conve, tmp_path):
         # 2 checkpoints x (test + 2 chunks); the relation band once per checkpoint, for every relation id
         assert entry["calls"] == (2 if entry["entry_point"].endswith("relation") else 6)
     eager = tmp_path / "eager.json"
-    assert main(["explain", str(conve.path), "--test", "2", "--top-k", "3", "--method", "tracin", "--device", "cpu", "--no-progress",
-                 "--out", str(eager)]) == 0
+    assert main(["explain", str(conve.path), "--test", "2", "--top-k", "3", "--method", "tracin", "--device", "cpu",
+                 "--no-progress", "--out", str(eager)]) == 0
     got, expected = json.loads(out.read_text()), json.loads(eager.read_text())
     assert [[e["train_index"] for e in item["proponents"]] for item in got["explanations"]] == \
         [[e["train_index"] for e in item["proponents"]] for item in expected["explanations"]]
