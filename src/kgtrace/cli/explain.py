@@ -200,7 +200,7 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
 
     test = explain_targets(args, run)
     if args.method == "auto" and args.world.is_main:
-        print(f"--method auto: {choice.method}, {choice.reason} (--method tracin or trak to choose)")
+        print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")
     if choice.method != "tracin":
         from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
 
