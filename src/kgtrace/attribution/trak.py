@@ -184,10 +184,11 @@ def _projection(size: int, n: int, dim: int | None, seed: int) -> Tensor | None:
     """R [P, k] (float32) for ``dim`` = k, or None for the exact gradients; refused where R or Phi would not fit."""
     fits = max(1, min(2048, MAX_PROJECTION_BYTES // (size * 4), MAX_FEATURE_BYTES // (n * 8)))  # a k that fits
     if dim is None:
-        if n * size * 8 > MAX_FEATURE_BYTES:
+        exact = TrakCost(n, size, checkpoints=1)
+        if not exact.fits:
             raise KgtraceError(f"TRAK: the exact score gradients of {n:,} training triples over {size:,} parameters "
-                               f"take {n * size * 8 / 2**30:.1f} GiB, more than {MAX_FEATURE_BYTES / 2**30:.0f} GiB. "
-                               f"Fix: project them (--trak-dim {fits})")
+                               f"take {exact.feature_bytes / 2**30:.1f} GiB, more than "
+                               f"{MAX_FEATURE_BYTES / 2**30:.0f} GiB. Fix: project them (--trak-dim {fits})")
         return None
     if size * dim * 4 > MAX_PROJECTION_BYTES or n * dim * 8 > MAX_FEATURE_BYTES:
         raise KgtraceError(f"TRAK: a projection of {size:,} parameters to {dim} dimensions takes "
