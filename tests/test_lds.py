@@ -483,6 +483,8 @@ def test_explain_auto_takes_tracin_when_a_tracin_option_is_given(tiny_distmult, 
     assert json.loads(out.read_text())["explanations"][0]["method"] == "tracin"
     assert main(["explain", str(tiny_distmult), "--test", "1", "--params", "all", "--trak-dim", "8"]) == 2
     assert "--trak-dim is TRAK's and --params TracIn's" in capsys.readouterr().err
+    assert main(["explain", str(tiny_distmult), "--test", "1", "--method", "tracin", "--trak-dim", "8"]) == 2
+    assert "--trak-dim with --method tracin: TRAK's projection" in capsys.readouterr().err
 
 
 def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):

@@ -129,18 +129,20 @@ def explain_method(args: argparse.Namespace, run) -> MethodChoice:
 
     if args.method != "auto":
         return MethodChoice(args.method, f"--method {args.method}")
-    tracin_only = {"--self": args.self_influence, "--index": args.index, "--params": args.params,
-                   "--checkpoints": args.checkpoints, "--precision": args.precision, "--compile": args.compile,
-                   "--chunk-size": args.chunk_size, "torchrun": args.world.distributed}
-    given = [name for name, value in tracin_only.items() if value not in (None, False)]
-    if given and args.trak_dim is not None:
-        raise ConfigError([f"--trak-dim is TRAK's and {', '.join(given)} TracIn's; fix: drop one, or name the "
-                           "method with --method trak or --method tracin"])
+    given = tracin_only_options(args)
     if given:
         return MethodChoice("tracin", f"{', '.join(given)} given, which only TracIn reads")
     if args.trak_dim is not None:
         return MethodChoice("trak", f"--trak-dim {args.trak_dim} given")
     return choose_method(run)
+
+
+def tracin_only_options(args: argparse.Namespace) -> list[str]:
+    """The options given that only TracIn reads (torchrun counts as one)."""
+    tracin_only = {"--self": args.self_influence, "--index": args.index, "--params": args.params,
+                   "--checkpoints": args.checkpoints, "--precision": args.precision, "--compile": args.compile,
+                   "--chunk-size": args.chunk_size, "torchrun": args.world.distributed}
+    return [name for name, value in tracin_only.items() if value not in (None, False)]
 
 
 def check_explain_options(args: argparse.Namespace) -> None:
@@ -158,6 +160,11 @@ def check_explain_options(args: argparse.Namespace) -> None:
         ) if given]
         if args.world.distributed:
             problems.append(f"--method {args.method}: runs in one process; fix: run it without torchrun")
+    if args.trak_dim is not None and args.method not in ("trak", "auto"):
+        problems.append(f"--trak-dim with --method {args.method}: TRAK's projection; fix: drop it or use --method trak")
+    if args.trak_dim is not None and args.method == "auto" and tracin_only_options(args):
+        problems.append(f"--trak-dim is TRAK's and {', '.join(tracin_only_options(args))} TracIn's; fix: drop one, or "
+                        "name the method with --method trak or --method tracin")
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
     problems += memory_budget(args.memory_budget)[1]
