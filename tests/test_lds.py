@@ -462,6 +462,8 @@ def test_auto_picks_trak_where_it_fits_and_tracin_where_it_does_not(tiny_distmul
 
 
 def test_explain_by_default_says_which_method_it_chose_and_gives_its_ranking(tiny_distmult, tmp_path, capsys):
+    from kgtrace.report.sections import explain_section
+
     auto, named = tmp_path / "auto.json", tmp_path / "trak.json"
     common = ["--test", "2", "--top-k", "3", "--device", "cpu", "--no-progress"]
     assert main(["explain", str(tiny_distmult), *common, "--out", str(auto)]) == 0
@@ -473,6 +475,7 @@ def test_explain_by_default_says_which_method_it_chose_and_gives_its_ranking(tin
     assert second[0]["method_reason"] == "--method trak"
     for a, b in zip(first, second):
         assert [e["train_index"] for e in a["proponents"]] == [e["train_index"] for e in b["proponents"]]
+    assert "Method chosen: the best LDS on the benchmark graphs" in explain_section(auto, {})
 
 
 def test_explain_auto_takes_tracin_when_a_tracin_option_is_given(tiny_distmult, tmp_path, capsys):

@@ -289,6 +289,8 @@ def explain_section(path: Path, proofs: dict | None = None) -> str:
     if not items:
         return "<p>The file lists no explained triple.</p>"
     note = influence_note(items[0].get("method", "tracin"))
+    if items[0].get("method_reason"):  # explain --method auto says why it chose the method
+        note += f" Method chosen: {esc(items[0]['method_reason'])}."
     return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {note}</p>'
             + "".join(explanation(item, proofs) for item in items))
 
