@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution import trak as trak_module
-from kgtrace.attribution.trak import DEFAULT_RIDGE, TrakCost, removal_weights, trak, trak_ridges
+from kgtrace.attribution.trak import TrakCost, default_ridge, removal_weights, trak, trak_ridges
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import build_parser, main
 from kgtrace.config import TrainConfig
@@ -21,6 +21,8 @@ from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs, choose_method
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
+from kgtrace.models import build_model
+from kgtrace.registry import model_names, spec_named
 from kgtrace.run import load_run, model_from_checkpoint
 from kgtrace.training.batches import Batches
 from kgtrace.training.loop import train
@@ -514,12 +516,26 @@ def test_influence_takes_the_final_weights_whichever_checkpoint_the_run_holds(ti
     assert torch.equal(InfluenceFunction(first).influence(test), expected)
 
 
-def test_the_commands_trak_ridge_defaults_are_the_librarys():
-    """The CLI writes its defaults as literals (torch is not imported to print --help): they must be TRAK's."""
+def test_the_trak_ridge_defaults_to_the_models_everywhere(tiny_distmult):
     parser = build_parser()
     explain = parser.parse_args(["explain", "RUN", "--test", "1"])
     lds = parser.parse_args(["faithfulness", "RUN", "--lds"])
-    assert explain.trak_ridge == lds.trak_ridge == AttributionInputs().trak_ridge == LdsSettings().trak_ridge == DEFAULT_RIDGE
+    assert explain.trak_ridge is lds.trak_ridge is AttributionInputs().trak_ridge is LdsSettings().trak_ridge is None
+    # --help names the models' ridges as literals (torch is not imported to print it): they must be the specs'
+    assert {name: spec_named(name).trak_ridge for name in model_names()} == {"conve": 1.0, "distmult": 0.3,
+                                                                              "complex": 0.3}
+    for command in ("explain", "faithfulness"):
+        assert "the model's, 0.3; ConvE 1" in " ".join(command_help(parser, command).split())
+    run = load_run(tiny_distmult)
+    test = run.dataset.test[:2]
+    assert default_ridge(run.model) == 0.3 and default_ridge(build_model("conve", 5, 2)) == 1.0
+    assert torch.equal(trak(run, test, dim=16), trak(run, test, dim=16, ridge=0.3))
+    assert not torch.equal(trak(run, test, dim=16), trak(run, test, dim=16, ridge=1.0))
+
+
+def command_help(parser, command: str) -> str:
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return subparsers.choices[command].format_help()
 
 
 def test_each_method_depends_only_on_the_inputs_it_declares(tiny_distmult):

@@ -21,7 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["MODEL_CLASSES", "ModelSpec", "model_names", "register", "spec_named", "spec_of"]
+__all__ = ["DEFAULT_TRAK_RIDGE", "MODEL_CLASSES", "ModelSpec", "model_names", "register", "spec_named", "spec_of"]
+
+#: TRAK's ridge, as a fraction of the mean of its kernel's nonzero eigenvalues, for a model that sets none.
+DEFAULT_TRAK_RIDGE = 0.3
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class ModelSpec:
     inverse_relations: bool = False
     #: PyKEEN's class name of the same scoring function (its weights map one to one); None: none.
     pykeen: str | None = None
+    #: TRAK's default ridge, a fraction of the mean of its kernel's nonzero eigenvalues: the ridge with the
+    #: best linear datamodeling score for this model on the bundled graphs (docs/benchmarks.md's sweep).
+    trak_ridge: float = DEFAULT_TRAK_RIDGE
 
     def __post_init__(self):  # immutable (and plain tuples, which torch.compile reads as constants)
         object.__setattr__(self, "row_tables", tuple(dict(self.row_tables).items()))

@@ -35,7 +35,7 @@ from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
-from kgtrace.attribution.trak import DEFAULT_RIDGE, TrakCost, trak
+from kgtrace.attribution.trak import TrakCost, trak
 from kgtrace.run import Run
 
 __all__ = ["ATTRIBUTIONS", "AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES",
@@ -51,7 +51,7 @@ class AttributionInputs:
     progress: bool = False
     damping: float = 1e-3  # influence: the first damping tried
     trak_dim: int | None = None  # trak: the projection dimension; None: the exact gradients
-    trak_ridge: float = DEFAULT_RIDGE  # trak: the ridge, a fraction of its kernel's mean nonzero eigenvalue
+    trak_ridge: float | None = None  # trak: the ridge, a fraction of its kernel's mean nonzero eigenvalue; None: the model's
 
 
 Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]

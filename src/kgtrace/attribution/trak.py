@@ -61,18 +61,17 @@ from kgtrace.attribution.params import select_parameters
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.config import TrainConfig
 from kgtrace.errors import KgtraceError
+from kgtrace.registry import DEFAULT_TRAK_RIDGE, spec_of
 from kgtrace.run import Run, model_from_checkpoint
 from kgtrace.training.loss import ce_target_weights
 
-__all__ = ["DEFAULT_RIDGE", "TrakCost", "removal_weights", "trak", "trak_ridges"]
+__all__ = ["TrakCost", "default_ridge", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
 # Phi [n, k] counted at 8 bytes an entry may take at most this many bytes: float32 itself, and its kernel
 # (at most min(n, k)^2 <= n k entries) in float64.
 MAX_FEATURE_BYTES = 2 << 30
-# lambda's default fraction of the mean of the kernel's nonzero eigenvalues (docs/benchmarks.md, the ridge sweep).
-DEFAULT_RIDGE = 0.3
 
 
 @dataclass(frozen=True)
@@ -105,14 +104,22 @@ class TrakCost:
         return 2 * n * size * min(n, size) * self.checkpoints
 
 
+def default_ridge(model: nn.Module) -> float:
+    """TRAK's ridge for ``model`` when none is given: its model spec's ``trak_ridge``."""
+    spec = spec_of(model)
+    return DEFAULT_TRAK_RIDGE if spec is None else spec.trak_ridge
+
+
 def trak(run: Run, test: Tensor, dim: int | None = None, seed: int = 0, chunk_size: int = 512,
-         checkpoints: Sequence[int] | None = None, ridge: float = DEFAULT_RIDGE) -> Tensor:
+         checkpoints: Sequence[int] | None = None, ridge: float | None = None) -> Tensor:
     """TRAK attributions [n_test, n_train] (float64) of the run's training triples (module doc).
 
     dim: the random projection's dimension k; None: the exact gradients (k = P).
     checkpoints: positions in ``run.checkpoints`` forming the ensemble; None: all of them.
-    ridge: lambda as a fraction of the mean of the kernel's nonzero eigenvalues (module doc).
+    ridge: lambda as a fraction of the mean of the kernel's nonzero eigenvalues (module doc);
+    None: the model's (:func:`default_ridge`).
     """
+    ridge = default_ridge(run.model) if ridge is None else ridge
     return trak_ridges(run, test, [ridge], dim, seed, chunk_size, checkpoints)[0]
 
 

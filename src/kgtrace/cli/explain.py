@@ -47,8 +47,9 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trak-dim", type=int, default=None, metavar="K",
                    help="--method trak: project the score gradients to K random dimensions (default: the exact "
                         "gradients; a projection is needed where training triples x parameters x 8 bytes exceed 2 GiB)")
-    p.add_argument("--trak-ridge", type=float, default=0.3,
-                   help="--method trak: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues")
+    p.add_argument("--trak-ridge", type=float, default=None,
+                   help="--method trak: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues "
+                        "(default: the model's, 0.3; ConvE 1)")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default=None,
                    help="TracIn's parameters whose gradients are compared: last (the model's last layer; default), "

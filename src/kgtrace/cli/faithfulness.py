@@ -68,8 +68,9 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     lds.add_argument("--damping", type=float, default=1e-3, help="influence functions: the first damping tried")
     lds.add_argument("--trak-dim", type=int, default=None, metavar="K",
                      help="TRAK: project the score gradients to K random dimensions (default: the exact gradients)")
-    lds.add_argument("--trak-ridge", type=float, default=0.3,
-                     help="TRAK: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues")
+    lds.add_argument("--trak-ridge", type=float, default=None,
+                     help="TRAK: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues (default: "
+                          "the model's, 0.3; ConvE 1)")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:

@@ -46,7 +46,6 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, attribution_signature
-from kgtrace.attribution.trak import DEFAULT_RIDGE
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
@@ -77,7 +76,7 @@ class LdsSettings:
     device: str = "cpu"
     damping: float = 1e-3  # influence functions: the first damping tried
     trak_dim: int | None = None  # TRAK: projection dimension; None: the exact gradients
-    trak_ridge: float = DEFAULT_RIDGE  # TRAK: the ridge, a fraction of its kernel's mean nonzero eigenvalue
+    trak_ridge: float | None = None  # TRAK: the ridge, a fraction of its kernel's mean nonzero eigenvalue; None: the model's
 
     def validate(self) -> "LdsSettings":
         problems = []
@@ -95,7 +94,7 @@ class LdsSettings:
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
         problems += [f"{key}={getattr(self, key)}: must be positive" for key in ("damping", "trak_ridge")
-                     if not getattr(self, key) > 0]
+                     if getattr(self, key) is not None and not getattr(self, key) > 0]
         if problems:
             raise ConfigError(problems)
         return self
