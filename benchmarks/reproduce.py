@@ -13,7 +13,9 @@ Runs are resumable: with ``--hours`` training pauses at the first epoch boundary
 budget (checkpointed), the result file records the best checkpoint so far with
 ``"status": "paused"``, and running the same command again continues the same run, with the same
 result as one uninterrupted run. A kill loses at most the epochs since the last checkpoint.
-``--snapshot`` writes the result of a run as it stands (``"in progress"``) without training it.
+``--snapshot`` writes the result of a run as it stands without training it: ``"in progress"`` while
+another process trains it, else ``"paused"`` or ``"finished"`` as its latest checkpoint says (for a
+run whose own invocation stopped before writing its result).
 
 Remote datasets come through kgtrace's dataset registry; offline, point it at a mirror:
 ``KGTRACE_DATASETS_MIRROR=../shared/datasets/benchmarks``.
@@ -129,8 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", type=Path, default=HERE / "results", help="where NAME.json goes")
     p.add_argument("--name", default=None, help="run and result name (default: the recipe's; e.g. for a bf16 twin)")
     p.add_argument("--snapshot", action="store_true",
-                   help="train nothing: write the result of the run as it stands (status 'in progress'), e.g. while "
-                        "another process trains it")
+                   help="train nothing: write the result of the run as it stands (status 'in progress' while another "
+                        "process trains it, else 'paused' or 'finished')")
     return p.parse_args(argv)
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or recipe.name
     run_dir = args.runs / name
     if args.snapshot:
-        summary = summarize(recipe, args, run_dir, status="in progress")
+        summary = summarize(recipe, args, run_dir, status=snapshot_status(run_dir))
     else:
         started = time.monotonic()
         deadline = started + args.hours * 3600 if args.hours else None
@@ -172,6 +174,26 @@ def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, dea
     config = TrainConfig(dataset=recipe.dataset, device=args.device, threads=args.threads,
                          precision=args.precision, model_args=dict(recipe.model_args), **recipe.settings)
     return train(config, run_dir, progress=False, deadline=deadline)
+
+
+def snapshot_status(run_dir: Path) -> str:
+    """"in progress" while a process trains the run (it holds the run folder's lock); else "finished" when its
+    latest checkpoint reached the last epoch or early stopping's patience, and "paused" when it did not."""
+    from kgtrace.checkpoint import latest_checkpoint, load_checkpoint
+    from kgtrace.errors import KgtraceError
+    from kgtrace.layout import RunLayout
+    from kgtrace.owned import folder_lock
+
+    try:
+        with folder_lock(run_dir, "run folder"):
+            pass
+    except KgtraceError:
+        return "in progress"
+    saved = load_checkpoint(latest_checkpoint(RunLayout(run_dir).checkpoints), mmap=True)
+    config, early = saved["config"], saved["early_stopping"]
+    patience = config.get("patience") or 0
+    done = saved["epoch"] >= config["epochs"] or (patience and early["bad_validations"] >= patience)
+    return "finished" if done else "paused"
 
 
 def check_run_is_recipe(recipe: Recipe, run_dir: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,13 +42,16 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert reproduce.main([*argv, "--hours", "1e-9"]) == 0  # pauses after the first epoch
     result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
     assert (result["status"], result["epochs"]) == ("paused", 1)
-    assert reproduce.main([*argv, "--snapshot"]) == 0  # trains nothing
+    assert reproduce.main([*argv, "--snapshot"]) == 0  # trains nothing; no process trains it: paused
     result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
-    assert (result["status"], result["epochs"]) == ("in progress", 1)
+    assert (result["status"], result["epochs"]) == ("paused", 1)
+    assert held_elsewhere(tmp_path / "runs" / "tiny-nations", lambda: reproduce.snapshot_status(
+        tmp_path / "runs" / "tiny-nations")) == "in progress"  # as while another process trains it
     assert reproduce.main(argv) == 0
     result = json.loads((tmp_path / "results" / "tiny-nations.json").read_text())
     assert (result["status"], result["epochs"]) == ("finished", 4)
     assert [point["epoch"] for point in result["curve"]] == [1, 2, 3, 4]
+    assert reproduce.snapshot_status(tmp_path / "runs" / "tiny-nations") == "finished"
     assert {"valid_head_mrr", "valid_tail_mrr"} <= set(result["curve"][1])
     assert set(result["test"]) == {"head", "tail", "both"}
     assert result["target"]["mrr"] == result["test"]["both"]["mrr"]
@@ -57,3 +61,16 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert reproduce.main(["--table", "--results", str(tmp_path / "results")]) == 0
     table = capsys.readouterr().out.splitlines()
     assert len(table) == 3 and table[2].startswith("| tiny-nations | CPU, 1 thread(s) | finished | 4 (")
+
+
+def held_elsewhere(folder: Path, call):
+    """``call()`` while another process holds ``folder``'s lock (the lock is re-entrant within one process)."""
+    code = ("import sys, time\nfrom kgtrace.owned import folder_lock\nwith folder_lock(sys.argv[1]):\n"
+            "    print('held', flush=True)\n    time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        return call()
+    finally:
+        holder.kill()
+        holder.wait()
