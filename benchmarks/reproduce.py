@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or recipe.name
     run_dir = args.runs / name
     if args.snapshot:
+        if args.threads:  # the evaluation's threads, recorded as the machine's
+            import torch
+
+            torch.set_num_threads(args.threads)
         summary = summarize(recipe, args, run_dir, status=snapshot_status(run_dir))
     else:
         started = time.monotonic()
