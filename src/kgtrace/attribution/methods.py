@@ -213,9 +213,8 @@ METHOD_NOTES = {
     "tracin": ("TracIn influence", "the sum over the saved checkpoints of the learning rate times the dot product "
                                    "of the two triples' loss gradients"),
     "trak": ("TRAK attribution", "the prediction's score gradient (projected with --trak-dim) against the training "
-                                 "triple's, through "
-                                 "the inverse of the training triples' kernel, times the training triple's weight under "
-                                 "the run's objective (KvsAll: 1), averaged over the checkpoints"),
+                                 "triple's, through the inverse of the training triples' kernel, times the training "
+                                 "triple's weight under the run's objective (KvsAll: 1), averaged over the checkpoints"),
     "influence": ("Influence (influence function)", "the prediction's loss gradient through the inverse of the "
                                                     "damped training Hessian (exact) onto the training triple's, at "
                                                     "the final weights"),
