@@ -535,7 +535,6 @@ def test_the_trak_ridge_defaults_to_the_models_everywhere(tiny_distmult, capsys)
     assert not torch.equal(trak(run, test, dim=16), trak(run, test, dim=16, ridge=1.0))
 
 
-
 def test_each_method_depends_only_on_the_inputs_it_declares(tiny_distmult):
     """METHOD_INPUTS decides when a saved matrix is reused: every other input must leave a method's values alone."""
     run = load_run(tiny_distmult)
