@@ -35,7 +35,7 @@ from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
-from kgtrace.attribution.trak import TrakCost, trak
+from kgtrace.attribution.trak import TrakCost, default_ridge, trak
 from kgtrace.run import Run
 
 __all__ = ["ATTRIBUTIONS", "AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES",
@@ -146,9 +146,12 @@ METHOD_INPUTS: dict[str, tuple[str, ...]] = {
 METHOD_REVISIONS: dict[str, int] = {"trak": 3}
 
 
-def attribution_signature(method: str, inputs: AttributionInputs) -> dict:
-    """What a saved result of ``method`` depends on besides the run and the predictions: the inputs it reads and
-    its revision (a method's first revision adds nothing, so results saved before revisions stay valid)."""
+def attribution_signature(method: str, inputs: AttributionInputs, run: Run) -> dict:
+    """What a saved result of ``method`` on ``run`` depends on besides the run and the predictions: the inputs it
+    reads, as ``run``'s model resolves them (its own TRAK ridge for None, so a new default is a new signature),
+    and its revision (a method's first revision adds nothing, so results saved before revisions stay valid)."""
+    if inputs.trak_ridge is None:
+        inputs = dataclasses.replace(inputs, trak_ridge=default_ridge(run.model))
     signature: dict = {"inputs": {k: getattr(inputs, k) for k in METHOD_INPUTS[method]}}
     if method in METHOD_REVISIONS:
         signature["revision"] = METHOD_REVISIONS[method]

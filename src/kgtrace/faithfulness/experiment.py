@@ -216,7 +216,7 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
     inputs = MethodInputs(settings.seed, progress, settings.prover_run)
     keys = [",".join(map(str, row)) for row in as_rows(predictions)]
     for name in settings.methods:
-        signature = method_signature(name, inputs)  # rows of an earlier formula or other inputs are not reused
+        signature = method_signature(name, inputs, run)  # rows of an earlier formula or other inputs are not reused
         have = {key: row for key, row in methods.get(name, {}).items()
                 if row["k"] >= k and row.get("signature") == signature}  # computed for k or more
         missing = [i for i, key in enumerate(keys) if key not in have]

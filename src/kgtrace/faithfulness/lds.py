@@ -272,7 +272,7 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
                  extra: AttributionInputs) -> tuple[Tensor, float]:
     """The method's [N, n_train] float64 attributions and the seconds they took (reused from ``lds/`` when saved)."""
     path = out / "lds" / f"{method}.pt"
-    signature = {"method": method, "predictions": as_rows(predictions), **attribution_signature(method, extra)}
+    signature = {"method": method, "predictions": as_rows(predictions), **attribution_signature(method, extra, run)}
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         if saved["signature"] == json.dumps(signature):

@@ -85,12 +85,12 @@ def attribution_inputs(inputs: MethodInputs) -> AttributionInputs:
     return AttributionInputs(seed=inputs.seed, progress=inputs.progress)
 
 
-def method_signature(name: str, inputs: MethodInputs) -> str | None:
-    """What a method's saved removals depend on besides the run and the prediction (None: the removal methods'
-    own, whose formulas have not changed), as a string to compare."""
+def method_signature(name: str, inputs: MethodInputs, run: Run) -> str | None:
+    """What a method's saved removals on ``run`` depend on besides the run and the prediction (None: the removal
+    methods' own, whose formulas have not changed), as a string to compare."""
     if name not in ATTRIBUTION_TOPS:
         return None
-    return json.dumps(attribution_signature(name, attribution_inputs(inputs)), sort_keys=True)
+    return json.dumps(attribution_signature(name, attribution_inputs(inputs), run), sort_keys=True)
 
 
 def random_triples(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
