@@ -84,9 +84,7 @@ class TrakCost:
 
     @classmethod
     def of(cls, run: Run) -> TrakCost:
-        names = set(select_parameters(run.model, "all"))
-        size = sum(p.numel() for name, p in run.model.named_parameters() if name in names)
-        return cls(len(run.dataset.train), size, len(run.checkpoints))
+        return cls(len(run.dataset.train), _size(run.model, select_parameters(run.model, "all")), len(run.checkpoints))
 
     @property
     def feature_bytes(self) -> int:
@@ -168,7 +166,7 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int | None, s
                ridges: Sequence[float], config: TrainConfig) -> Tensor:
     """One model's TRAK estimates [len(ridges), n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
-    projection = _projection(sum(p.numel() for n, p in model.named_parameters() if n in names), len(train), dim, seed)
+    projection = _projection(_size(model, names), len(train), dim, seed)
     features = torch.cat([_features(model, chunk, names, projection)
                           for chunk in train.split(chunk_size)])  # [n, k] Phi
     weights = removal_weights(model, train, config, chunk_size)  # [n] q_j
@@ -203,6 +201,12 @@ def _projection(size: int, n: int, dim: int | None, seed: int) -> Tensor | None:
                            f"{n * dim * 8 / 2**30:.1f} GiB, more than {MAX_PROJECTION_BYTES / 2**30:.0f} GiB each may. "
                            f"Fix: a smaller projection (--trak-dim {fits})")
     return torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5
+
+
+def _size(model: nn.Module, names: list[str]) -> int:
+    """P, the number of entries of the parameters ``names``."""
+    chosen = set(names)
+    return sum(p.numel() for name, p in model.named_parameters() if name in chosen)
 
 
 def _features(model: nn.Module, triples: Tensor, names: list[str], projection: Tensor | None) -> Tensor:

@@ -163,8 +163,9 @@ def check_explain_options(args: argparse.Namespace) -> None:
             problems.append(f"--method {args.method}: runs in one process; fix: run it without torchrun")
     if args.trak_dim is not None and args.method not in ("trak", "auto"):
         problems.append(f"--trak-dim with --method {args.method}: TRAK's projection; fix: drop it or use --method trak")
-    if args.trak_dim is not None and args.method == "auto" and tracin_only_options(args):
-        problems.append(f"--trak-dim is TRAK's and {', '.join(tracin_only_options(args))} TracIn's; fix: drop one, or "
+    tracin_only = tracin_only_options(args)
+    if args.trak_dim is not None and args.method == "auto" and tracin_only:
+        problems.append(f"--trak-dim is TRAK's and {', '.join(tracin_only)} TracIn's; fix: drop one, or "
                         "name the method with --method trak or --method tracin")
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
