@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.attribution.conve_block import folded_conv, taps
+from kgtrace.matmul import linear
 
 __all__ = ["KEYS", "Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "conv_width",
            "image_rows", "relation_band", "whole_band"]
@@ -104,6 +105,7 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     """Band ``key``'s fc input a [U_b, C * L_b] for pairs ``ids`` [U_b, 2], and its part of fc's product [U_b, D].
 
     The costly part of the banded factors, and the one compiled under ``TracIn(compile=True)``.
+    The fc product goes through :func:`kgtrace.matmul.linear` (oneDNN on a CPU).
     """
     rows = dict(bands(model))[key]
     weight, bias = folded_conv(model)  # [C, K], [C]
@@ -112,8 +114,8 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     if model.bn0 is not None:
         image = model.bn0(image)  # per pixel on running statistics: a band of bn0(x) is bn0 of the band
     patches = taps(image[:, 0], model.conv.kernel_size, ones=True)  # [U_b, K + 1, L_b]
-    a = torch.relu(affine @ patches).view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input
-    return a, a @ band_weight(model, rows).T
+    a = (affine @ patches).relu_().view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input (relu in place)
+    return a, linear(a, band_weight(model, rows))  # [U_b, D]
 
 
 #: (model, band key, ids [U_b, 2]) -> (a [U_b, F_b], fc's product [U_b, D]): :func:`band_values` or its compiled form.

@@ -1,0 +1,55 @@
+"""Float32 products x W^T on the CPU through oneDNN, where PyTorch's ``@`` goes to MKL.
+
+PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm runs its AVX2 kernels on AMD
+processors; oneDNN, which the same wheels carry, runs AVX-512 there. Both compute in float32
+(no reduced-precision mode is involved); only the order of the sums differs.
+``benchmarks/matmul.py`` measures the two on ConvE's fc products; on this project's 2-core
+AMD EPYC (Zen 5), one thread, oneDNN is about twice MKL's rate.
+
+oneDNN compiles a kernel for every distinct number of rows and keeps it: over 2,000 row counts
+a process grew by 0.6 GB. :func:`linear` therefore gives oneDNN the rows up to a multiple of
+:data:`ROWS` and the few left over to MKL, which bounds the kernels at 4096 / ROWS per shape
+of W (memory stayed flat) and also saves their compile time.
+
+:func:`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, not
+inside torch.compile, which picks its own kernels) and is ``x @ weight.T`` everywhere else.
+tests/test_matmul.py checks both paths against a float64 product.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["ROWS", "linear", "onednn_available"]
+
+#: oneDNN takes the rows of x up to a multiple of this; the rest go to MKL (module doc).
+ROWS = 64
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build carries oneDNN's dense linear kernel."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+_ONEDNN = onednn_available()
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [M, K] times weight [N, K] transposed: [M, N], as ``x @ weight.T`` (module doc)."""
+    rows = x.shape[0] // ROWS * ROWS if x.dim() == 2 else 0
+    if not rows or not _takes_onednn(x, weight):
+        return x @ weight.T
+    out = x.new_empty(x.shape[0], weight.shape[0])  # [M, N]
+    # "none": no activation fused into the product.
+    out[:rows] = torch.ops.mkldnn._linear_pointwise(x[:rows].contiguous(), weight.contiguous(), None, "none", [], "")
+    if rows < len(x):
+        torch.mm(x[rows:], weight.T, out=out[rows:])  # the last < ROWS rows
+    return out
+
+
+def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
+    return (_ONEDNN and x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] > 0 and weight.shape[0] > 0
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and not torch.compiler.is_compiling())
