@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import sys
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 from kgtrace.errors import KgtraceError
+
+T = TypeVar("T")
 
 # glibc mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -53,3 +60,47 @@ def bar_disable(progress: bool) -> bool | None:
     """tqdm's ``disable`` for a progress bar the caller asked for (or not): None lets tqdm draw it only on
     a terminal, so that output redirected to a log holds lines rather than every redraw of the bar."""
     return None if progress else True
+
+
+#: At most this many chunks of a streaming pass run side by side (:func:`side_by_side`); measured on 2 cores only.
+MAX_SIDE_BY_SIDE = 4
+
+
+def side_by_side(work: Callable[[int], T], numbers: Sequence[int], device: torch.device,
+                 enabled: bool = True) -> Iterator[tuple[int, T]]:
+    """(n, work(n)) for each n of ``numbers``, in order; on a CPU, several at a time in threads of one core each.
+
+    A chunk of a TracIn pass is many small operations, and a thread per core inside each of them
+    leaves the cores idle between them; two chunks at once, each on one thread, kept both cores of
+    a 2-core CPU busy (a 16M-edge ``explain --predict`` pass: 131 s one chunk at a time, see
+    docs/benchmarks.md). ``work`` runs under ``torch.no_grad()`` (grad mode is per thread) and must
+    not change shared state; results come back in ``numbers``' order, so a consumer sees what a
+    serial loop gives it, and each result is what one thread computes. Torch's intra-op threads are
+    divided among the workers while the pass runs and restored after. Serial where it cannot help:
+    not a CPU, one thread, or ``enabled`` False (torch.compile, which keeps per-thread state).
+    """
+    threads = torch.get_num_threads()
+    workers = min(threads, MAX_SIDE_BY_SIDE, len(numbers)) if enabled and device.type == "cpu" else 1
+    if workers <= 1:
+        for n in numbers:
+            yield n, work(n)
+        return
+
+    def run(n: int) -> T:
+        with torch.no_grad():
+            return work(n)
+
+    torch.set_num_threads(max(1, threads // workers))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="kgtrace-chunk") as pool:
+            order = iter(numbers)
+            pending = deque((n, pool.submit(run, n)) for n in itertools.islice(order, workers))
+            while pending:
+                n, future = pending.popleft()
+                result = future.result()
+                following = next(order, None)
+                if following is not None:  # keep every worker busy while the consumer takes this result
+                    pending.append((following, pool.submit(run, following)))
+                yield n, result
+    finally:
+        torch.set_num_threads(threads)

@@ -35,6 +35,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Literal
@@ -58,7 +59,7 @@ from kgtrace.io import atomic_open, remove_stale_temporaries
 from kgtrace.precision import DTYPES, precision_context, precision_problems
 from kgtrace.registry import model_names, spec_named
 from kgtrace.run import Run, model_from_checkpoint
-from kgtrace.system import bar_disable, keep_freed_memory
+from kgtrace.system import bar_disable, keep_freed_memory, side_by_side
 from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
 from kgtrace.config import parse_size
 
@@ -242,9 +243,10 @@ class TracIn:
                     # kept for the group's whole pass: each checkpoint's test factors, computed once
                     test_factors = None if test is None else [self._factorise(m, test) for m in models]
                     last = g == len(self.groups) - 1
-                    for number in range(first, len(chunks)):
+                    work = partial(self._chunk_parts, chunks, models, lrs, test_factors, test)
+                    for number, parts in side_by_side(work, range(first, len(chunks)), self.device,
+                                                      enabled=self.compiled is None):
                         positions = chunks[number]
-                        parts = self._parts(models, lrs, test_factors, test, self.train.index_select(0, positions))
                         if spill is not None and not last:
                             spill.write(g, number, parts)
                         elif spill is not None:
@@ -253,11 +255,16 @@ class TracIn:
                             yield slice(group[0], group[-1] + 1), positions, parts
                         state.step(g * len(chunks) + number, data)
                         bar.update(1)
-                    del models, test_factors  # a group's models go before the next group's come
+                    del models, test_factors, work  # a group's models go before the next group's come
             done = True
         finally:
             if spill is not None:
                 spill.close(remove=done)
+
+    def _chunk_parts(self, chunks: list[Tensor], models: list[nn.Module], lrs: list[float],
+                     test_factors: list[Factors] | None, test: Tensor | None, number: int) -> Tensor:
+        """:meth:`_parts` of chunk ``number`` (positions ``chunks[number]`` of the training triples)."""
+        return self._parts(models, lrs, test_factors, test, self.train.index_select(0, chunks[number]))
 
     def _parts(self, models: list[nn.Module], lrs: list[float], test_factors: list[Factors] | None,
                test: Tensor | None, triples: Tensor) -> Tensor:
