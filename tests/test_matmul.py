@@ -46,6 +46,8 @@ def test_oneDNN_is_taken_where_it_applies_and_nowhere_else(monkeypatch):
         assert calls == [2 * ROWS]  # the rows up to a multiple of ROWS; the 5 left over go to MKL
         linear(x[:ROWS - 1], w)  # fewer rows than ROWS: MKL alone
         linear(x.double(), w.double())  # not float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert linear(x, w).dtype == torch.bfloat16  # autocast's product, as ``@`` under autocast
         with torch.enable_grad():
             linear(x.requires_grad_(), w)  # autograd needs the differentiable product
         assert calls == [2 * ROWS]

@@ -11,8 +11,9 @@ a process grew by 0.6 GB. :func:`linear` therefore gives oneDNN the rows up to a
 :data:`ROWS` and the few left over to MKL, which bounds the kernels at 4096 / ROWS per shape
 of W (memory stayed flat) and also saves their compile time.
 
-:func:`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, not
-inside torch.compile, which picks its own kernels) and is ``x @ weight.T`` everywhere else.
+:func:`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, no
+autocast, which would have ``@`` compute in a lower precision, not inside torch.compile, which
+picks its own kernels) and is ``x @ weight.T`` everywhere else.
 tests/test_matmul.py checks both paths against a float64 product.
 """
 
@@ -52,4 +53,4 @@ def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
     return (_ONEDNN and x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
             and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] > 0 and weight.shape[0] > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and not torch.compiler.is_compiling())
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
