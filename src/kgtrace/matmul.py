@@ -1,15 +1,15 @@
 """Float32 products x W^T on the CPU through oneDNN, where PyTorch's ``@`` goes to MKL.
 
-PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm runs its AVX2 kernels on AMD
-processors; oneDNN, which the same wheels carry, runs AVX-512 there. Both compute in float32
-(no reduced-precision mode is involved); only the order of the sums differs.
-``benchmarks/matmul.py`` measures the two on ConvE's fc products; on this project's 2-core
-AMD EPYC (Zen 5), one thread, oneDNN is about twice MKL's rate.
+PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm reached half of oneDNN's rate on
+this project's AMD processor (MKL picks its kernels by processor vendor; oneDNN, which the same
+wheels carry, uses the AVX-512 units). Both compute in float32 (no reduced-precision mode is
+involved); only the order of the sums differs.
+``benchmarks/matmul.py`` measures the two on ConvE's fc products (docs/benchmarks.md).
 
-oneDNN compiles a kernel for every distinct number of rows and keeps it: over 2,000 row counts
-a process grew by 0.6 GB. :func:`linear` therefore gives oneDNN the rows up to a multiple of
-:data:`ROWS` and the few left over to MKL, which bounds the kernels at 4096 / ROWS per shape
-of W (memory stayed flat) and also saves their compile time.
+oneDNN compiles a kernel for every distinct number of rows and keeps it, so a pass whose chunks
+vary in rows would grow a process's memory with every new count. :func:`linear` therefore gives
+oneDNN the rows up to a multiple of :data:`ROWS` and the few left over to MKL: at most
+4096 / ROWS kernels per shape of W for a TracIn chunk, and fewer compiles.
 
 :func:`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, no
 autocast, which would have ``@`` compute in a lower precision, not inside torch.compile, which

@@ -71,11 +71,11 @@ def side_by_side(work: Callable[[int], T], numbers: Sequence[int], device: torch
     """(n, work(n)) for each n of ``numbers``, in order; on a CPU, several at a time in threads of one core each.
 
     A chunk of a TracIn pass is many small operations, and a thread per core inside each of them
-    leaves the cores idle between them; two chunks at once, each on one thread, kept both cores of
-    a 2-core CPU busy (a 16M-edge ``explain --predict`` pass: 131 s one chunk at a time, see
-    docs/benchmarks.md). ``work`` runs under ``torch.no_grad()`` (grad mode is per thread) and must
-    not change shared state; results come back in ``numbers``' order, so a consumer sees what a
-    serial loop gives it, and each result is what one thread computes. Torch's intra-op threads are
+    leaves the cores idle between them; chunks side by side, each on one thread, keep them busy
+    (docs/benchmarks.md, the users' scale). ``work`` runs under ``torch.no_grad()`` (grad mode is
+    per thread); shared state it changes must bear two writers (ConvE's relation-band cache: both
+    may compute the same values). Results come back in ``numbers``' order, so a consumer sees what
+    a serial loop gives it, each result as one thread computes it. Torch's intra-op threads are
     divided among the workers while the pass runs and restored after. Serial where it cannot help:
     not a CPU, one thread, or ``enabled`` False (torch.compile, which keeps per-thread state).
     """

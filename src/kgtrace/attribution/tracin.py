@@ -21,7 +21,9 @@ kept; then one pass over the training set, chunk by chunk (sorted by (head, rela
 that ConvE computes each pair's fc input once), scores every test triple against the chunk
 at every checkpoint. :meth:`TracIn.top_k` and :meth:`TracIn.self_influence` keep only what
 they return, so their memory does not grow with the training set, and with ``state=FILE``
-they save their progress now and then so that a killed run resumes where it stopped.
+they save their progress now and then so that a killed run resumes where it stopped. On a CPU
+with several threads the chunks run side by side, one thread each, and come back in order
+(:func:`kgtrace.system.side_by_side`): the same results, both cores busy.
 
 Checkpoints a group at a time: with a ``memory_budget`` smaller than the checkpoints' models
 together, the pass goes over the training set once per group of checkpoints that fits; top-k
