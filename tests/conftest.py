@@ -1,11 +1,20 @@
 """Shared fixtures."""
 
 import pytest
+import torch
 
 from kgtrace.cli import main
 from kgtrace.config import TrainConfig
 from kgtrace.run import load_run
 from kgtrace.training.loop import train
+
+
+@pytest.fixture
+def torch_threads():
+    """Sets torch's intra-op thread count for the test (call it with a count); the count before comes back after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
 
 
 TINY_CONVE_ARGS = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}

@@ -289,17 +289,9 @@ def test_non_finite_score_names_the_query():
         sampled(nan_true, sq, known, 1)
 
 
-@pytest.fixture
-def one_thread():
-    """One thread: on a busy 2-core machine, 2 threads spin on every small op and run 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_scale_smoke(one_thread):
+def test_scale_smoke(torch_threads):
     """50k entities, 20k corruptions per query: every query gets K + 1 candidates (speed: benchmarks/)."""
+    torch_threads(1)  # on a busy 2-core machine, 2 threads spin on every small op and run 10x slower
     num_entities, num_relations, num_queries, k = 50_000, 10, 200, 20_000
     model = build_model("distmult", num_entities, num_relations, embedding_dim=8).eval()
     known_triples = random_triples(20_000, num_entities, num_relations, seed=7)

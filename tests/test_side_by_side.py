@@ -11,11 +11,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+def two_threads(torch_threads):
+    torch_threads(2)
 
 
 def test_results_come_in_order_from_several_threads_of_one_core_each(two_threads):
