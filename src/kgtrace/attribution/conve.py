@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from kgtrace.attribution.conve_bands import KEYS, Band, BandFn, band_pass, band_values, bands, whole_band
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
+from kgtrace.matmul import linear
 
 __all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "pair_pass",
            "unique_pairs"]
@@ -287,7 +288,8 @@ def _upstream(model: nn.Module, fw: _Pass, chunk: int) -> tuple[dict[str, Tensor
     """
     (band,) = fw.bands  # per-triple gradients are pulled back through the whole image
     block = conv_block(model, fw.pairs, band.a)
-    parts = [block_vjp(model, block, fw.index[s:s + chunk], fw.delta[s:s + chunk] @ model.fc.weight)
+    weight_t = model.fc.weight.T.contiguous()  # [F, D]: dl/da = delta W as linear(delta, W^T)
+    parts = [block_vjp(model, block, fw.index[s:s + chunk], linear(fw.delta[s:s + chunk], weight_t))
              for s in range(0, max(len(fw.index), 1), chunk)]  # one part even for no triples
     grads = {name: torch.cat([p[0][name] for p in parts]) for name in parts[0][0]}
     return grads, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
