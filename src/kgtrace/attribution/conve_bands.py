@@ -114,7 +114,7 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     if model.bn0 is not None:
         image = model.bn0(image)  # per pixel on running statistics: a band of bn0(x) is bn0 of the band
     patches = taps(image[:, 0], model.conv.kernel_size, ones=True)  # [U_b, K + 1, L_b]
-    a = (affine @ patches).relu_().view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input (relu in place)
+    a = torch.relu(affine @ patches).view(len(ids), -1)  # [U_b, C * L_b], channel-major as fc's input
     return a, linear(a, band_weight(model, rows))  # [U_b, D]
 
 
