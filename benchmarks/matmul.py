@@ -45,6 +45,10 @@ def rate(product, xs: list[torch.Tensor], w: torch.Tensor, device: torch.device,
     return flops / statistics.median(seconds[1:]) / 1e9
 
 
+def _rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -60,7 +64,7 @@ def measure(device: torch.device, threads: int, repeats: int) -> list[dict]:
         w = torch.randn(n, k, generator=g).to(device)
         plain = rate(lambda x, w: x @ w.T, xs, w, device, repeats)
         ours = rate(linear, xs, w, device, repeats)
-        diff = max(float((linear(x, w) - x @ w.T).abs().max() / (x @ w.T).abs().max()) for x in xs)
+        diff = max(_rel_diff(linear(x, w), x @ w.T) for x in xs)
         rows.append({"shape": name, "rows": m, "inner": k, "outputs": n, "threads": threads,
                      "matmul_gflops": round(plain, 1), "linear_gflops": round(ours, 1), "ratio": round(ours / plain, 2),
                      "max_rel_diff": diff})

@@ -41,12 +41,9 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     rows = x.shape[0] // ROWS * ROWS if x.dim() == 2 else 0
     if not rows or not _takes_onednn(x, weight):
         return x @ weight.T
-    out = x.new_empty(x.shape[0], weight.shape[0])  # [M, N]
     # "none": no activation fused into the product.
-    out[:rows] = torch.ops.mkldnn._linear_pointwise(x[:rows].contiguous(), weight.contiguous(), None, "none", [], "")
-    if rows < len(x):
-        torch.mm(x[rows:], weight.T, out=out[rows:])  # the last < ROWS rows
-    return out
+    head = torch.ops.mkldnn._linear_pointwise(x[:rows].contiguous(), weight.contiguous(), None, "none", [], "")
+    return head if rows == len(x) else torch.cat([head, x[rows:] @ weight.T])  # the last < ROWS rows by MKL
 
 
 def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
