@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,17 +58,6 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     done = subprocess.run(command, capture_output=True, text=True, env=env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
-
-
-@contextmanager
-def one_thread():
-    """The processes run one thread each; a BLAS product's rounding may depend on the thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -201,13 +189,13 @@ def test_parts_at_chunk_bounds_rank_as_one_process(umls_run, corruptions):
 # ----------------------------------------------------------------------------- two processes
 
 
-def test_evaluate_with_two_processes_equals_one(umls_run, tmp_path):
+def test_evaluate_with_two_processes_equals_one(umls_run, tmp_path, torch_threads):
     args = ["evaluate", str(umls_run), "--memory-budget", BUDGET, "--corruptions", "20", "--device", "cpu"]
     done = torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two.json"),
                     "--per-query", str(tmp_path / "two.tsv"))
     assert done.stdout.count("filtered test metrics") == 1  # only rank 0 prints
-    with one_thread():
-        assert main([*args, "--out", str(tmp_path / "one.json"), "--per-query", str(tmp_path / "one.tsv")]) == 0
+    torch_threads(1)  # as each of the two processes; a BLAS product's rounding may depend on it
+    assert main([*args, "--out", str(tmp_path / "one.json"), "--per-query", str(tmp_path / "one.tsv")]) == 0
     assert json.loads((tmp_path / "two.json").read_text()) == json.loads((tmp_path / "one.json").read_text())
     assert (tmp_path / "two.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
 
@@ -221,11 +209,11 @@ def test_a_command_frees_its_process_group(umls_run, tmp_path):
              "--out", str(tmp_path / "m.json"))
 
 
-def test_explain_with_two_processes_equals_one(umls_run, tmp_path):
+def test_explain_with_two_processes_equals_one(umls_run, tmp_path, torch_threads):
     args = ["explain", str(umls_run), "--test", "6", "--top-k", "5", "--method", "tracin", "--device", "cpu", "--no-progress"]
     torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two.json"))
-    with one_thread():
-        assert main([*args, "--out", str(tmp_path / "one.json")]) == 0
+    torch_threads(1)  # as each of the two processes; a BLAS product's rounding may depend on it
+    assert main([*args, "--out", str(tmp_path / "one.json")]) == 0
     two, one = (json.loads((tmp_path / f"{n}.json").read_text())["explanations"] for n in ("two", "one"))
     assert len(two) == len(one) == 6
     for a, b in zip(two, one):
@@ -236,19 +224,19 @@ def test_explain_with_two_processes_equals_one(umls_run, tmp_path):
     assert not list(tmp_path.glob("*.state*"))  # the processes' progress files are removed when done
 
 
-def test_tracin_and_ranking_api_with_two_processes_equal_one(umls_run, tmp_path):
+def test_tracin_and_ranking_api_with_two_processes_equal_one(umls_run, tmp_path, torch_threads):
     """Several training chunks per process, and many query chunks per side, through the Python API."""
     torchrun(str(JOB), "api", str(umls_run), str(tmp_path / "two.pt"))
     two = torch.load(tmp_path / "two.pt", weights_only=True)
     run = load_run(umls_run)
     ds = run.dataset
-    with one_thread():
-        tracin = TracIn(run, chunk_size=700)
-        influence, self_influence = tracin.influence(ds.test[:4]), tracin.self_influence()
-        top = tracin.top_k(ds.test[:4], k=6)
-        ranks = {"all": rank_queries(run.model, ds.test, known=ds.known_triples("test"), memory_budget=32 << 10),
-                 "sampled": rank_queries(run.model, ds.test, known=ds.known_triples("test"), memory_budget=32 << 10,
-                                         candidates=Candidates(corruptions=20, seed=5))}
+    torch_threads(1)  # as each of the two processes; a BLAS product's rounding may depend on it
+    tracin = TracIn(run, chunk_size=700)
+    influence, self_influence = tracin.influence(ds.test[:4]), tracin.self_influence()
+    top = tracin.top_k(ds.test[:4], k=6)
+    ranks = {"all": rank_queries(run.model, ds.test, known=ds.known_triples("test"), memory_budget=32 << 10),
+             "sampled": rank_queries(run.model, ds.test, known=ds.known_triples("test"), memory_budget=32 << 10,
+                                     candidates=Candidates(corruptions=20, seed=5))}
     assert relative_error(two["influence"], influence) <= 1e-5
     assert relative_error(two["self"], self_influence) <= 1e-5
     for got, want in zip(two["top"], top):
@@ -260,15 +248,15 @@ def test_tracin_and_ranking_api_with_two_processes_equal_one(umls_run, tmp_path)
                 assert torch.equal(two["counts"][name][side][field], getattr(counts, field)), (name, side, field)
 
 
-def test_train_with_two_processes_follows_one(tmp_path):
+def test_train_with_two_processes_follows_one(tmp_path, torch_threads):
     """DistMult (no batch statistics, no dropout); a batch of 173 leaves a last batch of 3 rows, not cut."""
     args = ["train", "--dataset", "umls", "--model", "distmult", "--model-arg", "embedding_dim=16", "--epochs", "3",
             "--batch-size", "173", "--checkpoint-every", "1", "--eval-every", "1", "--memory-budget", BUDGET,
             "--threads", "1", "--device", "cpu", "--no-progress"]
     done = torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two"))
     assert done.stdout.count("trained 3 epochs") == 1  # only rank 0 prints
-    with one_thread():
-        assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    torch_threads(1)  # as each of the two processes; a BLAS product's rounding may depend on it
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert sorted(p.name for p in (tmp_path / "two").rglob("*")) == sorted(p.name for p in (tmp_path / "one").rglob("*"))
     records = [[json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
                for n in ("two", "one")]
@@ -281,7 +269,7 @@ def test_train_with_two_processes_follows_one(tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6)
 
 
-def test_compiled_train_with_two_processes_follows_one(tmp_path):
+def test_compiled_train_with_two_processes_follows_one(tmp_path, torch_threads):
     """--compile under torchrun: each process compiles its part of the batch (87 and 86 rows), same losses."""
     args = ["train", "--dataset", "umls", "--model", "distmult", "--model-arg", "embedding_dim=16", "--epochs", "2",
             "--batch-size", "173", "--eval-every", "1", "--threads", "1", "--device", "cpu", "--no-progress",
@@ -289,8 +277,8 @@ def test_compiled_train_with_two_processes_follows_one(tmp_path):
     done = torchrun("-m", "kgtrace", *args, "--out", str(tmp_path / "two"))
     assert done.stdout.count("compiled train_kvsall (batch 87") == 1  # rank 0's counters, logged once
     assert (tmp_path / "two" / "compile_stats.json").exists()
-    with one_thread():
-        assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    torch_threads(1)  # as each of the two processes; a BLAS product's rounding may depend on it
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
     records = [[json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
                for n in ("two", "one")]
     for a, b in zip(*records, strict=True):
