@@ -368,7 +368,9 @@ def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: T
     LibKGE's negative_sampling with its kl loss sums the two sides' losses and divides by the
     batch's triples: the mean of these rows. Both sides' queries are encoded in one call (one
     pass of batch norm over both); a side without negatives (candidates [B, 1]) adds 0 and is
-    not scored. Each side's candidates are scored by :func:`candidate_scores`.
+    not scored. Each side's candidates are scored by :func:`candidate_scores`, the answer among them: one
+    dropout mask for a query and all its candidates, where LibKGE and PyKEEN score the positive in a pass
+    of its own (docs/training.md).
 
     :param triples: LongTensor [B, 3] of (head, relation, tail), relation in [0, R).
     :param tail_candidates: LongTensor [B, 1 + n_t]: the tail, then the entities drawn against it.
