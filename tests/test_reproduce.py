@@ -33,6 +33,12 @@ def test_every_recipe_is_a_valid_training_configuration(reproduce):
         assert recipe.dataset in ("fb15k237", "wn18rr") and 0 < recipe.published_mrr < 1
 
 
+def test_the_authors_conve_recipe_has_their_image_and_fc(reproduce):
+    model = build_model("conve", 30, 4, **reproduce.RECIPES["conve-authors-fb15k237"].model_args)
+    assert (2 * model.embedding_height, model.embedding_width) == (40, 10)  # their [20 x 10 ; 20 x 10] stack
+    assert model.fc.in_features == 9728  # their main.py's --hidden-size default for embeddings of 200
+
+
 def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monkeypatch, capsys):
     recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 4, "eval_every": 2,
                               "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
