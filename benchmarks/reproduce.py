@@ -221,9 +221,18 @@ def check_run_is_recipe(recipe: Recipe, run_dir: Path) -> None:
 
 def record_session(run_dir: Path, started: float, epochs: int) -> None:
     """One line per invocation in the run folder: the wall time of the whole reproduction sums them."""
+    import torch
+
     with open(run_dir / "reproduce_sessions.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"seconds": time.monotonic() - started, "epochs_reached": epochs,
-                            "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+                            "threads": torch.get_num_threads(), "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+
+
+def trained_threads(sessions: list[dict[str, Any]], config: dict[str, Any], current: int) -> int:
+    """The threads the run last trained with: its last session's, else its configuration's (a run whose
+    sessions were killed before they recorded one), else ``current`` (0 in the configuration: torch's default)."""
+    recorded = [s["threads"] for s in sessions if "threads" in s]
+    return recorded[-1] if recorded else config.get("threads") or current
 
 
 def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: str) -> dict[str, Any]:
@@ -255,7 +264,8 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
         "command": " ".join(["python", "benchmarks/reproduce.py", *sys.argv[1:]]),
         "config": config,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "cpus": os.cpu_count(), "torch": torch.__version__,
+                    "threads": trained_threads(sessions, config, torch.get_num_threads()),
                     "device": device.type, **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})},
         "epochs": records[-1]["epoch"] if records else 0,
         "best_epoch": best["epoch"] if best else None,

@@ -39,6 +39,12 @@ def test_the_authors_conve_recipe_has_their_image_and_fc(reproduce):
     assert model.fc.in_features == 9728  # their main.py's --hidden-size default for embeddings of 200
 
 
+def test_the_result_names_the_threads_the_run_trained_with(reproduce):
+    assert reproduce.trained_threads([{"threads": 1}, {"threads": 2}], {"threads": 1}, 4) == 2  # the last session's
+    assert reproduce.trained_threads([{"seconds": 5.0}], {"threads": 1}, 4) == 1  # sessions from before they said
+    assert reproduce.trained_threads([], {"threads": 0}, 4) == 4  # 0: torch's default, this process's
+
+
 def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monkeypatch, capsys):
     recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 4, "eval_every": 2,
                               "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
@@ -62,7 +68,9 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert set(result["test"]) == {"head", "tail", "both"}
     assert result["target"]["mrr"] == result["test"]["both"]["mrr"]
     assert result["target"]["reached"] == (result["target"]["mrr"] >= 0.5)
-    assert len((tmp_path / "runs" / "tiny-nations" / "reproduce_sessions.jsonl").read_text().splitlines()) == 2
+    sessions = [json.loads(line) for line in (tmp_path / "runs" / "tiny-nations" / "reproduce_sessions.jsonl")
+                .read_text().splitlines()]
+    assert [s["threads"] for s in sessions] == [1, 1] and result["machine"]["threads"] == 1
     capsys.readouterr()
     assert reproduce.main(["--table", "--results", str(tmp_path / "results")]) == 0
     table = capsys.readouterr().out.splitlines()
