@@ -33,14 +33,23 @@ def test_same_losses_parameters_and_validation(compiled_runs):
     runs, _ = compiled_runs
     eager, compiled = records(runs[False]), records(runs[True])
     assert [r["step"] for r in compiled] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
-    for e, c in zip(eager, compiled, strict=True):
-        assert c["loss"] == pytest.approx(e["loss"], rel=1e-5)
-    assert compiled[-1]["valid_mrr"] == pytest.approx(eager[-1]["valid_mrr"], abs=1e-4)
+    # Compiled and eager steps differ by rounding (one step: test_repeated_calls_in_one_step_keep_held_outputs),
+    # and Adam turns a rounding difference in a gradient that is itself near rounding (relation rows behind bn0)
+    # into a step of up to lr: the runs drift apart step by step, by how much depends on the processor's
+    # kernels. Measured: an AMD EPYC kept the parameters within 5e-4; an Intel Xeon (AVX-512) at 3e-3 of each
+    # tensor's norm after epoch 1 and 7e-3 after epoch 2, losses 9e-8 and 5e-5 apart, validation MRR 2e-4.
+    assert compiled[0]["loss"] == pytest.approx(eager[0]["loss"], rel=1e-5)
+    assert compiled[1]["loss"] == pytest.approx(eager[1]["loss"], rel=1e-3)
+    assert compiled[-1]["valid_mrr"] == pytest.approx(eager[-1]["valid_mrr"], abs=2e-3)
     for epoch in (1, 2):
         a = load_checkpoint(runs[False] / "checkpoints" / f"epoch-{epoch:04d}.pt")["model_state"]
         b = load_checkpoint(runs[True] / "checkpoints" / f"epoch-{epoch:04d}.pt")["model_state"]
+        assert a.keys() == b.keys()
         for name in a:
-            torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=5e-4, msg=name)
+            if a[name].is_floating_point():
+                assert norm_error(b[name], a[name]) < 2e-2, name
+            else:
+                assert torch.equal(b[name], a[name]), name  # batch norm's step counts
     assert not (runs[False] / "compile_stats.json").exists()  # nothing compiled, nothing written
 
 
