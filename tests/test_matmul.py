@@ -18,13 +18,12 @@ def exact(x, w):
 
 @pytest.mark.parametrize("rows", [1, ROWS - 1, ROWS, ROWS + 1, 3 * ROWS + 17])
 @pytest.mark.parametrize("onednn", [True, False])
-def test_linear_equals_the_float64_product(monkeypatch, rows, onednn):
+def test_linear_equals_the_float64_product(rows, onednn):
     """Row counts below, at and across multiples of ROWS (oneDNN's rows and MKL's remainder), with and without oneDNN."""
     if onednn and not matmul.onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear kernel")
-    monkeypatch.setattr(matmul, "_ONEDNN", onednn)
     x, w = operands(rows)
-    got = linear(x, w)
+    got = linear(x, w, onednn=onednn)
     assert got.shape == (rows, 70) and got.dtype == torch.float32
     torch.testing.assert_close(got, exact(x, w), rtol=1e-5, atol=1e-4)
 
@@ -42,6 +41,7 @@ def test_oneDNN_is_taken_where_it_applies_and_nowhere_else(monkeypatch):
     x, w = operands(2 * ROWS + 5)
     with monkeypatch.context() as m:
         m.setattr(torch.ops.mkldnn, "_linear_pointwise", counted, raising=False)
+        m.setattr(matmul, "_ONEDNN", True)  # as on a processor that prefers it
         linear(x, w)
         assert calls == [2 * ROWS]  # the rows up to a multiple of ROWS; the 5 left over go to MKL
         linear(x[:ROWS - 1], w)  # fewer rows than ROWS: MKL alone
@@ -51,6 +51,23 @@ def test_oneDNN_is_taken_where_it_applies_and_nowhere_else(monkeypatch):
         with torch.enable_grad():
             linear(x.requires_grad_(), w)  # autograd needs the differentiable product
         assert calls == [2 * ROWS]
+        linear(x.detach(), w, onednn=False)
+        m.setattr(matmul, "_ONEDNN", False)  # as on an Intel processor
+        linear(x.detach(), w)
+        assert calls == [2 * ROWS]
+        linear(x.detach(), w, onednn=True)  # asked for: taken all the same
+        assert calls == [2 * ROWS, 2 * ROWS]
+
+
+CPUINFO = "processor\t: 0\nvendor_id\t: {}\ncpu family\t: 6\nmodel name\t: Some CPU\n\nprocessor\t: 1\n"
+
+
+def test_oneDNN_is_preferred_on_processors_other_than_intel():
+    assert matmul.cpu_vendor(CPUINFO.format("GenuineIntel")) == "GenuineIntel"
+    assert matmul.cpu_vendor(CPUINFO.format("AuthenticAMD")) == "AuthenticAMD"
+    assert matmul.cpu_vendor("processor\t: 0\n") == ""  # no vendor line (other architectures)
+    assert not matmul.prefers_onednn("GenuineIntel")
+    assert matmul.prefers_onednn("AuthenticAMD") == matmul.prefers_onednn("") == matmul.onednn_available()
 
 
 def test_linear_stays_differentiable():

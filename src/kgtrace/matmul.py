@@ -2,8 +2,10 @@
 
 PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm reached half of oneDNN's rate on
 this project's AMD processor (MKL picks its kernels by processor vendor; oneDNN, which the same
-wheels carry, uses the AVX-512 units). Both compute in float32 (no reduced-precision mode is
-involved); only the order of the sums differs.
+wheels carry, uses the AVX-512 units). On an Intel processor MKL takes its own fast kernels and
+oneDNN gained nothing (0.93-0.99 of MKL's rate on the same products), so :func:`linear` takes oneDNN
+on other vendors' processors only (:func:`prefers_onednn`). Both compute in float32 (no
+reduced-precision mode is involved); only the order of the sums differs.
 ``benchmarks/matmul.py`` measures the two on ConvE's fc products (docs/benchmarks.md).
 
 oneDNN compiles a kernel for every distinct number of rows and keeps it, so a pass whose chunks
@@ -19,10 +21,12 @@ tests/test_matmul.py checks both paths against a float64 product.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
-__all__ = ["ROWS", "linear", "onednn_available"]
+__all__ = ["ROWS", "cpu_vendor", "linear", "onednn_available", "prefers_onednn"]
 
 #: oneDNN takes the rows of x up to a multiple of this; the rest go to MKL (module doc).
 ROWS = 64
@@ -33,21 +37,47 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-_ONEDNN = onednn_available()
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """The processor's vendor id as Linux's /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), from
+    ``cpuinfo`` (that file's text) or the file itself; "" where there is none (other systems)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x [M, K] times weight [N, K] transposed: [M, N], as ``x @ weight.T`` (module doc)."""
+def prefers_onednn(vendor: str | None = None) -> bool:
+    """Whether :func:`linear` takes oneDNN on this processor: where PyTorch carries it, and the processor is
+    not Intel's, whose MKL kernels matched oneDNN (module doc)."""
+    return onednn_available() and (cpu_vendor() if vendor is None else vendor) != "GenuineIntel"
+
+
+_ONEDNN = prefers_onednn()
+
+
+def linear(x: Tensor, weight: Tensor, *, onednn: bool | None = None) -> Tensor:
+    """x [M, K] times weight [N, K] transposed: [M, N], as ``x @ weight.T`` (module doc).
+
+    ``onednn``: True or False to choose the path where oneDNN applies (benchmarks, tests); None, the
+    processor's choice (:func:`prefers_onednn`).
+    """
     rows = x.shape[0] // ROWS * ROWS if x.dim() == 2 else 0
-    if not rows or not _takes_onednn(x, weight):
+    wanted = _ONEDNN if onednn is None else onednn and onednn_available()
+    if not rows or not wanted or not _applies(x, weight):
         return x @ weight.T
     # "none": no activation fused into the product.
     head = torch.ops.mkldnn._linear_pointwise(x[:rows].contiguous(), weight.contiguous(), None, "none", [], "")
     return head if rows == len(x) else torch.cat([head, x[rows:] @ weight.T])  # the last < ROWS rows by MKL
 
 
-def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
-    return (_ONEDNN and x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
+def _applies(x: Tensor, weight: Tensor) -> bool:
+    return (x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
             and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] > 0 and weight.shape[0] > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
