@@ -263,7 +263,7 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
         "status": status,
         "command": " ".join(["python", "benchmarks/reproduce.py", *sys.argv[1:]]),
         "config": config,
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "machine": {"platform": platform.platform(), "processor": processor_name(),
                     "cpus": os.cpu_count(), "torch": torch.__version__,
                     "threads": trained_threads(sessions, config, torch.get_num_threads()),
                     "device": device.type, **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})},
@@ -280,6 +280,25 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
     }
 
 
+def processor_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often just x86_64)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def processor_label(machine: dict[str, Any]) -> str:
+    """"CPU", or the processor's short name where the result recorded one ("Intel Xeon"; earlier results kept
+    only the architecture)."""
+    name = machine.get("processor", "")
+    if name in ("", platform.machine(), "x86_64", "aarch64", "arm64"):
+        return "CPU"
+    return " ".join(name.replace("(R)", "").replace("(TM)", "").replace(" Processor", "").split())
+
+
 def results_table(folder: Path) -> str:
     """One Markdown row per result file of a recipe: status, epochs, time, test MRR per side against the target."""
     rows = ["| recipe | machine | status | epochs (best) | hours | test MRR | head | tail | H@10 | published | reached |",
@@ -291,7 +310,8 @@ def results_table(folder: Path) -> str:
         test, target = r["test"], r["target"]
         hours = (r["wall_seconds"] or r["train_seconds"]) / 3600
         machine = r["machine"]
-        where = machine.get("gpu", "a GPU") if machine["device"] == "cuda" else f"CPU, {machine['threads']} thread(s)"
+        cpu = f"{processor_label(machine)}, {machine['threads']} thread(s)"
+        where = machine.get("gpu", "a GPU") if machine["device"] == "cuda" else cpu
         rows.append(f"| {path.stem} | {where} | {r['status']} | {r['epochs']} ({r['best_epoch']}) | {hours:.2f} | "
                     f"{test['both']['mrr']:.3f} | {test['head']['mrr']:.3f} | {test['tail']['mrr']:.3f} | "
                     f"{test['both']['hits_at_10']:.3f} | {target['published_mrr']:.3f} | "

@@ -45,6 +45,12 @@ def test_the_result_names_the_threads_the_run_trained_with(reproduce):
     assert reproduce.trained_threads([], {"threads": 0}, 4) == 4  # 0: torch's default, this process's
 
 
+def test_the_table_names_the_processor_where_the_result_does(reproduce):
+    assert reproduce.processor_label({"processor": "Intel(R) Xeon(R) Processor"}) == "Intel Xeon"
+    assert reproduce.processor_label({"processor": "AMD EPYC 9B45 128-Core Processor"}) == "AMD EPYC 9B45 128-Core"
+    assert reproduce.processor_label({"processor": "x86_64"}) == "CPU"  # results that kept the architecture only
+
+
 def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monkeypatch, capsys):
     recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 4, "eval_every": 2,
                               "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
@@ -74,7 +80,8 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     capsys.readouterr()
     assert reproduce.main(["--table", "--results", str(tmp_path / "results")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 3 and table[2].startswith("| tiny-nations | CPU, 1 thread(s) | finished | 4 (")
+    cpu = reproduce.processor_label(result["machine"])
+    assert len(table) == 3 and table[2].startswith(f"| tiny-nations | {cpu}, 1 thread(s) | finished | 4 (")
 
 
 def held_elsewhere(folder: Path, call):
