@@ -105,7 +105,7 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     """Band ``key``'s fc input a [U_b, C * L_b] for pairs ``ids`` [U_b, 2], and its part of fc's product [U_b, D].
 
     The costly part of the banded factors, and the one compiled under ``TracIn(compile=True)``.
-    The fc product goes through :func:`kgtrace.matmul.linear` (oneDNN on a CPU).
+    The fc product goes through :func:`kgtrace.matmul.linear` (oneDNN on a CPU other than Intel's).
     """
     rows = dict(bands(model))[key]
     weight, bias = folded_conv(model)  # [C, K], [C]
