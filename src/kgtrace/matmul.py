@@ -3,10 +3,10 @@
 PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm reached half of oneDNN's rate on
 this project's AMD processor (MKL picks its kernels by processor vendor; oneDNN, which the same
 wheels carry, uses the AVX-512 units). On an Intel processor MKL takes its own fast kernels and
-oneDNN gained nothing (0.93-0.99 of MKL's rate on the same products), so :func:`linear` takes oneDNN
-on other vendors' processors only (:func:`prefers_onednn`). Both compute in float32 (no
-reduced-precision mode is involved); only the order of the sums differs.
-``benchmarks/matmul.py`` measures the two on ConvE's fc products (docs/benchmarks.md).
+oneDNN gained nothing (0.95-1.01 of MKL's rate on the same products, 0.68 on a score product), so
+:func:`linear` takes oneDNN on other vendors' processors only (:func:`prefers_onednn`). Both compute
+in float32 (no reduced-precision mode is involved); only the order of the sums differs.
+``benchmarks/matmul.py`` measures the two on ConvE's fc products and a score product (docs/benchmarks.md).
 
 oneDNN compiles a kernel for every distinct number of rows and keeps it, so a pass whose chunks
 vary in rows would grow a process's memory with every new count. :func:`linear` therefore gives
