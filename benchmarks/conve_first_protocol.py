@@ -25,14 +25,11 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from common import resolved
-
-
-def read_triples(path: Path) -> list[tuple[str, str, str]]:
-    with open(path, encoding="utf-8") as f:
-        return [tuple(line.rstrip("\r\n").split("\t")) for line in f if line.strip()]
+from kgtrace.data.triples import read_labeled_triples, write_labeled_triples
 
 
 def write_symmetrised(source: Path, out: Path) -> None:
@@ -41,12 +38,12 @@ def write_symmetrised(source: Path, out: Path) -> None:
     seen: set[tuple[str, str, str]] = set()
     for split in ("train", "valid", "test"):
         rows = []
-        for h, r, t in read_triples(source / f"{split}.txt"):
+        for h, r, t in read_labeled_triples(source / f"{split}.txt").tolist():
             for triple in ((h, r, t), (t, r, h)):
                 if triple not in seen:
                     seen.add(triple)
                     rows.append(triple)
-        (out / f"{split}.txt").write_text("".join("\t".join(x) + "\n" for x in rows), encoding="utf-8")
+        write_labeled_triples(np.array(rows, dtype=object).reshape(-1, 3), out / f"{split}.txt")
 
 
 def first_protocol(run_dir: Path, source: Path) -> dict:
@@ -57,11 +54,10 @@ def first_protocol(run_dir: Path, source: Path) -> dict:
 
     run = load_run(run_dir)
     ds = run.dataset
-    entity = {label: i for i, label in enumerate(ds.entities.labels)}
-    relation = {label: i for i, label in enumerate(ds.relations.labels)}
-    test = read_triples(source / "test.txt")
-    kept = [(entity[h], relation[r], entity[t]) for h, r, t in test if h in entity and t in entity]
-    forward = torch.tensor(kept)  # [n, 3]
+    test = read_labeled_triples(source / "test.txt")  # [m, 3] labels
+    ids = torch.from_numpy(np.stack([ds.entities.lookup(test[:, 0]), ds.relations.lookup(test[:, 1]),
+                                     ds.entities.lookup(test[:, 2])], axis=1))  # [m, 3], -1 for a label not in training
+    forward = ids[(ids >= 0).all(dim=1)]  # [n, 3]
     queries = torch.cat([forward, forward[:, [2, 1, 0]]])  # [2n, 3]: (h, r, ?) -> t, then (t, r, ?) -> h
     counts = rank_queries(run.model, queries, known=ds.all_triples(), sides=("tail",)).counts["tail"]
 

@@ -282,12 +282,9 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
 
 def processor_name() -> str:
     """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often just x86_64)."""
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else platform.processor() or platform.machine()
+    from kgtrace.matmul import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def processor_label(machine: dict[str, Any]) -> str:

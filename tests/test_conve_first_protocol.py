@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kgtrace.config import TrainConfig
+from kgtrace.data.triples import read_labeled_triples
 from kgtrace.training.loop import train
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "conve_first_protocol.py"
@@ -35,7 +36,8 @@ def test_each_triple_and_its_reverse_once_in_the_first_split_that_has_it(script,
     source = write(tmp_path / "source", {"train": ["a\tr\tb", "b\ts\tc", "c\ts\tb"], "valid": ["b\tr\ta"],
                                          "test": ["c\tr\ta", "a\tr\tc"]})
     script.write_symmetrised(source, tmp_path / "sym")
-    read = {split: script.read_triples(tmp_path / "sym" / f"{split}.txt") for split in ("train", "valid", "test")}
+    read = {split: [tuple(x) for x in read_labeled_triples(tmp_path / "sym" / f"{split}.txt").tolist()]
+            for split in ("train", "valid", "test")}
     assert read["train"] == [("a", "r", "b"), ("b", "r", "a"), ("b", "s", "c"), ("c", "s", "b")]
     assert read["valid"] == []  # b r a is a training triple already
     assert read["test"] == [("c", "r", "a"), ("a", "r", "c")]

@@ -21,12 +21,12 @@ tests/test_matmul.py checks both paths against a float64 product.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
-__all__ = ["ROWS", "cpu_vendor", "linear", "onednn_available", "prefers_onednn"]
+__all__ = ["ROWS", "cpu_vendor", "cpuinfo_field", "linear", "onednn_available", "prefers_onednn"]
 
 #: oneDNN takes the rows of x up to a multiple of this; the rest go to MKL (module doc).
 ROWS = 64
@@ -37,19 +37,29 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def cpu_vendor(cpuinfo: str | None = None) -> str:
-    """The processor's vendor id as Linux's /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), from
-    ``cpuinfo`` (that file's text) or the file itself; "" where there is none (other systems)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
+def cpuinfo_field(key: str, cpuinfo: str | None = None) -> str:
+    """The first value of ``key`` in Linux's /proc/cpuinfo ("vendor_id", "model name"), from ``cpuinfo`` (that
+    file's text) or the file itself, read only up to that line; "" where there is none (other systems)."""
+    if cpuinfo is not None:
+        return _first_value(key, cpuinfo.splitlines())
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as lines:
+            return _first_value(key, lines)
+    except OSError:
+        return ""
+
+
+def _first_value(key: str, lines: Iterable[str]) -> str:
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.strip() == key:
             return value.strip()
     return ""
+
+
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """The processor's vendor id ("GenuineIntel", "AuthenticAMD"; :func:`cpuinfo_field`)."""
+    return cpuinfo_field("vendor_id", cpuinfo)
 
 
 def prefers_onednn(vendor: str | None = None) -> bool:
