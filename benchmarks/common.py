@@ -1,10 +1,12 @@
-"""Pieces the benchmark scripts share: the --device option, and the small runs the faithfulness benchmarks train.
+"""Pieces the benchmark scripts share: the --device option, the processor's name, and the small runs the
+faithfulness benchmarks train.
 
 Imported by the scripts beside it (``python benchmarks/NAME.py`` puts this folder on the path).
 """
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -20,6 +22,13 @@ def resolved(name: str) -> torch.device:
         return resolve_device(name)
     except KgtraceError as e:
         sys.exit(f"{Path(sys.argv[0]).name}: error: {e}")
+
+
+def processor_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often just x86_64)."""
+    from kgtrace.matmul import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def base_run(dataset: str, model: str, spec: dict, out: Path, threads: int, device: torch.device) -> Path:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
-from common import resolved
+from common import processor_name, resolved
 from kgtrace.matmul import cpu_vendor, linear, onednn_available, prefers_onednn
 
 #: (name, typical rows M, inner K, outputs N); the last is the score product of training and evaluation
@@ -87,7 +86,7 @@ def main() -> None:
     args = p.parse_args()
     device = resolved(args.device)
     results = [row for t in (int(x) for x in args.threads.split(",")) for row in measure(device, t, args.repeats)]
-    print(json.dumps({"device": str(device), "processor": platform.processor() or platform.machine(),
+    print(json.dumps({"device": str(device), "processor": processor_name(),
                       "vendor": cpu_vendor(), "torch": torch.__version__, "onednn": onednn_available(),
                       "kgtrace_takes_onednn": prefers_onednn(), "results": results}, indent=1))
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import processor_name
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -84,10 +86,12 @@ RECIPES = {r.name: r for r in (
     Recipe("conve-libkge-fb15k237", "fb15k237",
            {**LIBKGE, "model": "conve", "training": "1vsall", "optimizer": "adagrad", "lr": 0.004277,
             "batch_size": 1024, "lr_patience": 9}, 0.339, "Ruffinelli et al. 2020, conve-1vsAll-kl-bo-best",
-           model_args={"embedding_dim": 288, "embedding_height": 16, "input_dropout": 0.118,
+           model_args={"embedding_dim": 288, "embedding_height": 12, "input_dropout": 0.118,
                        "feature_map_dropout": 0.488, "output_dropout": 0.5},
-           notes="LibKGE drops out the relation embedding only (.118); kgtrace's input dropout drops the stacked "
-                 "head and relation image at that rate"),
+           notes="LibKGE's 2D aspect ratio 2 views 288 values as 12 x 24; LibKGE drops out the relation embedding "
+                 "only (.118), where kgtrace's input dropout drops the stacked head and relation image at that "
+                 "rate; LibKGE has no bn0, bn1 and bn2 without affine weights, and keeps each entity's bias as "
+                 "an extra embedding column"),
     Recipe("distmult-libkge-fb15k237", "fb15k237",
            {**LIBKGE, "model": "distmult", "training": "negative-sampling", "negatives_tail": 402,
             "negatives_head": 255, "optimizer": "adagrad", "lr": 0.1595, "batch_size": 1024, "lr_patience": 6},
@@ -278,13 +282,6 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
                    "reached": mrr >= recipe.published_mrr,
                    "goal_reached": recipe.goal_mrr is not None and mrr >= recipe.goal_mrr},
     }
-
-
-def processor_name() -> str:
-    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often just x86_64)."""
-    from kgtrace.matmul import cpuinfo_field
-
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def processor_label(machine: dict[str, Any]) -> str:

@@ -45,11 +45,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import processor_name
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = HERE / "graphs"
@@ -493,7 +494,7 @@ def main() -> None:
     if args.table:
         print(table(results) + "\n\n" + plan(results))
         return
-    results["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    results["machine"] = {"cpu": processor_name(), "cores": os.cpu_count(),
                           "torch": torch.__version__, "device": device}
     for name in [n.strip() for n in args.step_names.split(",") if n.strip()]:
         if name not in STEP_FUNCTIONS:

@@ -18,12 +18,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce.py"
 
 @pytest.fixture(scope="module")
 def reproduce():
+    sys.path.insert(0, str(SCRIPT.parent))  # the script imports benchmarks/common.py
     spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["reproduce"] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     yield module
     del sys.modules["reproduce"]
+    sys.path.remove(str(SCRIPT.parent))
 
 
 def test_every_recipe_is_a_valid_training_configuration(reproduce):
