@@ -41,6 +41,18 @@ def test_the_authors_conve_recipe_has_their_image_and_fc(reproduce):
     assert model.fc.in_features == 9728  # their main.py's --hidden-size default for embeddings of 200
 
 
+def test_the_authors_replication_differs_from_their_readme_settings_in_the_hidden_dropout_only(reproduce):
+    readme, replication = reproduce.RECIPES["conve-authors-fb15k237"], reproduce.RECIPES["conve-authors-hd05-fb15k237"]
+    assert replication.settings == readme.settings
+    assert replication.model_args == {**readme.model_args, "output_dropout": 0.5}  # their --hidden-drop 0.5
+
+
+def test_the_libkge_conve_recipe_has_its_aspect_ratio_two(reproduce):
+    model = build_model("conve", 30, 4, **reproduce.RECIPES["conve-libkge-fb15k237"].model_args)
+    assert (model.embedding_height, model.embedding_width) == (12, 24)  # LibKGE: sqrt(288 / 2) x 2 sqrt(288 / 2)
+    assert model.fc.in_features == 32 * 22 * 22  # 32 channels of 3 x 3 over the [24 x 24] stack
+
+
 def test_the_result_names_the_threads_the_run_trained_with(reproduce):
     assert reproduce.trained_threads([{"threads": 1}, {"threads": 2}], {"threads": 1}, 4) == 2  # the last session's
     assert reproduce.trained_threads([{"seconds": 5.0}], {"threads": 1}, 4) == 1  # sessions from before they said
