@@ -145,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=Path, default=HERE / "runs", help="where the run folders go")
     p.add_argument("--results", type=Path, default=HERE / "results", help="where NAME.json goes")
     p.add_argument("--name", default=None, help="run and result name (default: the recipe's; e.g. for a bf16 twin)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of a new run (weights, query order, dropout); "
+                   "give another seed a --name of its own")
     p.add_argument("--snapshot", action="store_true",
                    help="train nothing: write the result of the run as it stands (status 'in progress' while another "
                         "process trains it, else 'paused' or 'finished')")
@@ -188,9 +190,9 @@ def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, dea
     from kgtrace.training.loop import resume, train
 
     if RunLayout(run_dir).config.is_file():
-        check_run_is_recipe(recipe, run_dir)
+        check_run_is_recipe(recipe, run_dir, args.seed)
         return resume(run_dir, progress=False, deadline=deadline, device=args.device, threads=args.threads)
-    config = TrainConfig(dataset=recipe.dataset, device=args.device, threads=args.threads,
+    config = TrainConfig(dataset=recipe.dataset, device=args.device, threads=args.threads, seed=args.seed,
                          precision=args.precision, model_args=dict(recipe.model_args), **recipe.settings)
     return train(config, run_dir, progress=False, deadline=deadline)
 
@@ -215,13 +217,14 @@ def snapshot_status(run_dir: Path) -> str:
     return "finished" if done else "paused"
 
 
-def check_run_is_recipe(recipe: Recipe, run_dir: Path) -> None:
-    """Refuse to resume a run folder trained with other settings than the recipe's (an earlier recipe's run)."""
+def check_run_is_recipe(recipe: Recipe, run_dir: Path, seed: int = 0) -> None:
+    """Refuse to resume a run folder trained with other settings than the recipe's (an earlier recipe's run), or
+    from another seed."""
     from kgtrace.config import read_yaml
     from kgtrace.layout import RunLayout
 
     saved = read_yaml(RunLayout(run_dir).config)
-    wanted = {**recipe.settings, "dataset": recipe.dataset, "model_args": dict(recipe.model_args)}
+    wanted = {**recipe.settings, "dataset": recipe.dataset, "model_args": dict(recipe.model_args), "seed": seed}
     differ = [f"{key}: run {saved.get(key)!r}, recipe {value!r}" for key, value in wanted.items()
               if saved.get(key) != value]
     if differ:

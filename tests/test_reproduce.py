@@ -98,6 +98,21 @@ def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monk
     assert len(table) == 3 and table[2].startswith(f"| tiny-nations | {cpu}, 1 thread(s) | finished | 4 (")
 
 
+def test_a_seed_names_a_run_of_its_own(reproduce, tmp_path, monkeypatch):
+    recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 2, "eval_every": 1,
+                              "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
+    monkeypatch.setitem(reproduce.RECIPES, recipe.name, recipe)
+    argv = ["tiny-nations", "--device", "cpu", "--threads", "1", "--runs", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "results"), "--hours", "1e-9"]
+    assert reproduce.main([*argv, "--seed", "3", "--name", "tiny-seed3"]) == 0
+    result = json.loads((tmp_path / "results" / "tiny-seed3.json").read_text())
+    assert result["config"]["seed"] == 3 and result["epochs"] == 1
+    with pytest.raises(SystemExit, match="seed: run 3, recipe 0"):  # resuming it as seed 0's run
+        reproduce.main([*argv, "--name", "tiny-seed3"])
+    assert reproduce.main([*argv, "--seed", "3", "--name", "tiny-seed3"]) == 0  # its own seed resumes it
+    assert json.loads((tmp_path / "results" / "tiny-seed3.json").read_text())["epochs"] == 2
+
+
 def held_elsewhere(folder: Path, call):
     """``call()`` while another process holds ``folder``'s lock (the lock is re-entrant within one process)."""
     code = ("import sys, time\nfrom kgtrace.owned import folder_lock\nwith folder_lock(sys.argv[1]):\n"
