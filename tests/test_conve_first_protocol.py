@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import benchmark_script
 from kgtrace.config import TrainConfig
 from kgtrace.data.triples import read_labeled_triples
 from kgtrace.training.loop import train
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "conve_first_protocol.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports benchmarks/common.py
-    spec = importlib.util.spec_from_file_location("conve_first_protocol", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(SCRIPT.parent))
+    with benchmark_script("conve_first_protocol") as module:
+        yield module
 
 
 def write(folder: Path, splits: dict[str, list[str]]) -> Path:

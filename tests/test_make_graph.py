@@ -6,29 +6,20 @@ with tests/hetionet.py.)
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from benchmark_scripts import benchmark_script
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.kgx import read_kgx
 from kgtrace.data.prepare import prepare
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "make_graph.py"
-
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("make_graph", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_graph"] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("robokop")
-    summary = module.robokop(out, seed=0, exponent=0.9, num_nodes=3000, num_edges=20_000, tsv=True)
-    del sys.modules["make_graph"]
+    with benchmark_script("make_graph") as module:
+        summary = module.robokop(out, seed=0, exponent=0.9, num_nodes=3000, num_edges=20_000, tsv=True)
     return out, summary
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,22 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import benchmark_script
 from kgtrace.config import TrainConfig
 from kgtrace.models import build_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce.py"
 
 
 @pytest.fixture(scope="module")
 def reproduce():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports benchmarks/common.py
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["reproduce"]
-    sys.path.remove(str(SCRIPT.parent))
+    with benchmark_script("reproduce") as module:
+        yield module
 
 
 def test_every_recipe_is_a_valid_training_configuration(reproduce):
