@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from common import resolved
+from reproduce import RECIPES
 from kgtrace.data.triples import read_labeled_triples, write_labeled_triples
 
 
@@ -88,9 +89,8 @@ def main() -> int:
     if not (args.data / "test.txt").is_file():
         write_symmetrised(source, args.data)
     if not args.run.exists():
-        config = TrainConfig(dataset=str(args.data), model="conve", lr=0.003, batch_size=128, label_smoothing=0.1,
-                             label_smoothing_style="conve", training="kvsall", epochs=args.epochs, eval_every=5,
-                             checkpoint_every=5, threads=args.threads, device=device.type)
+        settings = {**RECIPES["conve-code-fb15k237"].settings, "epochs": args.epochs}
+        config = TrainConfig(dataset=str(args.data), threads=args.threads, device=device.type, **settings)
         train(config, args.run, progress=False)
     curve = [{k: r[k] for k in ("epoch", "loss", "seconds", "valid_mrr") if k in r}
              for r in read_records(args.run / "metrics.jsonl")]
