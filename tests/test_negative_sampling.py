@@ -14,7 +14,7 @@ from kgtrace.attribution.trak import removal_weights
 from kgtrace.checkpoint import load_checkpoint
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.models import ComplEx, ConvE, DistMult, build_model
+from kgtrace.models import ComplEx, ConvE, DistMult, _tables, build_model
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
 from kgtrace.training.compiled import step_inputs, train_call
@@ -194,6 +194,25 @@ def test_embedding_dropout_acts_in_training_only(cls):
     torch.manual_seed(2)
     assert (model.decode(torch.ones(1, model.entity_embeddings.shape[1])) != plain.decode(
         torch.ones(1, model.entity_embeddings.shape[1]))).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropped_keeps_each_value_with_probability_one_minus_p_scaled_as_f_dropout(dtype):
+    """The CPU mask (torch.rand >= p) against F.dropout's contract: kept values are x / (1 - p), the rest
+    0, kept with probability 1 - p; the gradient is the same mask; eval mode or p = 0 pass x itself."""
+    p = 0.3
+    x = torch.linspace(1.0, 2.0, 200_000, dtype=dtype).view(1000, 200).requires_grad_()
+    assert _tables.dropped(x, p, training=False) is x and _tables.dropped(x, 0.0, training=True) is x
+    torch.manual_seed(0)
+    y = _tables.dropped(x, p, training=True)
+    kept = y != 0
+    assert y.dtype == dtype
+    torch.testing.assert_close(y[kept], (x / (1 - p))[kept])
+    assert float(kept.float().mean()) == pytest.approx(1 - p, abs=0.005)  # 2e5 draws: sigma 0.001
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.to(dtype) / (1 - p))
+    torch.manual_seed(0)
+    assert torch.equal(_tables.dropped(x, p, training=True), y)  # masks from the global generator
 
 
 def test_uniform_initialisation_draws_within_its_bounds():
