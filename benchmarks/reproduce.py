@@ -306,7 +306,7 @@ def results_table(folder: Path) -> str:
     """One Markdown row per result file of a recipe: status, epochs, time, test MRR per side against the target."""
     rows = ["| recipe | machine | status | epochs (best) | hours | test MRR | head | tail | H@10 | published | reached |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob("*.json"), key=lambda p: p.stem):  # a recipe before its -seed1 or -bf16 twin
         r = json.loads(path.read_text())
         if "recipe_settings" not in r:
             continue  # another benchmark's result
