@@ -217,7 +217,7 @@ def snapshot_status(run_dir: Path) -> str:
     return "finished" if done else "paused"
 
 
-def check_run_is_recipe(recipe: Recipe, run_dir: Path, seed: int = 0) -> None:
+def check_run_is_recipe(recipe: Recipe, run_dir: Path, seed: int) -> None:
     """Refuse to resume a run folder trained with other settings than the recipe's (an earlier recipe's run), or
     from another seed."""
     from kgtrace.config import read_yaml

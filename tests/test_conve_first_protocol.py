@@ -12,7 +12,6 @@ from kgtrace.data.triples import read_labeled_triples
 from kgtrace.training.loop import train
 
 
-
 @pytest.fixture(scope="module")
 def script():
     with benchmark_script("conve_first_protocol") as module:

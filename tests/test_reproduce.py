@@ -14,7 +14,6 @@ from kgtrace.config import TrainConfig
 from kgtrace.models import build_model
 
 
-
 @pytest.fixture(scope="module")
 def reproduce():
     with benchmark_script("reproduce") as module:
