@@ -1,10 +1,15 @@
-"""ConvE's fc input computed in bands (head rows, mixed rows, relation rows) equals the whole-input pass."""
+"""ConvE's fc input computed in bands (head rows, mixed rows, relation rows) equals the whole-input pass; so do
+influences with the bands' upstream terms in forward or reverse mode."""
+
+import itertools
 
 import pytest
 import torch
 
-from kgtrace.attribution.conve import pair_pass
+from kgtrace.attribution import select_parameters
+from kgtrace.attribution.conve import conve_factors, conve_influence, pair_pass
 from kgtrace.attribution.conve_bands import band_pass, band_values, bands, relation_band
+from kgtrace.attribution.factors import dot
 from kgtrace.models.conve import ConvE
 
 
@@ -94,3 +99,46 @@ def test_relation_band_is_computed_once_and_again_when_the_weights_change():
             torch.testing.assert_close(got, want)
     relation_band(m, ids, counted)  # with gradients on: computed for these ids, not cached
     assert calls == [6, 6, 2]
+
+
+@pytest.mark.parametrize("height,batch_norm", [(4, True), (4, False), (2, True)])  # height 2: the pair band alone
+@pytest.mark.parametrize("n_test", [1, 3])  # 3: forward products meet the triples grouped by band value
+def test_influence_with_any_bands_in_forward_mode_equals_the_factors_products(height, batch_norm, n_test):
+    """conve_influence with each band of fc's input in forward or in reverse mode (every plan) equals the products
+    of the whole per-triple gradients; in two chunks that share a memo (the relation band's products, made once)."""
+    m = model(height, (3, 3), batch_norm, seed=3)
+    g = torch.Generator().manual_seed(4)
+    relations = m.relation_embeddings.shape[0]
+
+    def triples(n):
+        return torch.stack([torch.randint(0, 7, (n,), generator=g), torch.randint(0, relations, (n,), generator=g),
+                            torch.randint(0, 7, (n,), generator=g)], dim=1)
+
+    train, test = triples(80), triples(n_test)
+    keys = [key for key, _ in bands(m)]
+    for names in (select_parameters(m, "all"), ["conv.weight", "bn1.bias" if batch_norm else "conv.bias", "fc.weight"]):
+        test_factors = conve_factors(m, test, names)
+        expected = dot(test_factors, conve_factors(m, train, names))  # [n_test, 80]
+        for plan in itertools.chain.from_iterable(itertools.combinations(keys, k) for k in range(len(keys) + 1)):
+            memo = {}
+            got = torch.cat([conve_influence(m, test_factors, chunk, names, frozenset(plan), memo)
+                             for chunk in (train[:50], train[50:])], dim=1)
+            torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6 * expected.abs().max().item())
+            assert ("relation" in memo) == ("relation" in plan)
+
+
+def test_band_plan_takes_each_band_forward_where_it_is_cheaper():
+    """Head and pair bands: test triples x distinct values in the chunk against its triples; the relation band (kept
+    for the pass): test triples x relation ids against the pass's triples, within the memory bound."""
+    from kgtrace.attribution import conve
+
+    m = model(4, (3, 3), True)  # 6 relation ids
+    chunk = torch.tensor([[0, 0, 1], [0, 0, 2], [0, 1, 3], [0, 1, 4], [1, 2, 5], [1, 2, 6]])  # 2 heads, 3 pairs
+    assert conve.band_plan(m, ["fc.weight"], 1, chunk, 100) is None  # no upstream parameter: the factors alone
+    assert conve.band_plan(m, ["conv.bias"], 1, chunk, 100) == {"head", "pair", "relation"}
+    assert conve.band_plan(m, ["conv.bias"], 2, chunk, 100) == {"head", "relation"}  # 2 x 3 pairs = 6 triples
+    assert conve.band_plan(m, ["conv.bias"], 3, chunk, 100) == {"relation"}  # 3 x 2 heads = 6 triples
+    assert conve.band_plan(m, ["conv.bias"], 17, chunk, 100) == set()  # 17 x 6 relation ids > 100 triples
+    assert conve.band_plan(m, ["conv.bias"], 16, chunk, 10**6) == {"relation"}
+    m.relation_embeddings = torch.nn.Parameter(torch.zeros(conve.RELATION_PRODUCTS, 24))
+    assert conve.band_plan(m, ["conv.bias"], 2, chunk, 10**9) == {"head"}  # more relation products than are kept

@@ -77,7 +77,7 @@ def test_conve_subclass_takes_the_fast_paths(conve_run, monkeypatch):
         conve = build_model("conve", run.dataset.num_entities, run.dataset.num_relations, **CONVE_ARGS)
         assert entry_points_for(run.model, "fast", fast.names) == entry_points_for(conve, "fast", fast.names)
     assert "tracin_conve_band_pair" in entry_points_for(run.model, "fast", fast.names)
-    assert fast._forward_mode(test, run.dataset.train[:1200])  # ConvE's forward mode, for the subclass too
+    assert fast._forward_plan(test, run.dataset.train[:1200])  # ConvE's forward mode, for the subclass too
 
 
 def test_distmult_subclass_takes_the_rows_fast_path():

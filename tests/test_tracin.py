@@ -387,12 +387,13 @@ def test_bf16_precision_is_close(conve_run):
 @pytest.mark.parametrize("params", ["all", ["entity_embeddings", "bn1.weight"], ["relation_embeddings", "conv.bias"]])
 def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params, monkeypatch):
     """For few test triples ConvE's upstream terms are taken in forward mode: same influences."""
-    from kgtrace.attribution.conve import forward_mode_pays
+    from kgtrace.attribution.conve import band_plan
 
     rows = torch.arange(0, 2400)
     for test in (conve_run.dataset.test[:1], torch.tensor([[5, 3, 5], [7, 2, 9]])):
         tracin = TracIn(conve_run, params=params, train_indices=rows, chunk_size=1200)
-        assert forward_mode_pays(tracin.model, tracin.names, len(test), conve_run.dataset.train[rows[:1200]])
+        assert band_plan(tracin.model, tracin.names, len(test), conve_run.dataset.train[rows[:1200]], 2400) == {
+            "head", "pair", "relation"}
         got = tracin.influence(test)
         with monkeypatch.context() as m:
             m.setattr(tracin_module, "_FORWARD_MODE", False)  # reverse mode: per-triple gradients

@@ -10,12 +10,14 @@ last chunk, mark-step, clone at the boundary, no eager fallback):
 * ``tracin_conve_band_head``, ``tracin_conve_band_pair``, ``tracin_conve_band_relation``:
   ConvE's fast path, one band of fc's input and its part of fc's product per distinct head,
   pair or relation (:func:`~.conve_bands.band_values`, the convolution and the fc layer: the
-  factors' costly part), for parameter sets without upstream parameters and for forward mode;
-  a model whose kernel is taller than an embedding has only the pair band;
+  factors' costly part), for parameter sets without upstream parameters and for influence on
+  test triples (:func:`~.conve.conve_influence`); a model whose kernel is taller than an
+  embedding has only the pair band;
 * ``tracin_conve_pairs``: ConvE's whole fc input and bn2 output per distinct pair
-  (:func:`~.conve.pair_pass`), for per-triple upstream gradients, which are pulled back
-  through the whole image. The per-triple closed form, O(D) per triple, stays eager; so do
-  that pull-back (:mod:`.conve_block`) and forward mode's JVPs.
+  (:func:`~.conve.pair_pass`), for factors with upstream parameters (:func:`~.conve.conve_factors`:
+  the test triples', self-influence), whose per-triple gradients are pulled back through the
+  whole image. The per-triple closed form, O(D) per triple, stays eager; so do the pull-backs
+  (:mod:`.conve_block`) and forward mode's JVPs.
 
 Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
 (distinct pairs, shared ids), which a static graph cannot take.
@@ -36,7 +38,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, pair_pass
+from kgtrace.attribution.conve import conve_factors, conve_influence, pair_pass
 from kgtrace.attribution.conve_bands import band_values
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.fast import fast_path
@@ -94,12 +96,12 @@ class CompiledGradients:
         self._calls: dict[str, CompiledCall] = {}
 
     def wrap(self, function: Callable) -> Callable:
-        """The compiled form of one of TracIn's functions (a factoriser, or forward mode's influence)."""
+        """The compiled form of one of TracIn's functions (a factoriser, or ConvE's influence in bands)."""
         forms = {
             dense_factors: self.dense_factors,
             row_factors: self.row_factors,
             conve_factors: partial(conve_factors, pairs_fn=self.pair_pass, band_fn=self.band_values),
-            conve_forward_influence: partial(conve_forward_influence, band_fn=self.band_values),
+            conve_influence: partial(conve_influence, band_fn=self.band_values),
         }
         if function not in forms:
             raise ValueError(f"no compiled form of {getattr(function, '__name__', function)!r}")

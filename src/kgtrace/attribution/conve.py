@@ -15,13 +15,14 @@ With l = softplus(-score) and g = dl/dscore = -sigmoid(-score), going backwards:
     dl/da = W^T delta                               -> through maps: conv, bn0, bn1, e_h and w_r
 
 Everything up to ``delta`` is closed form and costs O(D) per triple once each distinct (h, r)
-pair's a and z are known (computed once per pair: a depends only on (h, r); without upstream
-parameters, in bands of which two depend on h alone and on r alone: :mod:`.conve_bands`). The parameters
-before fc (the "upstream" ones: conv, bn0, bn1 and the head and relation rows) need
-dl/da = W^T delta per triple, [n, F], pulled back through the convolution block
-(:mod:`.conve_block`, by hand); only when such a parameter is selected is that cost paid.
-With few test triples, :func:`conve_forward_influence` takes those terms in forward mode
-instead, one Jacobian-vector product per (test triple, distinct pair).
+pair's a and z are known (computed once per pair: a depends only on (h, r); in bands of which
+two depend on h alone and on r alone: :mod:`.conve_bands`). The parameters before fc (the
+"upstream" ones: conv, bn0, bn1 and the head and relation rows) need dl/da = W^T delta per
+triple, [n, F], pulled back through the convolution block (:mod:`.conve_block`, by hand); only
+when such a parameter is selected is that cost paid. Against test triples,
+:func:`conve_influence` takes those terms band by band, each in the cheaper mode
+(:func:`band_plan`): reverse (that pull-back, per training triple) or forward (one
+Jacobian-vector product per test triple and distinct value of the band).
 """
 
 from __future__ import annotations
@@ -32,19 +33,26 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve_bands import KEYS, Band, BandFn, band_pass, band_values, bands, whole_band
+from kgtrace.attribution.conve_bands import (KEYS, Band, BandFn, band_pass, band_values, bands,
+                                           every_relation_band, whole_band)
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
 from kgtrace.matmul import linear
 
-__all__ = ["UPSTREAM", "conve_factors", "conve_forward_influence", "forward_mode_pays", "needs_upstream", "pair_pass",
-           "unique_pairs"]
+__all__ = ["UPSTREAM", "band_plan", "conve_factors", "conve_influence", "needs_upstream", "pair_pass", "unique_pairs"]
 
 #: (model, pairs [U, 2]) -> (a [U, F], z_hat [U, D], y [U, D]): :func:`pair_pass` or its compiled form.
 PairsFn = Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor]]
 #: Distinct pairs per block of forward-mode JVPs: their [pairs, F] tangents (~5 MB) stay in cache
 #: for the fc product (measured 1.5x faster than one pass over all pairs on a CPU).
 PAIR_BLOCK = 128
+#: Most rows (test triples x relation ids) of the relation band's forward products kept for a pass (200 MB at D = 200).
+RELATION_PRODUCTS = 1 << 18
+#: Test triples from which forward-mode products meet a chunk's triples grouped by band value
+#: (one [n_g, D] x [D, n_test] product per group) rather than one gather of [n, D] per test triple.
+#: One CPU thread, 4,096 triples, D = 200, 162 values: 3.5 ms against 4.0 ms grouped for one test
+#: triple, 6.9 against 3.9 for two, 26 against 4.5 for eight.
+GROUPED_FROM = 2
 #: Parameters before fc whose gradients need a backward pass through the convolution.
 UPSTREAM = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
 #: Parameters after fc whose gradients are closed form, in the order their blocks are concatenated.
@@ -110,33 +118,33 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, b
 
 @torch.no_grad()
 def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstream_chunk: int = 512,
-                  head_slot: bool = True, pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values) -> Factors:
+                  pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values) -> Factors:
     """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
 
-    ``model`` must be a ConvE in eval mode. head_slot=False leaves out everything that needs
-    a backward pass through the convolution (upstream parameters, head and relation rows):
-    :func:`conve_forward_influence` adds those terms another way. Without upstream parameters
-    fc's input is computed in bands (:mod:`.conve_bands`) by band_fn (:func:`~.conve_bands.band_values`
-    or its compiled form); with them, whole, per distinct pair by pairs_fn (:func:`pair_pass` or its
-    compiled form): per-triple upstream gradients are pulled back through the whole image.
+    ``model`` must be a ConvE in eval mode. Without upstream parameters fc's input is computed
+    in bands (:mod:`.conve_bands`) by band_fn (:func:`~.conve_bands.band_values` or its compiled
+    form); with them, whole, per distinct pair by pairs_fn (:func:`pair_pass` or its compiled
+    form), and per-triple upstream gradients are pulled back through the whole image.
     """
     fw = _forward(model, triples, pairs_fn, band_fn, banded=not needs_upstream(names))
-    return _assemble(model, triples, fw, names, upstream_chunk, head_slot)
+    return _assemble(model, triples, fw, names, upstream_chunk, fw.bands)
 
 
 def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str], upstream_chunk: int,
-              head_slot: bool) -> Factors:
-    selected = set(names) if head_slot else set(names) - {*UPSTREAM, "relation_embeddings"}
+              reverse: list[Band]) -> Factors:
+    """The factors of ``triples``; their upstream blocks and head and relation rows from the ``reverse`` bands' part of
+    fc's input (all of it: the whole gradients), none with no such band (forward mode adds those terms)."""
+    selected = set(names) if reverse else set(names) - {*UPSTREAM, "relation_embeddings"}
     blocks = {"fc.bias": fw.delta, "bn2.bias": fw.dl_dy}
     if "bn2.weight" in selected:
         blocks["bn2.weight"] = fw.dl_dy * fw.z_hat.index_select(0, fw.index)
     head_rows = rel_rows = None
-    if head_slot and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
-        up, head_rows, rel_rows = _upstream(model, fw, upstream_chunk)
+    if reverse and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
+        up, head_rows, rel_rows = _upstream(model, fw, upstream_chunk, reverse)
         blocks.update(up)
     dense = [blocks[name].reshape(len(triples), -1) for name in UPSTREAM + DOWNSTREAM if name in selected]
     rows = {}
-    entity = _entity_slots(triples, selected, fw.g, fw.q, head_rows, head_slot)
+    entity = _entity_slots(triples, selected, fw.g, fw.q, head_rows, bool(reverse))
     if entity is not None:
         rows["entity"] = entity
     if "relation_embeddings" in selected:
@@ -152,50 +160,98 @@ def needs_upstream(names: Sequence[str]) -> bool:
     return bool(set(names) & {*UPSTREAM, "entity_embeddings", "relation_embeddings"})
 
 
-def forward_mode_pays(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor) -> bool:
-    """True when :func:`conve_forward_influence` is cheaper than per-triple upstream gradients.
+def band_plan(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor, n_train: int) -> frozenset[str] | None:
+    """The bands of fc's input (:func:`~.conve_bands.bands`) whose upstream terms :func:`conve_influence` takes in
+    forward mode for this chunk of ``triples``; None without upstream parameters (the factors alone serve).
 
-    Per-triple (reverse) costs one [D] x [D, F] product per training triple; forward mode one
-    per (test triple, distinct value of each band: :func:`~.conve_bands.bands`) over the band's columns.
+    Per band, reverse mode costs a [D] x [D, F_b] product per training triple, forward mode one per
+    test triple and distinct value of the band in the chunk (head, pair). The relation band's
+    forward products are computed once per pass for every relation id and kept, so they are set
+    against the pass's ``n_train`` triples (and not kept past :data:`RELATION_PRODUCTS` rows).
     """
     if not needs_upstream(names):
-        return False
+        return None
     pairs, _ = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    spans = bands(model)
-    distinct = {"pair": len(pairs), "head": len(pairs[:, 0].unique()), "relation": len(pairs[:, 1].unique())}
-    forward = n_test * sum(distinct[key] * len(rows) for key, rows in spans)  # in units of D x (C x Wc) products
-    return forward < len(triples) * sum(len(rows) for _, rows in spans)
+    distinct = {"pair": len(pairs), "head": len(pairs[:, 0].unique())}
+    forward = set()
+    for key, _ in bands(model):
+        if key == "relation":  # kept over the pass: against all its triples, within the memory bound
+            rows = n_test * model.relation_embeddings.shape[0]
+            pays = rows < n_train and rows <= RELATION_PRODUCTS
+        else:
+            pays = n_test * distinct[key] < len(triples)
+        if pays:
+            forward.add(key)
+    return frozenset(forward)
 
 
 @torch.no_grad()
-def conve_forward_influence(model: nn.Module, test: Factors, test_triples: Tensor, triples: Tensor,
-                            names: Sequence[str], band_fn: BandFn = band_values) -> Tensor:
-    """<grad l(test_i), grad l(triple_j)> [n_test, n] from the test triples' full factors, in forward mode.
+def conve_influence(model: nn.Module, test: Factors, triples: Tensor, names: Sequence[str], forward: frozenset[str],
+                    memo: dict[str, Tensor], band_fn: BandFn = band_values, upstream_chunk: int = 512) -> Tensor:
+    """<grad l(test_i), grad l(triple_j)> [n_test, n] from the test triples' full factors, band by band.
 
-    The upstream terms <u_i, J_p^T W^T delta_j> are computed as <W (J_p u_i), delta_j>: one
-    Jacobian-vector product of the pair's fc input along the test gradient u_i (its upstream
-    parameters, and its entity and relation rows where the pair's head or relation is one of
-    them) per test triple and distinct value of each band of fc's input (per distinct head,
-    pair and relation, :mod:`.conve_bands`; band_fn: :func:`~.conve_bands.band_values` or its
-    compiled form), instead of a backward pass per training triple. The remaining terms are the
-    ordinary factored products with the training triples' downstream factors.
+    The downstream terms are the ordinary factored products. The upstream terms are sums over
+    the bands of fc's input (:mod:`.conve_bands`), each taken in the mode :func:`band_plan` chose:
+
+    * reverse: the band's part of each training triple's upstream gradients, J_b^T W_b^T delta_j,
+      pulled back through the band's rows of the image (:func:`_upstream`), in the factors;
+    * forward: <u_i, J_b^T W_b^T delta_j> = <W_b (J_b u_i), delta_j>, one Jacobian-vector product
+      of the band's fc input along the test gradient u_i (its upstream parameters, and its entity
+      and relation rows where the band's head or relation is one of them) per test triple and
+      distinct value of the band (band_fn: :func:`~.conve_bands.band_values` or its compiled form).
+      The relation band's are made for every relation id once and kept in ``memo`` (one dict per
+      checkpoint model and test set, for one pass over the training triples).
     """
     fw = _forward(model, triples, band_fn=band_fn, banded=True)
-    train = _assemble(model, triples, fw, names, 0, head_slot=False)
-    out = dot(_downstream_part(model, test, names), train)
-    u_params = _param_tangents(model, test, names)
+    reverse = [band for band in fw.bands if band.key not in forward]
+    train = _assemble(model, triples, fw, names, upstream_chunk, reverse)
+    out = dot(test if reverse else _downstream_part(model, test, names), train)
     for band in fw.bands:
-        block = conv_block(model, band.ids, band.a, band.image_rows(model))
-        u_head, u_rel = _row_tangents(model, test, names, band)  # [n_test, U_b, D] each
-        weight = band.weight(model)  # [D, F_b]
-        index = band.index.index_select(0, fw.index)  # [n] each triple's row of the band
-        for i in range(len(test_triples)):  # few test triples: that is when forward mode pays
-            tangent = {n: v[i] for n, v in u_params.items()}
-            w_da = torch.cat([block_jvp(model, block.part(s, s + PAIR_BLOCK), tangent, u_head[i, s:s + PAIR_BLOCK],
-                                        u_rel[i, s:s + PAIR_BLOCK]) @ weight.T
-                              for s in range(0, len(band.ids), PAIR_BLOCK)])  # [U_b, D], per block (in cache)
-            out[i] += torch.linalg.vecdot(w_da.index_select(0, index), fw.delta)
+        if band.key not in forward:
+            continue
+        if band.key == "relation":
+            if "relation" not in memo:  # side-by-side chunks may both make it: the same values
+                memo["relation"] = _band_products(model, test, names, every_relation_band(model, band_fn))
+            _add_products(out, memo["relation"], triples[:, 1], fw.delta)
+        else:
+            _add_products(out, _band_products(model, test, names, band), band.index.index_select(0, fw.index), fw.delta)
     return out
+
+
+def _band_products(model: nn.Module, test: Factors, names: Sequence[str], band: Band) -> Tensor:
+    """W_b (J_b u_i) [n_test, U_b, D]: the band's part of fc's output along each test gradient u_i, per distinct value."""
+    u_params = _param_tangents(model, test, names)
+    block = conv_block(model, band.ids, band.a, band.image_rows(model))
+    u_head, u_rel = _row_tangents(model, test, names, band)  # [n_test, U_b, D] each
+    weight_t = band.weight(model).T  # [F_b, D]
+    out = []
+    for i in range(test.n):
+        tangent = {n: v[i] for n, v in u_params.items()}
+        out.append(torch.cat([block_jvp(model, block.part(s, s + PAIR_BLOCK), tangent, u_head[i, s:s + PAIR_BLOCK],
+                                        u_rel[i, s:s + PAIR_BLOCK]) @ weight_t
+                              for s in range(0, len(band.ids), PAIR_BLOCK)]))  # [U_b, D], per block (in cache)
+    return torch.stack(out)
+
+
+def _add_products(out: Tensor, products: Tensor, index: Tensor, delta: Tensor) -> None:
+    """out[i, j] += <products[i, index_j], delta_j>: products [n_test, U_b, D] per band value, index [n], delta [n, D].
+
+    Few test triples: a gather of [n, D] per test triple. More (from :data:`GROUPED_FROM`): the
+    triples grouped by value, one [n_g, D] x [D, n_test] product per group, and no [n_test, n, D] gather.
+    """
+    if len(products) < GROUPED_FROM:
+        for i in range(len(products)):
+            out[i] += torch.linalg.vecdot(products[i].index_select(0, index), delta)
+        return
+    order = torch.argsort(index, stable=True)
+    values, counts = torch.unique_consecutive(index.index_select(0, order), return_counts=True)
+    grouped = delta.index_select(0, order)  # [n, D], each value's triples together
+    sums = torch.empty(len(index), len(products), dtype=out.dtype, device=out.device)  # [n, n_test] in that order
+    start = 0
+    for value, count in zip(values.tolist(), counts.tolist()):
+        sums[start:start + count] = grouped[start:start + count] @ products[:, value].T
+        start += count
+    out += sums.index_select(0, torch.argsort(order)).T
 
 
 def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
@@ -280,16 +336,29 @@ def _entity_slots(triples: Tensor, selected: set[str], g: Tensor, q: Tensor, hea
     return triples[:, [0, 2]], torch.stack([head, tail], dim=1)  # [n, 2], [n, 2, W]
 
 
-def _upstream(model: nn.Module, fw: _Pass, chunk: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """Per-triple gradients of the upstream parameters, and of the head and relation rows [n, D].
+def _upstream(model: nn.Module, fw: _Pass, chunk: int, reverse: list[Band]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Per-triple gradients of the upstream parameters, and of the head and relation rows [n, D], from ``reverse``' part
+    of fc's input (the whole band: the whole gradients; else a part that forward mode completes).
 
-    dl/da = W^T delta [c, F] is formed ``chunk`` triples at a time and pulled back through
-    the convolution block by hand (:func:`~.conve_block.block_vjp`).
+    dl/da_b = W_b^T delta [c, F_b] is formed ``chunk`` triples at a time and pulled back through
+    the band's rows of the image by hand (:func:`~.conve_block.block_vjp`).
     """
-    (band,) = fw.bands  # per-triple gradients are pulled back through the whole image
-    block = conv_block(model, fw.pairs, band.a)
-    weight_t = model.fc.weight.T.contiguous()  # [F, D]: dl/da = delta W as linear(delta, W^T)
-    parts = [block_vjp(model, block, fw.index[s:s + chunk], linear(fw.delta[s:s + chunk], weight_t))
-             for s in range(0, max(len(fw.index), 1), chunk)]  # one part even for no triples
-    grads = {name: torch.cat([p[0][name] for p in parts]) for name in parts[0][0]}
-    return grads, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+    total = None
+    for band in reverse:
+        block = conv_block(model, band.ids, band.a, band.image_rows(model))
+        index = band.index.index_select(0, fw.index)  # [n] each triple's row of the band
+        weight_t = band.weight(model).T.contiguous()  # [F_b, D]: dl/da_b = delta W_b as linear(delta, W_b^T)
+        parts = [block_vjp(model, block, index[s:s + chunk], linear(fw.delta[s:s + chunk], weight_t))
+                 for s in range(0, max(len(index), 1), chunk)]  # one part even for no triples
+        grads = {name: torch.cat([p[0][name] for p in parts]) for name in parts[0][0]}
+        found = grads, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+        total = found if total is None else _added(total, found)
+    return total
+
+
+def _added(x: tuple[dict[str, Tensor], Tensor, Tensor],
+           y: tuple[dict[str, Tensor], Tensor, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Two bands' parts of :func:`_upstream`'s gradients, summed (into x's tensors)."""
+    for name, grad in y[0].items():
+        x[0][name] += grad
+    return x[0], x[1].add_(y[1]), x[2].add_(y[2])

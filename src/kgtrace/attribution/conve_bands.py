@@ -37,7 +37,7 @@ from kgtrace.attribution.conve_block import folded_conv, taps
 from kgtrace.matmul import linear
 
 __all__ = ["KEYS", "Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "conv_width",
-           "image_rows", "relation_band", "whole_band"]
+           "every_relation_band", "image_rows", "relation_band", "whole_band"]
 
 #: Which id a band depends on: column of the (head, relation) pair, or None for the pair itself.
 KEYS = {"head": 0, "pair": None, "relation": 1}
@@ -124,15 +124,30 @@ BandFn = Callable[[nn.Module, str, Tensor], tuple[Tensor, Tensor]]
 
 def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) -> tuple[list[Band], Tensor]:
     """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
-    width = conv_width(model)
-    columns = torch.arange(model.fc.weight.shape[1], device=pairs.device).view(model.conv.out_channels, -1)  # [C, Hc Wc]
     out, z = [], model.fc.bias.expand(len(pairs), -1)  # [U, D]
     for key, rows in bands(model):
         ids, index = _distinct(pairs, KEYS[key])  # [U_b, 2], [U]
         a, product = relation_band(model, ids, band_fn) if key == "relation" else band_fn(model, key, ids)
-        out.append(Band(key, rows, ids, a, index, columns[:, rows.start * width:rows.stop * width].reshape(-1)))
+        out.append(Band(key, rows, ids, a, index, _columns(model, rows, pairs.device)))
         z = z + product.index_select(0, index)  # [U, D]
     return out, z
+
+
+def every_relation_band(model: nn.Module, band_fn: BandFn = band_values) -> Band:
+    """The relation band with a row for every relation id r (ids (0, r), index the identity), from :func:`relation_band`."""
+    rows = dict(bands(model))["relation"]
+    device = model.relation_embeddings.device
+    ids = torch.zeros(model.relation_embeddings.shape[0], 2, dtype=torch.long, device=device)  # the head is not read
+    ids[:, 1] = torch.arange(len(ids), device=device)
+    a, _ = relation_band(model, ids, band_fn)
+    return Band("relation", rows, ids, a, ids[:, 1], _columns(model, rows, device))
+
+
+def _columns(model: nn.Module, rows: range, device: torch.device) -> Tensor:
+    """The positions among fc's inputs [C * len(rows) * Wc] of conv output ``rows``, channel-major."""
+    width = conv_width(model)
+    columns = torch.arange(model.fc.weight.shape[1], device=device).view(model.conv.out_channels, -1)  # [C, Hc Wc]
+    return columns[:, rows.start * width:rows.stop * width].reshape(-1)
 
 
 #: model -> (what its band values depend on, every relation id's band values): a pass over training triples meets

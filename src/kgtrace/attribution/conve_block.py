@@ -124,8 +124,9 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     """Per-triple gradients given dl/da [n, F] of triples whose pairs are ``index`` [n].
 
     Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
+    A band's block (rows of the image, :mod:`.conve_bands`) takes dl/da on the band's columns [n, F_b] and
+    gives the band's part of the gradients: zero on the image rows it does not see.
     """
-    assert block.image_rows == slice(None), "per-triple gradients need the whole image's block"
     n, channels = len(index), block.weight.shape[0]
     gate = block.active.index_select(0, index)  # [n, C, L], made relu's derivative in place
     do = relu_gate(gate, out=gate).mul_(da.view(n, channels, -1))  # [n, C, L]
@@ -140,7 +141,12 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
         grads["bn1.bias"] = d_bias
         grads["bn0.weight"] = (dx0 * block.normalised.index_select(0, index)).sum((1, 2)).unsqueeze(1)  # [n, 1]
         grads["bn0.bias"] = dx0.sum((1, 2)).unsqueeze(1)
-    dx = (dx0 * block.gain0).view(n, -1)  # [n, 2D]: head row, then relation row
+    dx = dx0 * block.gain0  # [n, R, W]
+    if block.image_rows != slice(None):  # a band's rows: put in place in the whole image [n, 2H, W]
+        whole = dx.new_zeros(n, 2 * model.embedding_height, width)
+        whole[:, block.image_rows] = dx
+        dx = whole
+    dx = dx.view(n, -1)  # [n, 2D]: head row, then relation row
     dim = dx.shape[1] // 2
     return grads, dx[:, :dim], dx[:, dim:]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve import conve_factors, conve_forward_influence, forward_mode_pays, needs_upstream
+from kgtrace.attribution.conve import band_plan, conve_factors, conve_influence, needs_upstream
 from kgtrace.attribution.conve_bands import bands
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.rows import row_factors
@@ -32,8 +32,9 @@ class FastPath:
     factors: Factoriser
     #: The compiled entry points (:data:`~.compiled.ENTRY_POINTS`) it runs: (model, names) -> names.
     entry_points: Callable[[nn.Module, Sequence[str]], list[str]]
-    #: Influence on few test triples without per-triple backward passes: (whether it pays, how); None: never.
-    forward: tuple[Callable[..., bool], Callable[..., Tensor]] | None = None
+    #: Influence on test triples with some terms in forward mode: (the plan for a chunk, or None for the factors
+    #: alone; the influence given that plan and a memo kept per checkpoint over a pass); None: never.
+    forward: tuple[Callable[..., object], Callable[..., Tensor]] | None = None
     #: Whether it allocates same-sized blocks per sub-chunk or test triple for these parameter names.
     reuses_blocks: Callable[[Sequence[str]], bool] | None = None
 
@@ -49,7 +50,7 @@ def _rows_entry_points(model: nn.Module, names: Sequence[str]) -> list[str]:
 
 #: Factoriser kind (ModelSpec.factoriser) -> its fast path.
 FAST_PATHS: dict[str, FastPath] = {
-    "conve": FastPath(conve_factors, _conve_entry_points, (forward_mode_pays, conve_forward_influence), needs_upstream),
+    "conve": FastPath(conve_factors, _conve_entry_points, (band_plan, conve_influence), needs_upstream),
     "rows": FastPath(row_factors, _rows_entry_points),
 }
 

@@ -187,11 +187,13 @@ class TracIn:
         with precision_context(self.precision, self.device):
             return function(model, triples, self.names).to(DTYPES[self.precision])
 
-    def _forward_mode(self, test: Tensor, triples: Tensor) -> bool:
-        """Whether this chunk's influence on ``test`` is cheaper in forward mode (fast path, fp32 only)."""
+    def _forward_plan(self, test: Tensor, triples: Tensor) -> object | None:
+        """How this chunk's influence on ``test`` takes some terms in forward mode (fast path, fp32 only); None: the
+        factors' products alone."""
         forward = self._fast.forward if self.path == "fast" else None
-        return (_FORWARD_MODE and forward is not None and self.precision == "fp32"
-                and forward[0](self.model, self.names, len(test), triples))
+        if not (_FORWARD_MODE and forward is not None and self.precision == "fp32"):
+            return None
+        return forward[0](self.model, self.names, len(test), triples, len(self.train) // self.world.size)
 
     def _reuses_blocks(self) -> bool:
         """Whether the fast path allocates the same large blocks over and over for these parameters."""
@@ -242,10 +244,11 @@ class TracIn:
                         continue
                     models = self._group_models(group)
                     lrs = [self.checkpoints[i].lr for i in group]
-                    # kept for the group's whole pass: each checkpoint's test factors, computed once
+                    # kept for the group's whole pass: each checkpoint's test factors, computed once, and memo
                     test_factors = None if test is None else [self._factorise(m, test) for m in models]
+                    memos = [{} for _ in models]
                     last = g == len(self.groups) - 1
-                    work = partial(self._chunk_parts, chunks, models, lrs, test_factors, test)
+                    work = partial(self._chunk_parts, chunks, models, lrs, test_factors, memos, test)
                     for number, parts in side_by_side(work, range(first, len(chunks)), self.device,
                                                       enabled=self.compiled is None):
                         positions = chunks[number]
@@ -257,26 +260,30 @@ class TracIn:
                             yield slice(group[0], group[-1] + 1), positions, parts
                         state.step(g * len(chunks) + number, data)
                         bar.update(1)
-                    del models, test_factors, work  # a group's models go before the next group's come
+                    del models, test_factors, memos, work  # a group's models go before the next group's come
             done = True
         finally:
             if spill is not None:
                 spill.close(remove=done)
 
     def _chunk_parts(self, chunks: list[Tensor], models: list[nn.Module], lrs: list[float],
-                     test_factors: list[Factors] | None, test: Tensor | None, number: int) -> Tensor:
+                     test_factors: list[Factors] | None, memos: list[dict], test: Tensor | None, number: int) -> Tensor:
         """:meth:`_parts` of chunk ``number`` (positions ``chunks[number]`` of the training triples)."""
-        return self._parts(models, lrs, test_factors, test, self.train.index_select(0, chunks[number]))
+        return self._parts(models, lrs, test_factors, memos, test, self.train.index_select(0, chunks[number]))
 
     def _parts(self, models: list[nn.Module], lrs: list[float], test_factors: list[Factors] | None,
-               test: Tensor | None, triples: Tensor) -> Tensor:
-        """lr-weighted parts [G, n_test, c] of the checkpoints of ``models`` (self-influence [G, c] with test None)."""
+               memos: list[dict], test: Tensor | None, triples: Tensor) -> Tensor:
+        """lr-weighted parts [G, n_test, c] of the checkpoints of ``models`` (self-influence [G, c] with test None).
+
+        memos: one dict per model that the fast path's forward mode keeps values in over the pass.
+        """
         if test is None:
             parts = [lr * self_dot(self._factorise(m, triples)) for m, lr in zip(models, lrs)]
-        elif self._forward_mode(test, triples):
+        elif (plan := self._forward_plan(test, triples)) is not None:
             influence = self._fast.forward[1]
             influence = influence if self.compiled is None else self.compiled.wrap(influence)
-            parts = [lr * influence(m, tf, test, triples, self.names) for m, lr, tf in zip(models, lrs, test_factors)]
+            parts = [lr * influence(m, tf, triples, self.names, plan, memo)
+                     for m, lr, tf, memo in zip(models, lrs, test_factors, memos)]
         else:
             parts = [lr * dot(tf, self._factorise(m, triples)) for m, lr, tf in zip(models, lrs, test_factors)]
         return torch.stack(parts)
