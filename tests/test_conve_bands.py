@@ -10,6 +10,7 @@ from kgtrace.attribution import select_parameters
 from kgtrace.attribution.conve import conve_factors, conve_influence, pair_pass
 from kgtrace.attribution.conve_bands import band_pass, band_values, bands, relation_band
 from kgtrace.attribution.factors import dot
+from kgtrace.attribution.grads import dense_factors
 from kgtrace.models.conve import ConvE
 
 
@@ -105,7 +106,7 @@ def test_relation_band_is_computed_once_and_again_when_the_weights_change():
 @pytest.mark.parametrize("n_test", [1, 3])  # 3: forward products meet the triples grouped by band value
 def test_influence_with_any_bands_in_forward_mode_equals_the_factors_products(height, batch_norm, n_test):
     """conve_influence with each band of fc's input in forward or in reverse mode (every plan) equals the products
-    of the whole per-triple gradients; in two chunks that share a memo (the relation band's products, made once)."""
+    of autograd's per-triple gradients; in two chunks that share a memo (the relation band's products, made once)."""
     m = model(height, (3, 3), batch_norm, seed=3)
     g = torch.Generator().manual_seed(4)
     relations = m.relation_embeddings.shape[0]
@@ -118,7 +119,7 @@ def test_influence_with_any_bands_in_forward_mode_equals_the_factors_products(he
     keys = [key for key, _ in bands(m)]
     for names in (select_parameters(m, "all"), ["conv.weight", "bn1.bias" if batch_norm else "conv.bias", "fc.weight"]):
         test_factors = conve_factors(m, test, names)
-        expected = dot(test_factors, conve_factors(m, train, names))  # [n_test, 80]
+        expected = dot(dense_factors(m, test, names), dense_factors(m, train, names))  # [n_test, 80], torch.func
         for plan in itertools.chain.from_iterable(itertools.combinations(keys, k) for k in range(len(keys) + 1)):
             memo = {}
             got = torch.cat([conve_influence(m, test_factors, chunk, names, frozenset(plan), memo)

@@ -10,14 +10,9 @@ last chunk, mark-step, clone at the boundary, no eager fallback):
 * ``tracin_conve_band_head``, ``tracin_conve_band_pair``, ``tracin_conve_band_relation``:
   ConvE's fast path, one band of fc's input and its part of fc's product per distinct head,
   pair or relation (:func:`~.conve_bands.band_values`, the convolution and the fc layer: the
-  factors' costly part), for parameter sets without upstream parameters and for influence on
-  test triples (:func:`~.conve.conve_influence`); a model whose kernel is taller than an
-  embedding has only the pair band;
-* ``tracin_conve_pairs``: ConvE's whole fc input and bn2 output per distinct pair
-  (:func:`~.conve.pair_pass`), for factors with upstream parameters (:func:`~.conve.conve_factors`:
-  the test triples', self-influence), whose per-triple gradients are pulled back through the
-  whole image. The per-triple closed form, O(D) per triple, stays eager; so do the pull-backs
-  (:mod:`.conve_block`) and forward mode's JVPs.
+  factors' costly part); a model whose kernel is taller than an embedding has only the pair
+  band. The per-triple closed form, O(D) per triple, stays eager; so do the pull-backs of the
+  upstream parameters' gradients (:mod:`.conve_block`) and forward mode's JVPs.
 
 Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
 (distinct pairs, shared ids), which a static graph cannot take.
@@ -38,7 +33,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve import conve_factors, conve_influence, pair_pass
+from kgtrace.attribution.conve import conve_factors, conve_influence
 from kgtrace.attribution.conve_bands import band_values
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.fast import fast_path
@@ -48,9 +43,6 @@ from kgtrace.compile import CompiledCall
 
 __all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_points_for"]
 
-#: Distinct pairs per compiled run of ConvE's pair pass: a chunk of 4096 triples sorted by
-#: (head, relation) holds a few hundred to thousands of pairs; padding wastes less than one batch.
-PAIR_BATCH = 512
 #: Distinct heads, pairs or relations per compiled run of a band pass: a band has a row per distinct
 #: head or relation of a chunk, often tens, which 512 would mostly pad. UMLS, one CPU thread, compiled
 #: `last` for 100 test triples (warm): 0.48 s at 512, 0.24 s at 128, 0.22 s at 64 (eager 0.18 s).
@@ -63,10 +55,6 @@ def _general(wrapper: ScoreHRT, names: tuple[str, ...], triples: Tensor, valid: 
 
 def _rows(wrapper: ScoreHRT, names: tuple[str, ...], triples: Tensor, valid: Tensor) -> tuple[Tensor, ...]:
     return row_gradients(wrapper, triples, names)
-
-
-def _pairs(model: nn.Module, pairs: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return pair_pass(model, pairs)
 
 
 def _band(model: nn.Module, ids: Tensor, valid: Tensor, key: str) -> tuple[Tensor, Tensor]:
@@ -86,8 +74,7 @@ class CompiledGradients:
     """Compiled stand-ins for TracIn's gradient functions, each entry point compiled on first use.
 
     batch_size: triples per compiled run of the general and rows forms (TracIn's chunk size,
-    which bounds their memory); ConvE's pair and band passes run :data:`PAIR_BATCH` and
-    :data:`BAND_BATCH` rows at a time.
+    which bounds their memory); ConvE's band passes run :data:`BAND_BATCH` rows at a time.
     """
 
     def __init__(self, batch_size: int, device: torch.device):
@@ -100,7 +87,7 @@ class CompiledGradients:
         forms = {
             dense_factors: self.dense_factors,
             row_factors: self.row_factors,
-            conve_factors: partial(conve_factors, pairs_fn=self.pair_pass, band_fn=self.band_values),
+            conve_factors: partial(conve_factors, band_fn=self.band_values),
             conve_influence: partial(conve_influence, band_fn=self.band_values),
         }
         if function not in forms:
@@ -122,10 +109,6 @@ class CompiledGradients:
         grads = self.call("tracin_rows")(ScoreHRT(model), tuple(names), triples=triples)
         return rows_to_factors(model, triples, names, grads)
 
-    def pair_pass(self, model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """As :func:`~.conve.pair_pass`, compiled."""
-        return self.call("tracin_conve_pairs")(model, pairs=pairs)
-
     def band_values(self, model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor]:
         """As :func:`~.conve_bands.band_values`, compiled (one entry point per band)."""
         return self.call(f"tracin_conve_band_{key}")(model, ids=ids)
@@ -134,7 +117,7 @@ class CompiledGradients:
         """The compiled call of entry point ``name`` (see :data:`ENTRY_POINTS`), built on first use."""
         if name not in self._calls:
             fn, key, width = ENTRY_POINTS[name]
-            batch_size = min(self.batch_size, {"pairs": PAIR_BATCH, "ids": BAND_BATCH}.get(key, self.batch_size))
+            batch_size = min(self.batch_size, BAND_BATCH) if key == "ids" else self.batch_size
             example = {key: torch.zeros(1, width, dtype=torch.long, device=self.device)}
             self._calls[name] = CompiledCall(name, fn, batch_size, example)
         return self._calls[name]
@@ -145,7 +128,6 @@ class CompiledGradients:
 ENTRY_POINTS: dict[str, tuple[Callable, str, int]] = {
     "tracin_general": (_general, "triples", 3),
     "tracin_rows": (_rows, "triples", 3),
-    "tracin_conve_pairs": (_pairs, "pairs", 2),
     "tracin_conve_band_head": (partial(_band, key="head"), "ids", 2),
     "tracin_conve_band_pair": (partial(_band, key="pair"), "ids", 2),
     "tracin_conve_band_relation": (partial(_band, key="relation"), "ids", 2),

@@ -18,8 +18,9 @@ Everything up to ``delta`` is closed form and costs O(D) per triple once each di
 pair's a and z are known (computed once per pair: a depends only on (h, r); in bands of which
 two depend on h alone and on r alone: :mod:`.conve_bands`). The parameters before fc (the
 "upstream" ones: conv, bn0, bn1 and the head and relation rows) need dl/da = W^T delta per
-triple, [n, F], pulled back through the convolution block (:mod:`.conve_block`, by hand); only
-when such a parameter is selected is that cost paid. Against test triples,
+triple, [n, F], pulled back through the convolution block (:mod:`.conve_block`, by hand), band
+by band, each through the image rows its band sees; only when such a parameter is selected is
+that cost paid. Against test triples,
 :func:`conve_influence` takes those terms band by band, each in the cheaper mode
 (:func:`band_plan`): reverse (that pull-back, per training triple) or forward (one
 Jacobian-vector product per test triple and distinct value of the band).
@@ -27,22 +28,19 @@ Jacobian-vector product per test triple and distinct value of the band).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.conve_bands import (KEYS, Band, BandFn, band_pass, band_values, bands,
-                                           every_relation_band, whole_band)
+from kgtrace.attribution.conve_bands import KEYS, Band, BandFn, band_pass, band_values, bands, every_relation_band
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
 from kgtrace.matmul import linear
 
 __all__ = ["UPSTREAM", "band_plan", "conve_factors", "conve_influence", "needs_upstream", "pair_pass", "unique_pairs"]
 
-#: (model, pairs [U, 2]) -> (a [U, F], z_hat [U, D], y [U, D]): :func:`pair_pass` or its compiled form.
-PairsFn = Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor]]
 #: Distinct pairs per block of forward-mode JVPs: their [pairs, F] tangents (~5 MB) stay in cache
 #: for the fc product (measured 1.5x faster than one pass over all pairs on a CPU).
 PAIR_BLOCK = 128
@@ -72,7 +70,7 @@ class _Pass:
 
     pairs: Tensor  # [U, 2] distinct (head, relation)
     index: Tensor  # [n] each triple's pair
-    bands: list[Band]  # fc input: one whole band [U, F], or bands per distinct head, pair, relation
+    bands: list[Band]  # fc input in bands: per distinct head, pair, relation
     z_hat: Tensor  # [U, D] bn2-normalised fc output
     q: Tensor  # [n, D] query vector relu(y) of each triple's pair
     g: Tensor  # [n] dl/dscore
@@ -83,28 +81,21 @@ class _Pass:
 def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per distinct (head, relation) pair [U, 2]: fc input a [U, F], bn2-normalised z_hat [U, D] and y [U, D].
 
-    The costly part of the factors with upstream parameters (the convolution and fc; without
-    them, :func:`~.conve_bands.band_values` per band), compiled under ``TracIn(compile=True)``
-    (:mod:`.compiled`).
+    The whole fc input per pair, through the model's own layers: the reference that the bands
+    (:func:`~.conve_bands.band_pass`, which the factors use) are tested against.
     """
     a = model._features(pairs)  # [U, F]
     z_hat, y = _bn2(model, model.fc(a))  # [U, D], [U, D]
     return a, z_hat, y
 
 
-def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values,
-             banded: bool = False) -> _Pass:
-    """banded: compute fc's input in bands (:mod:`.conve_bands`), whose head and relation bands cost per
-    distinct head and relation; else one whole band per pair, which per-triple upstream gradients need."""
+def _forward(model: nn.Module, triples: Tensor, band_fn: BandFn = band_values) -> _Pass:
+    """The eval-mode pass, fc's input in bands (:mod:`.conve_bands`): per distinct head, pair and relation."""
     if model.training:
         raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
-    if banded:
-        fc_bands, z = band_pass(model, pairs, band_fn)  # per band [U_b, F_b], [U, D]
-        z_hat, y = _bn2(model, z)  # [U, D], [U, D]
-    else:
-        a, z_hat, y = pairs_fn(model, pairs)  # [U, F], [U, D], [U, D]
-        fc_bands = [whole_band(model, pairs, a)]
+    fc_bands, z = band_pass(model, pairs, band_fn)  # per band [U_b, F_b], [U, D]
+    z_hat, y = _bn2(model, z)  # [U, D], [U, D]
     dy_dz = _bn2_slope(model, y)  # [D]
     q = torch.relu(y).index_select(0, index)  # [n, D]
     tails = triples[:, 2]
@@ -118,15 +109,14 @@ def _forward(model: nn.Module, triples: Tensor, pairs_fn: PairsFn = pair_pass, b
 
 @torch.no_grad()
 def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstream_chunk: int = 512,
-                  pairs_fn: PairsFn = pair_pass, band_fn: BandFn = band_values) -> Factors:
+                  band_fn: BandFn = band_values) -> Factors:
     """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
 
-    ``model`` must be a ConvE in eval mode. Without upstream parameters fc's input is computed
-    in bands (:mod:`.conve_bands`) by band_fn (:func:`~.conve_bands.band_values` or its compiled
-    form); with them, whole, per distinct pair by pairs_fn (:func:`pair_pass` or its compiled
-    form), and per-triple upstream gradients are pulled back through the whole image.
+    ``model`` must be a ConvE in eval mode. fc's input is computed in bands (:mod:`.conve_bands`)
+    by band_fn (:func:`~.conve_bands.band_values` or its compiled form); per-triple upstream
+    gradients are pulled back band by band, each through the image rows its band sees.
     """
-    fw = _forward(model, triples, pairs_fn, band_fn, banded=not needs_upstream(names))
+    fw = _forward(model, triples, band_fn)
     return _assemble(model, triples, fw, names, upstream_chunk, fw.bands)
 
 
@@ -202,7 +192,7 @@ def conve_influence(model: nn.Module, test: Factors, triples: Tensor, names: Seq
       The relation band's are made for every relation id once and kept in ``memo`` (one dict per
       checkpoint model and test set, for one pass over the training triples).
     """
-    fw = _forward(model, triples, band_fn=band_fn, banded=True)
+    fw = _forward(model, triples, band_fn)
     reverse = [band for band in fw.bands if band.key not in forward]
     train = _assemble(model, triples, fw, names, upstream_chunk, reverse)
     out = dot(test if reverse else _downstream_part(model, test, names), train)
@@ -338,7 +328,7 @@ def _entity_slots(triples: Tensor, selected: set[str], g: Tensor, q: Tensor, hea
 
 def _upstream(model: nn.Module, fw: _Pass, chunk: int, reverse: list[Band]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Per-triple gradients of the upstream parameters, and of the head and relation rows [n, D], from ``reverse``' part
-    of fc's input (the whole band: the whole gradients; else a part that forward mode completes).
+    of fc's input (all bands: the whole gradients; else a part that forward mode completes).
 
     dl/da_b = W_b^T delta [c, F_b] is formed ``chunk`` triples at a time and pulled back through
     the band's rows of the image by hand (:func:`~.conve_block.block_vjp`).

@@ -20,7 +20,8 @@ kh = 3: 8, 2 and 8 of 18 rows; 810 distinct training pairs over 135 heads and 46
 the fc product and the Gram of fc inputs cost about a quarter of the whole-input ones.
 Equal to :func:`~.conve.pair_pass` up to float rounding (tests/test_conve_bands.py; the
 influences: tests/test_tracin.py). With kh > H every row sees both halves: one band, the pair's.
-Per-triple (reverse-mode) upstream gradients still take the whole image (:mod:`.conve_block`).
+Per-triple (reverse-mode) upstream gradients are pulled back band by band too, each band through the
+image rows it sees (:func:`~.conve_block.block_vjp`), and they sum to the whole image's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from kgtrace.attribution.conve_block import folded_conv, taps
 from kgtrace.matmul import linear
 
 __all__ = ["KEYS", "Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "conv_width",
-           "every_relation_band", "image_rows", "relation_band", "whole_band"]
+           "every_relation_band", "image_rows", "relation_band"]
 
 #: Which id a band depends on: column of the (head, relation) pair, or None for the pair itself.
 KEYS = {"head": 0, "pair": None, "relation": 1}
@@ -85,11 +86,6 @@ def bands(model: nn.Module) -> list[tuple[str, range]]:
 def image_rows(model: nn.Module, rows: range) -> slice:
     """The rows of the stacked image that conv output ``rows`` see."""
     return slice(rows.start, rows.stop + model.conv.kernel_size[0] - 1)
-
-
-def whole_band(model: nn.Module, pairs: Tensor, a: Tensor) -> Band:
-    """The whole fc input a [U, F] of distinct pairs [U, 2] as one band."""
-    return Band("pair", range(0, conv_rows(model)), pairs, a, torch.arange(len(pairs), device=pairs.device), None)
 
 
 def band_weight(model: nn.Module, rows: range | None) -> Tensor:

@@ -40,8 +40,7 @@ class FastPath:
 
 
 def _conve_entry_points(model: nn.Module, names: Sequence[str]) -> list[str]:
-    # ConvE's pair pass only with upstream parameters, whose per-triple gradients need it.
-    return [f"tracin_conve_band_{key}" for key, _ in bands(model)] + ["tracin_conve_pairs"] * needs_upstream(names)
+    return [f"tracin_conve_band_{key}" for key, _ in bands(model)]
 
 
 def _rows_entry_points(model: nn.Module, names: Sequence[str]) -> list[str]:
