@@ -68,8 +68,7 @@ def unique_pairs(hr: Tensor, num_relation_ids: int) -> tuple[Tensor, Tensor]:
 class _Pass:
     """One eval-mode pass over triples: per distinct pair and per triple, what the gradients are made of."""
 
-    pairs: Tensor  # [U, 2] distinct (head, relation)
-    index: Tensor  # [n] each triple's pair
+    index: Tensor  # [n] each triple's distinct (head, relation) pair
     bands: list[Band]  # fc input in bands: per distinct head, pair, relation
     z_hat: Tensor  # [U, D] bn2-normalised fc output
     q: Tensor  # [n, D] query vector relu(y) of each triple's pair
@@ -104,7 +103,7 @@ def _forward(model: nn.Module, triples: Tensor, band_fn: BandFn = band_values) -
     e_t = model.entity_embeddings.index_select(0, tails)  # [n, D]
     g = -torch.sigmoid(-(torch.linalg.vecdot(q, e_t) + model.entity_bias.index_select(0, tails)))  # [n]
     dl_dy = g.unsqueeze(1) * e_t * relu_gate(q)  # [n, D], relu's derivative (q > 0 iff y > 0)
-    return _Pass(pairs, index, fc_bands, z_hat, q, g, dl_dy, dl_dy * dy_dz)
+    return _Pass(index, fc_bands, z_hat, q, g, dl_dy, dl_dy * dy_dz)
 
 
 @torch.no_grad()

@@ -244,7 +244,7 @@ class TracIn:
                         continue
                     models = self._group_models(group)
                     lrs = [self.checkpoints[i].lr for i in group]
-                    # kept for the group's whole pass: each checkpoint's test factors, computed once, and memo
+                    # kept for the group's whole pass: each checkpoint's test factors, computed once, and its memo
                     test_factors = None if test is None else [self._factorise(m, test) for m in models]
                     memos = [{} for _ in models]
                     last = g == len(self.groups) - 1
