@@ -254,7 +254,8 @@ def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
 
 
 def _downstream_part(model: nn.Module, test: Factors, names: Sequence[str]) -> Factors:
-    """The blocks of full test factors that meet ``conve_factors(..., head_slot=False)`` blocks."""
+    """The blocks of full test factors that meet the factors :func:`_assemble` makes with no band in reverse mode
+    (no upstream blocks, no relation rows, the tail's entity slot only)."""
     columns = _dense_columns(model, names)
     keep = [columns[n] for n in DOWNSTREAM if n in columns]
     dense = torch.cat([test.dense[:, c] for c in keep], dim=1) if keep else None
