@@ -303,9 +303,13 @@ class TracIn:
             return reference_influence(self._run_model, states, test, self.train, self.names).float().cpu()
         # Accumulated as [n_train, n_test]: adding a chunk's rows is ~4x faster on a CPU than scattering its
         # columns into [n_test, n_train] (about a sixth of influence's time with 100 test triples on FB15k-237).
-        total = torch.zeros(len(self.train), len(test), dtype=torch.float64, device=self.device)
+        # With one group of checkpoints each row is written once, its float64 sum over them rounded to float32 as
+        # a float64 total would be at the end (and 272,115 x 100 of them accumulate in 0.35 s instead of 0.50 s);
+        # several groups add up in float64.
+        dtype = torch.float32 if len(self.groups) == 1 else torch.float64
+        total = torch.zeros(len(self.train), len(test), dtype=dtype, device=self.device)
         for _, positions, parts in self._stream(test, "influence", False, _State.fresh(), whole=False):
-            total.index_add_(0, positions, parts.double().sum(0).T)  # [c, n_test] rows at positions
+            total.index_add_(0, positions, parts.double().sum(0).T.to(dtype))  # [c, n_test] rows at positions
         total = self.world.all_reduce_sum(total).float()  # each row is non-zero on one process only
         return total.T.contiguous().cpu()  # the float64 sums are freed before the transposed copy
 
