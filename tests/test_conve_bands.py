@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kgtrace.attribution import select_parameters
-from kgtrace.attribution.conve import conve_factors, conve_influence, pair_pass
+from kgtrace.attribution.conve import RELATION_PRODUCTS, band_plan, conve_factors, conve_influence, pair_pass
 from kgtrace.attribution.conve_bands import band_pass, band_values, bands, relation_band
 from kgtrace.attribution.factors import dot
 from kgtrace.attribution.grads import dense_factors
@@ -104,7 +104,7 @@ def test_relation_band_is_computed_once_and_again_when_the_weights_change():
 
 @pytest.mark.parametrize("height,batch_norm", [(4, True), (4, False), (2, True)])  # height 2: the pair band alone
 @pytest.mark.parametrize("n_test", [1, 3])  # 3: forward products meet the triples grouped by band value
-def test_influence_with_any_bands_in_forward_mode_equals_the_factors_products(height, batch_norm, n_test):
+def test_influence_with_any_bands_in_forward_mode_equals_torch_funcs_gradient_products(height, batch_norm, n_test):
     """conve_influence with each band of fc's input in forward or in reverse mode (every plan) equals the products
     of autograd's per-triple gradients; in two chunks that share a memo (the relation band's products, made once)."""
     m = model(height, (3, 3), batch_norm, seed=3)
@@ -131,15 +131,13 @@ def test_influence_with_any_bands_in_forward_mode_equals_the_factors_products(he
 def test_band_plan_takes_each_band_forward_where_it_is_cheaper():
     """Head and pair bands: test triples x distinct values in the chunk against its triples; the relation band (kept
     for the pass): test triples x relation ids against the pass's triples, within the memory bound."""
-    from kgtrace.attribution import conve
-
     m = model(4, (3, 3), True)  # 6 relation ids
     chunk = torch.tensor([[0, 0, 1], [0, 0, 2], [0, 1, 3], [0, 1, 4], [1, 2, 5], [1, 2, 6]])  # 2 heads, 3 pairs
-    assert conve.band_plan(m, ["fc.weight"], 1, chunk, 100) is None  # no upstream parameter: the factors alone
-    assert conve.band_plan(m, ["conv.bias"], 1, chunk, 100) == {"head", "pair", "relation"}
-    assert conve.band_plan(m, ["conv.bias"], 2, chunk, 100) == {"head", "relation"}  # 2 x 3 pairs = 6 triples
-    assert conve.band_plan(m, ["conv.bias"], 3, chunk, 100) == {"relation"}  # 3 x 2 heads = 6 triples
-    assert conve.band_plan(m, ["conv.bias"], 17, chunk, 100) == set()  # 17 x 6 relation ids > 100 triples
-    assert conve.band_plan(m, ["conv.bias"], 16, chunk, 10**6) == {"relation"}
-    m.relation_embeddings = torch.nn.Parameter(torch.zeros(conve.RELATION_PRODUCTS, 24))
-    assert conve.band_plan(m, ["conv.bias"], 2, chunk, 10**9) == {"head"}  # more relation products than are kept
+    assert band_plan(m, ["fc.weight"], 1, chunk, 100) is None  # no upstream parameter: the factors alone
+    assert band_plan(m, ["conv.bias"], 1, chunk, 100) == {"head", "pair", "relation"}
+    assert band_plan(m, ["conv.bias"], 2, chunk, 100) == {"head", "relation"}  # 2 x 3 pairs = 6 triples
+    assert band_plan(m, ["conv.bias"], 3, chunk, 100) == {"relation"}  # 3 x 2 heads = 6 triples
+    assert band_plan(m, ["conv.bias"], 17, chunk, 100) == set()  # 17 x 6 relation ids > 100 triples
+    assert band_plan(m, ["conv.bias"], 16, chunk, 10**6) == {"relation"}
+    m.relation_embeddings = torch.nn.Parameter(torch.zeros(RELATION_PRODUCTS, 24))
+    assert band_plan(m, ["conv.bias"], 2, chunk, 10**9) == {"head"}  # more relation products than are kept
