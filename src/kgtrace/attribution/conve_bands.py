@@ -132,11 +132,16 @@ def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) ->
 def every_relation_band(model: nn.Module, band_fn: BandFn = band_values) -> Band:
     """The relation band with a row for every relation id r (ids (0, r), index the identity), from :func:`relation_band`."""
     rows = dict(bands(model))["relation"]
-    device = model.relation_embeddings.device
-    ids = torch.zeros(model.relation_embeddings.shape[0], 2, dtype=torch.long, device=device)  # the head is not read
-    ids[:, 1] = torch.arange(len(ids), device=device)
+    ids = _every_relation_id(model, torch.long, model.relation_embeddings.device)
     a, _ = relation_band(model, ids, band_fn)
-    return Band("relation", rows, ids, a, ids[:, 1], _columns(model, rows, device))
+    return Band("relation", rows, ids, a, ids[:, 1], _columns(model, rows, ids.device))
+
+
+def _every_relation_id(model: nn.Module, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Ids (0, r) [R, 2] for every relation id r of the model (the head is not read)."""
+    ids = torch.zeros(model.relation_embeddings.shape[0], 2, dtype=dtype, device=device)
+    ids[:, 1] = torch.arange(len(ids), device=device)
+    return ids
 
 
 def _columns(model: nn.Module, rows: range, device: torch.device) -> Tensor:
@@ -162,9 +167,7 @@ def relation_band(model: nn.Module, ids: Tensor, band_fn: BandFn) -> tuple[Tenso
            tuple((t.data_ptr(), t._version) for t in itertools.chain(model.parameters(), model.buffers())))
     cached = _RELATION_BANDS.get(model)
     if cached is None or cached[0] != key:
-        relations = model.relation_embeddings.shape[0]
-        every = torch.zeros(relations, 2, dtype=ids.dtype, device=ids.device)  # [2R, 2] (0, r): the head is not read
-        every[:, 1] = torch.arange(relations, device=ids.device)
+        every = _every_relation_id(model, ids.dtype, ids.device)  # [2R, 2]
         cached = (key, *band_fn(model, "relation", every))  # [2R, F_b], [2R, D]
         _RELATION_BANDS[model] = cached
     _, a, product = cached
