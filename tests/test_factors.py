@@ -8,7 +8,7 @@ from kgtrace.attribution.factors import Factors, Outer, Part, dot, self_dot
 
 
 def dense(f: Factors, num_ids: int) -> torch.Tensor:
-    """Write factors out as full gradient vectors [n, P]: dense | entity table [num_ids, W] | outer D x F."""
+    """Write factors out as full gradient vectors [n, P]: dense | entity table [num_ids, W] | outer D x F (| bias D)."""
     parts = [f.dense]
     ids, grads = f.rows["entity"]
     table = torch.zeros(f.n, num_ids, grads.shape[2], dtype=torch.float64)
@@ -22,19 +22,22 @@ def dense(f: Factors, num_ids: int) -> torch.Tensor:
         for p in o.parts:
             a[:, torch.arange(width) if p.columns is None else p.columns] = p.a[p.index]
         parts.append(torch.einsum("nd,nf->ndf", o.delta, a).reshape(f.n, -1))
+        if o.bias:
+            parts.append(o.delta)  # the bias's gradient is the layer's output gradient
     return torch.cat(parts, dim=1)
 
 
 def random_factors(ids, seed):
     """Dense, entity-row and two linear blocks: one with a whole input [5], one whose input [7] comes in
-    two interleaved parts, one row per head id and one per triple."""
+    two interleaved parts, one row per head id and one per triple, with its bias."""
     g = torch.Generator().manual_seed(seed)
     n = len(ids)
     heads = torch.tensor([i for i, _ in ids])
     a = torch.randn(3, 5, generator=g, dtype=torch.float64)
     split = Outer(torch.randn(n, 2, generator=g, dtype=torch.float64),
                   [Part(torch.randn(7, 3, generator=g, dtype=torch.float64), heads, torch.tensor([0, 3, 5])),
-                   Part(torch.randn(n, 4, generator=g, dtype=torch.float64), torch.arange(n), torch.tensor([1, 2, 4, 6]))])
+                   Part(torch.randn(n, 4, generator=g, dtype=torch.float64), torch.arange(n), torch.tensor([1, 2, 4, 6]))],
+                  bias=True)
     return Factors(n, torch.randn(n, 2, generator=g, dtype=torch.float64),
                    {"entity": (torch.tensor(ids), torch.randn(n, 2, 4, generator=g, dtype=torch.float64))},
                    [Outer.whole(a, torch.tensor([j % 3 for j in range(n)]), torch.randn(n, 6, generator=g, dtype=torch.float64)),

@@ -50,6 +50,18 @@ def test_projection_of_an_input_in_parts_equals_that_of_the_whole_input():
     torch.testing.assert_close(dot(split, whole), dot(whole, whole))
 
 
+def test_a_layers_bias_stays_exact_after_projection():
+    """A bias riding in the outer factor is a column of ones after the projected input, not projected itself."""
+    g = torch.Generator().manual_seed(2)
+    a, delta = torch.randn(2, 6, generator=g), torch.randn(3, 4, generator=g)
+    with_bias = Factors(3, outer=[Outer.whole(a, torch.tensor([0, 1, 1]), delta, bias=True)])
+    projected = Projector(16, 5)(with_bias)
+    plain = Projector(16, 5)(Factors(3, outer=[Outer.whole(a, torch.tensor([0, 1, 1]), delta)]))
+    assert torch.equal(projected.outer[0].parts[0].a, torch.cat([plain.outer[0].parts[0].a, torch.ones(3, 1)], dim=1))
+    bias_part = delta @ delta.T  # what the bias adds to every inner product, exactly
+    torch.testing.assert_close(dot(projected, projected), dot(plain, plain) + bias_part)
+
+
 def test_index_approximates_exact_influence_better_with_more_dims(run, tmp_path):
     test = run.dataset.test[:20]
     exact = TracIn(run).influence(test)
@@ -95,3 +107,8 @@ def test_killed_build_resumes_and_incomplete_index_is_refused(run, tmp_path, mon
     torch.testing.assert_close(resumed.influence(test), fresh.influence(test))
     with pytest.raises(KgtraceError, match="already holds a complete index"):
         build_index(run, folder, dim=64)
+    meta = json.loads((folder / "index.json").read_text())
+    del meta["layout"]  # as an earlier kgtrace wrote it
+    (folder / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(KgtraceError, match="built by an earlier kgtrace.*build it again"):
+        ProjectedIndex(folder, run)

@@ -11,7 +11,7 @@ With l = softplus(-score) and g = dl/dscore = -sigmoid(-score), going backwards:
 
     dl/de_t = g relu(y),  dl/db_t = g
     dl/dy = g e_t [y > 0]                           -> bn2.bias; bn2.weight: dl/dy * z_hat
-    delta = dl/dz = dl/dy * gamma / sqrt(var + eps)  -> fc.bias; fc.weight = delta a^T (kept factored)
+    delta = dl/dz = dl/dy * gamma / sqrt(var + eps)  -> fc.bias; fc.weight = delta a^T (both kept factored)
     dl/da = W^T delta                               -> through maps: conv, bn0, bn1, e_h and w_r
 
 Everything up to ``delta`` is closed form and costs O(D) per triple once each distinct (h, r)
@@ -131,7 +131,7 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
     if reverse and selected & {*UPSTREAM, "entity_embeddings", "relation_embeddings"}:
         up, head_rows, rel_rows = _upstream(model, fw, upstream_chunk, reverse)
         blocks.update(up)
-    dense = [blocks[name].reshape(len(triples), -1) for name in UPSTREAM + DOWNSTREAM if name in selected]
+    dense = [blocks[name].reshape(len(triples), -1) for name in _dense_names(names) if name in selected]
     rows = {}
     entity = _entity_slots(triples, selected, fw.g, fw.q, head_rows, bool(reverse))
     if entity is not None:
@@ -140,8 +140,16 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
         rows["relation"] = (triples[:, 1:2], rel_rows.unsqueeze(1))  # [n, 1], [n, 1, D]
     outer = []
     if "fc.weight" in selected:  # fc's input per triple: each band's rows through the triple's pair
-        outer.append(Outer(fw.delta, [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands]))
+        outer.append(Outer(fw.delta, [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands],
+                           bias="fc.bias" in selected))
     return Factors(len(triples), torch.cat(dense, dim=1) if dense else None, rows, outer)
+
+
+def _dense_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The selected parameters of the dense block, in its order. With fc.weight, fc.bias rides in fc's outer factor
+    (its gradient is delta, the outer factor's own): one product of the deltas serves both."""
+    folded = {"fc.bias"} if {"fc.weight", "fc.bias"} <= set(names) else set()
+    return tuple(name for name in UPSTREAM + DOWNSTREAM if name in names and name not in folded)
 
 
 def needs_upstream(names: Sequence[str]) -> bool:
@@ -246,10 +254,9 @@ def _add_products(out: Tensor, products: Tensor, index: Tensor, delta: Tensor) -
 def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
     """Where each selected dense parameter sits in the dense block of :func:`conve_factors`."""
     params, columns, at = dict(model.named_parameters()), {}, 0
-    for name in UPSTREAM + DOWNSTREAM:
-        if name in names:
-            columns[name] = slice(at, at + params[name].numel())
-            at += params[name].numel()
+    for name in _dense_names(names):
+        columns[name] = slice(at, at + params[name].numel())
+        at += params[name].numel()
     return columns
 
 

@@ -15,13 +15,15 @@ every parameter is what makes naive TracIn slow (ConvE's fc layer alone has 2M w
   slice of the input's columns, one row per distinct value [U, F_p] with ``index`` [n] into
   them: ConvE's fc input has parts that depend on the head alone, on the pair, on the
   relation alone); <delta a^T, delta' a'^T> = <a, a'> <delta, delta'>, and <a, a'> is the
-  sum over parts.
+  sum over parts. With ``bias`` the layer's bias, whose gradient is delta itself, rides along as
+  an input column of ones: the pair's product is (<a, a'> + 1) <delta, delta'>, one product of
+  the deltas for both.
 
 Then
 
     <g, g'> = <dense, dense'>
               + sum over spaces, slots s of g, slots s' of g': [id_s == id'_s'] <G_s, G'_s'>
-              + sum over layers <a, a'> <delta, delta'>
+              + sum over layers (<a, a'> + [bias]) <delta, delta'>
 
 which is exact: the slot sum also covers a triple whose head equals its tail (both slots hit
 the same row, and the row's gradient is their sum).
@@ -54,29 +56,34 @@ class Part:
 
 @dataclass
 class Outer:
-    """A linear layer's per-triple weight gradients delta_j a_j^T, a_j the union of its parts' rows."""
+    """A linear layer's per-triple weight gradients delta_j a_j^T, a_j the union of its parts' rows; with ``bias``
+    also its bias gradients delta_j, as if a_j ended in a 1."""
 
     delta: Tensor  # [n, D] gradient of the loss at the layer's output
     parts: list[Part]  # disjoint column sets covering the layer's input
+    bias: bool = False  # the layer's bias is among the parameters
 
     @classmethod
-    def whole(cls, a: Tensor, index: Tensor, delta: Tensor) -> "Outer":
+    def whole(cls, a: Tensor, index: Tensor, delta: Tensor, bias: bool = False) -> "Outer":
         """The gradients of a layer whose input is one part: distinct inputs a [U, F], index [n]."""
-        return cls(delta, [Part(a, index)])
+        return cls(delta, [Part(a, index)], bias)
 
     def gram(self, other: "Outer") -> Tensor:
-        """<a_i, a'_j> [n, n'] float32, part by part: the same columns in the same order, or one side whole."""
+        """<a_i, a'_j> (+ 1 with the bias) [n, n'] float32, part by part: the same columns in the same order, or one
+        side whole."""
+        assert self.bias == other.bias, "a layer's bias on one side only: factors from different parameter sets"
         out = None
         for px, py in zip(*_aligned(self.parts, other.parts), strict=True):
             assert px.a.shape[1] == py.a.shape[1], "parts of different widths: factors from different factorisers"
             # index_select, not aa[i][:, j]: advanced indexing along columns is ~4x slower on CPU.
             aa = (px.a @ py.a.T).float().index_select(0, px.index).index_select(1, py.index)  # [n, n']
             out = aa if out is None else out.add_(aa)
-        return out
+        return out.add_(1.0) if self.bias else out
 
     def input_norms(self) -> Tensor:
-        """|a_j|^2 [n] float32."""
-        return sum(p.a.float().pow(2).sum(1).index_select(0, p.index) for p in self.parts)
+        """|a_j|^2 (+ 1 with the bias) [n] float32."""
+        norms = sum(p.a.float().pow(2).sum(1).index_select(0, p.index) for p in self.parts)
+        return norms + 1.0 if self.bias else norms
 
 
 def _aligned(x: list[Part], y: list[Part]) -> tuple[list[Part], list[Part]]:
@@ -105,7 +112,8 @@ class Factors:
             self.n,
             None if self.dense is None else self.dense.to(dtype),
             {space: (ids, grads.to(dtype)) for space, (ids, grads) in self.rows.items()},
-            [Outer(o.delta.to(dtype), [Part(p.a.to(dtype), p.index, p.columns) for p in o.parts]) for o in self.outer],
+            [Outer(o.delta.to(dtype), [Part(p.a.to(dtype), p.index, p.columns) for p in o.parts], o.bias)
+             for o in self.outer],
         )
 
 

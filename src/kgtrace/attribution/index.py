@@ -6,8 +6,9 @@ layer's weight gradient delta a^T (ConvE's fc: 2M numbers), randomly projected:
 a -> a @ A with A [F, dim] ~ N(0, 1/dim), i.e. the gradient is mapped by (A^T (x) I_D), a
 Johnson-Lindenstrauss map with E[<P g, P g'>] = <g, g'>, kept as its two factors (dim + D
 numbers instead of F * D). Every other block (delta itself, biases, batch norm, the
-convolution, embedding rows with their ids) is small or sparse and stored exactly, so the
-only error is that of the estimate <a A, a' A> of <a, a'>; it shrinks as 1/sqrt(dim)
+convolution, embedding rows with their ids) is small or sparse and stored exactly (a layer
+bias that rides in its outer factor, :class:`~.factors.Outer`, as a column of ones after
+a A), so the only error is that of the estimate <a A, a' A> of <a, a'>; it shrinks as 1/sqrt(dim)
 (``benchmarks/tracin_index.py`` reports it on the bundled data). Paths without such a
 layer (DistMult, ComplEx: embedding rows only) are stored exactly.
 
@@ -18,8 +19,8 @@ is recomputed.
 
 Folder layout: ``index.json`` (written last: an index without it is incomplete), one
 folder ``epoch-NNNN/`` per checkpoint holding ``dense.npy`` [n, P], ``rows-SPACE-ids.npy``
-[n, S] and ``rows-SPACE-grads.npy`` [n, S, W], ``outer-K-a.npy`` [n, dim] and
-``outer-K-delta.npy`` [n, D]; while building, ``progress.json`` with the chunks done, so
+[n, S] and ``rows-SPACE-grads.npy`` [n, S, W], ``outer-K-a.npy`` [n, dim] (dim + 1 with the layer's
+bias) and ``outer-K-delta.npy`` [n, D]; while building, ``progress.json`` with the chunks done, so
 that a killed build resumes.
 """
 
@@ -49,6 +50,8 @@ __all__ = ["IndexMeta", "ProjectedIndex", "Projector", "build_index"]
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 SAVE_EVERY_S = 30.0
+#: The stored layout's version, in ``index.json``. 2: a layer's bias rides in its outer factor (was in ``dense``).
+LAYOUT = 2
 
 
 class Projector:
@@ -70,13 +73,16 @@ class Projector:
         """The same gradients with each outer block's a projected, one row per triple ([n, dim]).
 
         A block's input in several parts is projected part by part with the rows of one map for the
-        whole input, so the result does not depend on how the input was split.
+        whole input, so the result does not depend on how the input was split. A layer's bias stays
+        exact: its column of ones is appended after the projection ([n, dim + 1]).
         """
         outer = []
         for k, o in enumerate(f.outer):
             full = self._map(k, sum(p.a.shape[1] for p in o.parts))  # [F, dim]
             projected = sum((p.a.float() @ (full if p.columns is None else full[p.columns]))[p.index]
                             for p in o.parts)  # [n, dim]
+            if o.bias:
+                projected = torch.cat([projected, projected.new_ones(f.n, 1)], dim=1)  # [n, dim + 1]
             outer.append(Outer.whole(projected, torch.arange(f.n, device=o.delta.device), o.delta))
         return Factors(f.n, f.dense, f.rows, outer)
 
@@ -95,6 +101,7 @@ class IndexMeta:
     dtype: str
     train_digest: str
     seconds: float = 0.0
+    layout: int = 1  # absent in index.json: built before layout 2
 
 
 def _train_digest(tracin: TracIn) -> str:
@@ -121,7 +128,7 @@ def build_index(run: Run, folder: str | Path, params: str | list[str] = "last", 
         raise KgtraceError(f"{folder}: already holds a complete index. Fix: query it, or delete the folder to rebuild")
     tracin = TracIn(run, params=params, device=device, chunk_size=chunk_size)
     meta = IndexMeta(str(run.path), tracin.names, tracin.path, [{"epoch": c.epoch, "lr": c.lr} for c in tracin.checkpoints],
-                     len(tracin.train), dim, seed, dtype, _train_digest(tracin))
+                     len(tracin.train), dim, seed, dtype, _train_digest(tracin), layout=LAYOUT)
     start = time.perf_counter()
     _fill(tracin, folder, meta, progress)
     meta.seconds = time.perf_counter() - start
@@ -221,6 +228,10 @@ class ProjectedIndex:
             raise KgtraceError(f"{self.folder}: not a complete TracIn index (no index.json). "
                                "Fix: build it with kgtrace index RUN_DIR --out FOLDER (a killed build resumes)")
         self.meta = IndexMeta(**json.loads((self.folder / "index.json").read_text()))
+        if self.meta.layout != LAYOUT:
+            raise KgtraceError(f"{self.folder}: built by an earlier kgtrace, whose stored layout ({self.meta.layout}) "
+                               f"this one cannot read ({LAYOUT}). Fix: delete the folder and build it again with "
+                               f"kgtrace index RUN_DIR --out FOLDER")
         epochs = [c["epoch"] for c in self.meta.checkpoints]
         self.tracin = TracIn(run, params=self.meta.params, checkpoints=epochs, device=device, path=self.meta.path)
         lrs = [c.lr for c in self.tracin.checkpoints]
