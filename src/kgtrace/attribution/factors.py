@@ -138,17 +138,23 @@ def dot(x: Factors, y: Factors) -> Tensor:
 def _add_row_products(out: Tensor, ids_x: Tensor, g_x: Tensor, ids_y: Tensor, g_y: Tensor) -> None:
     """out[i, j] += <g_x[i], g_y[j]> where ids_x[i] == ids_y[j]; ids [n] / [m], row gradients [n, W] / [m, W].
 
-    Only the pairs that share a row contribute. Where they are few they are gathered; where they are
-    many (small graphs, many test triples) one matmul over all pairs, masked, is cheaper: it computes
-    every product, but at matmul speed (:data:`DENSE_ROWS`).
+    Only the pairs that share a row contribute, and only the columns j whose row is among x's are
+    looked at (a sorted membership test: with few test triples most of a chunk's j meet none). Where
+    the pairs are few they are gathered; where they are many (small graphs, many test triples) one
+    matmul over those columns, masked, is cheaper: it computes every product, but at matmul speed
+    (:data:`DENSE_ROWS`).
     """
-    same = ids_x.unsqueeze(1) == ids_y.unsqueeze(0)  # [n, m]
-    count = int(same.sum())
-    if count > DENSE_ROWS * same.numel():
-        out += (g_x @ g_y.T).float().mul_(same)
-    elif count:
+    columns = torch.nonzero(torch.isin(ids_y, ids_x)).squeeze(1)  # [k] the j that meet some i
+    if not len(columns):
+        return
+    same = ids_x.unsqueeze(1) == ids_y.index_select(0, columns).unsqueeze(0)  # [n, k]
+    g_y = g_y.index_select(0, columns)  # [k, W]
+    if int(same.sum()) > DENSE_ROWS * same.numel():
+        out.index_add_(1, columns, (g_x @ g_y.T).float().mul_(same))
+    else:
         i, j = torch.nonzero(same, as_tuple=True)
-        out.index_put_((i, j), (g_x.index_select(0, i) * g_y.index_select(0, j)).sum(-1).float(), accumulate=True)
+        out.index_put_((i, columns.index_select(0, j)), (g_x.index_select(0, i) * g_y.index_select(0, j)).sum(-1).float(),
+                       accumulate=True)
 
 
 def self_dot(x: Factors) -> Tensor:
