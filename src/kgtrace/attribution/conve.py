@@ -141,14 +141,19 @@ def _assemble(model: nn.Module, triples: Tensor, fw: _Pass, names: Sequence[str]
     outer = []
     if "fc.weight" in selected:  # fc's input per triple: each band's rows through the triple's pair
         outer.append(Outer(fw.delta, [Part(b.a, b.index.index_select(0, fw.index), b.columns) for b in fw.bands],
-                           bias="fc.bias" in selected))
+                           bias=_fc_bias_in_outer(names)))
     return Factors(len(triples), torch.cat(dense, dim=1) if dense else None, rows, outer)
 
 
+def _fc_bias_in_outer(names: Sequence[str]) -> bool:
+    """Whether fc.bias rides in fc's outer factor (with fc.weight: its gradient is delta, the outer factor's own, so
+    one product of the deltas serves both) instead of the dense block."""
+    return {"fc.weight", "fc.bias"} <= set(names)
+
+
 def _dense_names(names: Sequence[str]) -> tuple[str, ...]:
-    """The selected parameters of the dense block, in its order. With fc.weight, fc.bias rides in fc's outer factor
-    (its gradient is delta, the outer factor's own): one product of the deltas serves both."""
-    folded = {"fc.bias"} if {"fc.weight", "fc.bias"} <= set(names) else set()
+    """The selected parameters of the dense block, in its order (:func:`_fc_bias_in_outer`)."""
+    folded = {"fc.bias"} if _fc_bias_in_outer(names) else set()
     return tuple(name for name in UPSTREAM + DOWNSTREAM if name in names and name not in folded)
 
 
