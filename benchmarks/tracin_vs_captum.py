@@ -21,6 +21,16 @@ Cells:
   with --with-tracincp and only for n_test=1: it is slow (an issue measured 344 s, 8.8 GB).
 * ours/all:     ``params="all"`` (every parameter, exact factored path), unless --skip-all;
   compared in time with ours/last.
+* captum_cp_all: ``captum.influence.TracInCP`` with ``layers=None``: per-example gradients of
+  every parameter, the same quantity as ours/all (only with --with-tracincp-all). Over all of
+  FB15k-237 it would take hours, so it runs on the first --cp-all-prefix training triples and on
+  twice that many. Its seconds for the whole training set are extrapolated from those two runs:
+  Captum's loop costs the same per training batch, so they are the larger run's seconds plus,
+  for each triple it left out, the seconds a triple adds (the two runs' difference over their
+  difference in triples). The cell keeps both measured runs (``prefix_runs``) beside
+  ``seconds_extrapolated``; its peak RSS is the larger run's (it does not grow with the prefix:
+  Captum holds one batch of gradients at a time). Its influences are compared with ours/all's
+  first columns.
 * ours/last-bf16, ours/all-bf16: the same with ``precision="bf16"`` (--with-bf16), compared
   with their fp32 cells (``max_rel_diff``) and in time.
 
@@ -50,7 +60,7 @@ max |captum - ours| / |ours| over the entries with |ours| > 1e-3 max |ours|.
 
     python benchmarks/tracin_vs_captum.py [--run DIR] [--dataset umls] [--epochs 8] [--checkpoint-every 2]
         [--n-test 1,100] [--threads 1] [--repeats 5] [--device auto|cpu|cuda] [--with-tracincp] [--skip-all]
-        [--with-bf16]
+        [--with-bf16] [--with-tracincp-all [--cp-all-prefix 512]]
     python benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 --checkpoint-every 1 --repeats 1
 
 Needs Captum (``pip install captum==0.9.0`` beside kgtrace).
@@ -127,7 +137,7 @@ def captum_classes():
     return CaptumConvE, ScoreLoss
 
 
-def captum_influence(run, test, kind: str, batch_size: int, device: str):
+def captum_influence(run, test, kind: str, batch_size: int, device: str, train_limit: int | None = None):
     import torch
     from captum.influence import TracInCP, TracInCPFast
     from torch.utils.data import TensorDataset
@@ -147,14 +157,15 @@ def captum_influence(run, test, kind: str, batch_size: int, device: str):
         assert float(state["lr"]) == lrs[str(path)]
         return float(state["lr"])
 
-    train = run.dataset.train.to(device)
+    train = run.dataset.train[:train_limit].to(device)
     data = TensorDataset(train, torch.ones(len(train), device=device))
     paths = [str(c.path) for c in run.checkpoints]
     if kind == "fast":
         tracin = TracInCPFast(wrapper, wrapper.model.fc, data, paths, checkpoints_load_func=load,
                               loss_fn=ScoreLoss(wrapper, "sum"), batch_size=batch_size)
-    else:
-        tracin = TracInCP(wrapper, data, paths, checkpoints_load_func=load, layers=["model.fc"],
+    else:  # "cp": fc's weight and bias; "cp_all": every parameter (layers=None)
+        tracin = TracInCP(wrapper, data, paths, checkpoints_load_func=load,
+                          layers=["model.fc"] if kind == "cp" else None,
                           loss_fn=ScoreLoss(wrapper, "none"), batch_size=batch_size,
                           sample_wise_grads_per_batch=False)
     return tracin.influence((test.to(device), torch.ones(len(test), device=device)))
@@ -179,14 +190,15 @@ def worker(args: argparse.Namespace) -> None:
         scores = tracin.influence(test)
         path = tracin.path
     else:
-        kind = "fast" if args.worker == "captum_fast" else "cp"
-        scores = captum_influence(run, test, kind, args.batch_size, args.device)
+        kind = args.worker.removeprefix("captum_")
+        scores = captum_influence(run, test, kind, args.batch_size, args.device, args.train_limit)
         path = args.worker
     if args.device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     torch.save(scores.detach().float().cpu(), args.save)
-    out = {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "path": path, "shape": list(scores.shape)}
+    out = {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "path": path, "shape": list(scores.shape),
+           "n_train": len(run.dataset.train)}
     if args.device == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out))
@@ -194,6 +206,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
     """The median of --repeats runs of a cell, each in a fresh process (TracInCP: one run); peak RSS: the largest."""
+    if tool == "captum_cp_all":
+        return prefix_cell(tool, n, args, run, scratch)
     runs = []
     for _ in range(1 if tool == "captum_cp" else args.repeats):
         runs.append(one_cell(tool, n, args, run, scratch))
@@ -206,11 +220,34 @@ def cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) 
     return out
 
 
-def one_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
-    save = scratch / f"{tool.replace(':', '_')}_{n}.pt"
-    batch = args.cp_batch_size if tool == "captum_cp" else args.batch_size
+def prefix_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path) -> dict:
+    """One run on the first --cp-all-prefix training triples and one on twice as many; seconds extrapolated.
+
+    Captum's TracInCP costs the same for every training batch: the two runs give the seconds a
+    training triple adds, and the whole training set costs the larger run plus the triples it
+    left out at that rate.
+    """
+    small, large = args.cp_all_prefix, 2 * args.cp_all_prefix
+    runs = [one_cell(tool, n, args, run, scratch, train_limit=limit) for limit in (small, large)]
+    for r in runs:
+        if "error" in r:
+            return r
+    per_triple = (runs[1]["seconds"] - runs[0]["seconds"]) / (large - small)
+    n_train = runs[1]["n_train"]
+    return {"seconds_extrapolated": runs[1]["seconds"] + per_triple * (n_train - large),
+            "seconds_per_train_triple": per_triple, "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "path": tool,
+            "prefix_runs": [{"train_triples": limit, "seconds": r["seconds"]} for limit, r in zip((small, large), runs)],
+            "shape": runs[1]["shape"], "scores_file": runs[1]["scores_file"]}
+
+
+def one_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Path,
+             train_limit: int | None = None) -> dict:
+    save = scratch / f"{tool.replace(':', '_')}_{n}_{train_limit or 'all'}.pt"
+    batch = {"captum_cp": args.cp_batch_size, "captum_cp_all": args.cp_all_batch_size}.get(tool, args.batch_size)
     cmd = [sys.executable, __file__, "--worker", tool, "--run", str(run), "--n", str(n),
            "--threads", str(args.threads), "--batch-size", str(batch), "--save", str(save), "--device", args.device]
+    if train_limit is not None:
+        cmd += ["--train-limit", str(train_limit)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cell_timeout)
@@ -228,6 +265,8 @@ def differences(theirs: Path, ours: Path) -> dict:
     import torch
 
     a, b = torch.load(theirs, weights_only=True).double(), torch.load(ours, weights_only=True).double()
+    if a.shape[1] < b.shape[1]:  # Captum ran on a prefix of the training triples: our first columns
+        b = b[:, : a.shape[1]]
     if a.shape != b.shape:
         return {"max_rel_diff": None, "shape_mismatch": [list(a.shape), list(b.shape)]}
     diff = (a - b).abs()
@@ -243,6 +282,8 @@ def tools_for(n: int, args: argparse.Namespace) -> list[str]:
         tools += ["ours:fc", "captum_cp"]
     if not args.skip_all:
         tools.append("ours:all")
+        if args.with_tracincp_all:
+            tools.append("captum_cp_all")
     if args.with_bf16:
         tools += ["ours:last-bf16"] + ([] if args.skip_all else ["ours:all-bf16"])
     return tools
@@ -251,13 +292,13 @@ def tools_for(n: int, args: argparse.Namespace) -> list[str]:
 def compare(row: dict) -> None:
     """Add differences and ratios to ``row`` for every pair of cells that both succeeded."""
     ok = {name: value for name, value in row.items() if isinstance(value, dict) and "error" not in value}
-    for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc"),
+    for theirs, ours in (("captum_fast", "ours:fc.weight"), ("captum_cp", "ours:fc"), ("captum_cp_all", "ours:all"),
                          ("ours:last-bf16", "ours:last"), ("ours:all-bf16", "ours:all")):
         t, o = ok.get(theirs), ok.get(ours)
         if t and o:
             t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
             t["compared_with"] = ours
-            row[f"seconds_ratio_{theirs}_over_{ours}"] = t["seconds"] / o["seconds"]
+            row[f"seconds_ratio_{theirs}_over_{ours}"] = t.get("seconds_extrapolated", t.get("seconds")) / o["seconds"]
             row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]
     for theirs in ("captum_fast", "captum_cp"):  # Captum against our usual parameter sets, in time and memory
         for ours in ("ours:last", "ours:all"):
@@ -294,7 +335,8 @@ def describe(run: Path, trained: float | None, args: argparse.Namespace) -> dict
             "n_train": len(info.dataset.train), "n_test_available": len(info.dataset.test),
             "checkpoints": [{"epoch": c.epoch, "lr": c.lr} for c in info.checkpoints],
             "device": args.device, "threads": args.threads, "repeats": args.repeats,
-            "captum_fast_batch_size": args.batch_size, "captum_cp_batch_size": args.cp_batch_size}
+            "captum_fast_batch_size": args.batch_size, "captum_cp_batch_size": args.cp_batch_size,
+            "captum_cp_all_batch_size": args.cp_all_batch_size, "captum_cp_all_prefix": args.cp_all_prefix}
 
 
 def last_step(run: Path) -> int | None:
@@ -320,11 +362,18 @@ def parse_args() -> argparse.Namespace:
                         help="TracInCP's training batch size (it holds batch x |fc| per-example gradients)")
     parser.add_argument("--with-tracincp", action="store_true", help="also Captum TracInCP, n_test=1 only (slow)")
     parser.add_argument("--skip-all", action="store_true", help='skip our params="all" cells')
+    parser.add_argument("--with-tracincp-all", action="store_true",
+                        help="also Captum TracInCP over every parameter, timed on two training prefixes (slow)")
+    parser.add_argument("--cp-all-prefix", type=int, default=512,
+                        help="training triples of the smaller TracInCP-all run (the larger has twice as many)")
+    parser.add_argument("--cp-all-batch-size", type=int, default=16,
+                        help="TracInCP-all's training batch size (it holds batch x |every parameter| gradients)")
     parser.add_argument("--with-bf16", action="store_true", help="also our bf16 cells, compared with fp32")
     parser.add_argument("--cell-timeout", type=int, default=3600, help="seconds before a cell is abandoned")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
+    parser.add_argument("--train-limit", type=int, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
