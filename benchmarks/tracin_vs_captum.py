@@ -232,6 +232,8 @@ def prefix_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch:
     for r in runs:
         if "error" in r:
             return r
+    if runs[1]["shape"][1] < large:
+        return {"error": f"fewer than {large} training triples: lower --cp-all-prefix"}
     per_triple = (runs[1]["seconds"] - runs[0]["seconds"]) / (large - small)
     n_train = runs[1]["n_train"]
     return {"seconds_extrapolated": runs[1]["seconds"] + per_triple * (n_train - large),

@@ -43,6 +43,16 @@ def test_a_failed_prefix_run_is_the_cells_error(script, monkeypatch):
     assert out == {"error": "timed out at 8"}
 
 
+def test_prefixes_longer_than_the_training_set_are_refused(script, monkeypatch):
+    def one_cell(tool, n, args, run, scratch, train_limit=None):
+        return {"seconds": 1.0, "peak_rss_mb": 1.0, "n_train": 150, "shape": [n, min(train_limit, 150)],
+                "scores_file": "x.pt"}
+
+    monkeypatch.setattr(script, "one_cell", one_cell)
+    out = script.cell("captum_cp_all", 1, argparse.Namespace(cp_all_prefix=100), Path("run"), Path("scratch"))
+    assert out == {"error": "fewer than 200 training triples: lower --cp-all-prefix"}
+
+
 def test_prefix_influences_are_compared_with_our_first_columns(script, tmp_path):
     ours = torch.tensor([[1.0, -2.0, 4.0, 100.0], [0.5, 3.0, -1.0, 7.0]])
     theirs = ours[:, :3].clone()
