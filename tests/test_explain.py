@@ -10,6 +10,7 @@ import torch
 
 from kgtrace.attribution import TracIn
 from kgtrace.cli import main
+from kgtrace.cli.explain import sign_note
 from kgtrace.data.lookup import parse_triple
 from kgtrace.errors import KgtraceError
 from kgtrace.run import load_run
@@ -99,6 +100,20 @@ def test_a_training_triple_says_so(run_dir, run, tmp_path, capsys):
     assert item["proponents"][0]["train_index"] == 7 and item["proponents"][0]["shares"] == "both"  # itself
     assert tsv[1].split("\t")[4] == "train"
     assert "(a training triple: its strongest proponent is itself)" in capsys.readouterr().out
+
+
+def test_a_list_that_runs_past_its_sign_says_how_many_triples_have_it():
+    def entries(*values):
+        return [{"influence": v} for v in values]
+
+    assert sign_note("proponents", entries(3.0, 1.0, 0.5)) == ""
+    assert sign_note("opponents", entries(-3.0, -1.0)) == ""
+    assert sign_note("opponents", entries(-2.0, 0.0, 1.0)) == "; only 1 training triple lowered the score"
+    assert sign_note("opponents", entries(-2.0, -1.0, 4.0)) == "; only 2 training triples lowered the score"
+    assert sign_note("opponents", entries(1e-4, 2e-4)) == "; no training triple lowered the score"
+    assert sign_note("proponents", entries(2.0, -1.0)) == "; only 1 training triple raised the score"
+    assert sign_note("proponents", entries(0.0, -1.0)) == "; no training triple raised the score"
+    assert sign_note("opponents", []) == ""
 
 
 def test_checkpoint_shares_match_per_epoch_tracin(run_dir, run, tmp_path):

@@ -333,11 +333,25 @@ def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> 
         if item.get("split") == "train":
             print("  (a training triple: its strongest proponent is itself)")
         for kind in ("proponents", "opponents"):
-            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}):  influence, training row "
-                  "(train_index), entities shared with the triple above, training triple")
+            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}{sign_note(kind, item[kind][:shown])}):"
+                  "  influence, training row (train_index), entities shared with the triple above, training triple")
             for e in item[kind][:shown]:
                 print(f"    {e['influence']:+.4e}  row {e['train_index']:<7} shares {e['shares']:<7}  {e['head_name']} "
                       f"--{e['relation_name']}--> {e['tail_name']}")
+
+
+def sign_note(kind: str, entries: list[dict]) -> str:
+    """Where a list runs past its sign: proponents are the highest influences and opponents the lowest, so when fewer
+    training triples raised (lowered) the score than the list shows, it goes on with ones that did not."""
+    raised = kind == "proponents"
+    of_its_sign = [e["influence"] > 0 if raised else e["influence"] < 0 for e in entries]
+    if all(of_its_sign):
+        return ""
+    count = of_its_sign.index(False)  # the list is sorted: every triple of its sign comes first
+    verb = "raised" if raised else "lowered"
+    if count == 0:
+        return f"; no training triple {verb} the score"
+    return f"; only {count} training triple{'s' if count > 1 else ''} {verb} the score"
 
 
 def print_self_influence(ranking: dict) -> None:

@@ -221,8 +221,11 @@ def proof_key(item: dict) -> tuple[str, str, str]:
 SPLIT_NOTES = {"train": "a training triple: its strongest proponent is itself",
                "valid": "a validation triple", "test": "a test triple (never trained on)",
                None: "a new prediction (in no split)"}
-SIGN_NOTE = ("Positive (<i>proponents</i>): training on that triple raised the prediction's score; negative "
-             "(<i>opponents</i>): it lowered it. Sizes compare within one prediction. A prediction's "
+SIGN_NOTE = ("Positive: training on that triple raised the prediction's score; negative: it lowered it. "
+             "<i>Proponents</i> are the training triples of highest influence, <i>opponents</i> those of lowest: "
+             "where fewer triples lowered the score than the list holds, opponents go on with those that raised "
+             "it least (proponents likewise with those that lowered it least), and the sign tells them apart. "
+             "Sizes compare within one prediction. A prediction's "
              "probability is the sigmoid of its score; what makes it a prediction is its rank among all "
              "candidates (training on every entity at once, with label smoothing, keeps probabilities modest).")
 
