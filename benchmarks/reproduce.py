@@ -293,6 +293,12 @@ def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: s
     }
 
 
+def run_hours(result: dict[str, Any]) -> float:
+    """The hours a result's run took: its sessions' wall time, or its epochs' where that is longer (a session
+    killed before it paused recorded no wall time, but its epochs are in the curve)."""
+    return max(result["wall_seconds"] or 0.0, result["train_seconds"]) / 3600
+
+
 def processor_label(machine: dict[str, Any]) -> str:
     """"CPU", or the processor's short name where the result recorded one ("Intel Xeon"; earlier results kept
     only the architecture)."""
@@ -311,7 +317,7 @@ def results_table(folder: Path) -> str:
         if "recipe_settings" not in r:
             continue  # another benchmark's result
         test, target = r["test"], r["target"]
-        hours = (r["wall_seconds"] or r["train_seconds"]) / 3600
+        hours = run_hours(r)
         machine = r["machine"]
         cpu = f"{processor_label(machine)}, {machine['threads']} thread(s)"
         where = machine.get("gpu", "a GPU") if machine["device"] == "cuda" else cpu

@@ -57,6 +57,12 @@ def test_the_table_names_the_processor_where_the_result_does(reproduce):
     assert reproduce.processor_label({"processor": "x86_64"}) == "CPU"  # results that kept the architecture only
 
 
+def test_a_runs_hours_are_its_sessions_or_its_epochs_where_a_session_went_unrecorded(reproduce):
+    assert reproduce.run_hours({"wall_seconds": 7200.0, "train_seconds": 6000.0}) == 2.0  # all sessions recorded
+    assert reproduce.run_hours({"wall_seconds": 3600.0, "train_seconds": 5400.0}) == 1.5  # one was killed
+    assert reproduce.run_hours({"wall_seconds": 0, "train_seconds": 1800.0}) == 0.5  # none recorded
+
+
 def test_a_recipe_pauses_writes_its_result_and_resumes(reproduce, tmp_path, monkeypatch, capsys):
     recipe = reproduce.Recipe("tiny-nations", "nations", {"model": "distmult", "epochs": 4, "eval_every": 2,
                               "patience": 3, "batch_size": 64}, 0.5, "a test", model_args={"embedding_dim": 8})
