@@ -228,12 +228,14 @@ def prefix_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch:
     left out at that rate.
     """
     small, large = args.cp_all_prefix, 2 * args.cp_all_prefix
-    runs = [one_cell(tool, n, args, run, scratch, train_limit=limit) for limit in (small, large)]
-    for r in runs:
-        if "error" in r:
-            return r
-    if runs[1]["shape"][1] < large:
+    runs = [one_cell(tool, n, args, run, scratch, train_limit=small)]
+    if "error" in runs[0]:
+        return runs[0]
+    if runs[0]["n_train"] < large:  # known from the first run: do not start the slow second one
         return {"error": f"fewer than {large} training triples: lower --cp-all-prefix"}
+    runs.append(one_cell(tool, n, args, run, scratch, train_limit=large))
+    if "error" in runs[1]:
+        return runs[1]
     per_triple = (runs[1]["seconds"] - runs[0]["seconds"]) / (large - small)
     n_train = runs[1]["n_train"]
     return {"seconds_extrapolated": runs[1]["seconds"] + per_triple * (n_train - large),
@@ -263,12 +265,12 @@ def one_cell(tool: str, n: int, args: argparse.Namespace, run: Path, scratch: Pa
     return out
 
 
-def differences(theirs: Path, ours: Path) -> dict:
+def differences(theirs: Path, ours: Path, columns: int | None = None) -> dict:
+    """How far their influences are from ours; ``columns``: they ran on that many first training triples only."""
     import torch
 
     a, b = torch.load(theirs, weights_only=True).double(), torch.load(ours, weights_only=True).double()
-    if a.shape[1] < b.shape[1]:  # Captum ran on a prefix of the training triples: our first columns
-        b = b[:, : a.shape[1]]
+    b = b[:, :columns]  # columns=None: all of them
     if a.shape != b.shape:
         return {"max_rel_diff": None, "shape_mismatch": [list(a.shape), list(b.shape)]}
     diff = (a - b).abs()
@@ -298,7 +300,8 @@ def compare(row: dict) -> None:
                          ("ours:last-bf16", "ours:last"), ("ours:all-bf16", "ours:all")):
         t, o = ok.get(theirs), ok.get(ours)
         if t and o:
-            t.update(differences(Path(t["scores_file"]), Path(o["scores_file"])))
+            prefix = t["prefix_runs"][-1]["train_triples"] if "prefix_runs" in t else None
+            t.update(differences(Path(t["scores_file"]), Path(o["scores_file"]), prefix))
             t["compared_with"] = ours
             row[f"seconds_ratio_{theirs}_over_{ours}"] = t.get("seconds_extrapolated", t.get("seconds")) / o["seconds"]
             row[f"peak_rss_ratio_{theirs}_over_{ours}"] = t["peak_rss_mb"] / o["peak_rss_mb"]

@@ -59,6 +59,6 @@ def test_prefix_influences_are_compared_with_our_first_columns(script, tmp_path)
     theirs[1, 2] += 0.04  # off by 1% of the largest of our first three columns (4.0), the rest exact
     torch.save(ours, tmp_path / "ours.pt")
     torch.save(theirs, tmp_path / "theirs.pt")
-    out = script.differences(tmp_path / "theirs.pt", tmp_path / "ours.pt")
+    out = script.differences(tmp_path / "theirs.pt", tmp_path / "ours.pt", columns=3)
     assert out["max_rel_diff"] == pytest.approx(0.01, rel=1e-5)
     assert out["max_elementwise_rel_diff"] == pytest.approx(0.04, rel=1e-5)
