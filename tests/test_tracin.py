@@ -1,7 +1,6 @@
 """TracIn attribution: every path agrees with the per-triple autograd reference (UMLS, 4 checkpoints)."""
 
 import copy
-import threading
 from dataclasses import fields
 from types import SimpleNamespace
 
@@ -401,27 +400,3 @@ def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params, monkey
         assert_agrees(got, expected.double())
     ref = TracIn(conve_run, params=params, path="reference", train_indices=rows[::20]).influence(test)
     assert_agrees(TracIn(conve_run, params=params, train_indices=rows[::20], chunk_size=120).influence(test), ref)
-
-
-def test_chunks_side_by_side_give_the_serial_pass(conve_run, monkeypatch, torch_threads):
-    """Two chunks at a time in threads of one core (kgtrace.system.side_by_side) give the serial pass's influences
-    and top-k, whatever the chunking."""
-    rows, test = torch.arange(0, 1500), conve_run.dataset.test[:3]
-    threads, chunk_parts = set(), TracIn._chunk_parts
-
-    def recorded(self, *args):
-        threads.add(threading.current_thread().name.startswith("kgtrace-chunk"))
-        return chunk_parts(self, *args)
-
-    torch_threads(2)
-    side = TracIn(conve_run, train_indices=rows, chunk_size=97)
-    with monkeypatch.context() as m:
-        m.setattr(TracIn, "_chunk_parts", recorded)
-        influence, top = side.influence(test), side.top_k(test, k=5)
-    assert threads == {True}  # every chunk ran in the pool
-    torch_threads(1)  # one thread: chunk after chunk
-    serial = TracIn(conve_run, train_indices=rows, chunk_size=97)
-    torch.testing.assert_close(influence, serial.influence(test))
-    for got, want in zip(top, serial.top_k(test, k=5)):
-        assert torch.equal(got.proponents, want.proponents) and torch.equal(got.opponents, want.opponents)
-        torch.testing.assert_close(got.proponent_parts, want.proponent_parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
+import queue
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +17,7 @@ import torch
 from kgtrace.errors import KgtraceError
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 # glibc mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -66,29 +68,45 @@ def bar_disable(progress: bool) -> bool | None:
 MAX_SIDE_BY_SIDE = 4
 
 
-def side_by_side(work: Callable[[int], T], numbers: Sequence[int], device: torch.device,
-                 enabled: bool = True) -> Iterator[tuple[int, T]]:
-    """(n, work(n)) for each n of ``numbers``, in order; on a CPU, several at a time in threads of one core each.
+def side_by_side(work: Callable[[int, P], T], numbers: Sequence[int], device: torch.device,
+                 private: Callable[[], P], enabled: bool = True) -> Iterator[tuple[int, T]]:
+    """(n, work(n, own)) for each n of ``numbers``, in order; on a CPU, several at a time in threads of one core each.
 
     A chunk of a TracIn pass is many small operations, and a thread per core inside each of them
     leaves the cores idle between them; chunks side by side, each on one thread, keep them busy
     (docs/benchmarks.md, the users' scale). ``work`` runs under ``torch.no_grad()`` (grad mode is
-    per thread); shared state it changes must bear two writers (ConvE's relation-band cache: both
-    may compute the same values). Results come back in ``numbers``' order, so a consumer sees what
-    a serial loop gives it, each result as one thread computes it. Torch's intra-op threads are
-    divided among the workers while the pass runs and restored after. Serial where it cannot help:
-    not a CPU, one thread, or ``enabled`` False (torch.compile, which keeps per-thread state).
+    per thread).
+
+    ``own`` is what no two chunks may use at once: ``private()`` makes one per worker (a serial loop
+    makes one), and a chunk holds it from its start to its end. Work that changes an object while it
+    runs (``torch.func.functional_call`` swaps a module's parameters for the length of a call) must
+    change only its ``own``: on a shared module, two threads swap each other's parameters, and a chunk
+    computes with another chunk's rows. State shared beyond ``own`` must bear two writers (ConvE's
+    relation-band products: both may compute the same values).
+
+    Results come back in ``numbers``' order, so a consumer sees what a serial loop gives it, each
+    result as one thread computes it. Torch's intra-op threads are divided among the workers while
+    the pass runs and restored after. Serial where it cannot help: not a CPU, one thread, or
+    ``enabled`` False (torch.compile, which keeps per-thread state).
     """
     threads = torch.get_num_threads()
     workers = min(threads, MAX_SIDE_BY_SIDE, len(numbers)) if enabled and device.type == "cpu" else 1
     if workers <= 1:
+        own = private()
         for n in numbers:
-            yield n, work(n)
+            yield n, work(n, own)
         return
+    free: queue.SimpleQueue[P] = queue.SimpleQueue()
+    for _ in range(workers):
+        free.put(private())
 
     def run(n: int) -> T:
-        with torch.no_grad():
-            return work(n)
+        own = free.get()  # never waits: at most ``workers`` chunks are in flight, one per private object
+        try:
+            with torch.no_grad():
+                return work(n, own)
+        finally:
+            free.put(own)
 
     torch.set_num_threads(max(1, threads // workers))
     try:

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import chain
@@ -244,12 +246,17 @@ class TracIn:
                         continue
                     models = self._group_models(group)
                     lrs = [self.checkpoints[i].lr for i in group]
-                    # kept for the group's whole pass: each checkpoint's test factors, computed once, and its memo
-                    test_factors = None if test is None else [self._factorise(m, test) for m in models]
+                    # kept for the group's whole pass: each checkpoint's test factors, computed once (on the first
+                    # worker's copies, before any chunk runs: what a copy caches serves the chunks too), and its memo
+                    copies = [_private_copy(m, 0) for m in models]
+                    test_factors = None if test is None else [self._factorise(m, test) for m in copies]
                     memos = [{} for _ in models]
                     last = g == len(self.groups) - 1
-                    work = partial(self._chunk_parts, chunks, models, lrs, test_factors, memos, test)
-                    for number, parts in side_by_side(work, range(first, len(chunks)), self.device,
+                    work = partial(self._chunk_parts, chunks, lrs, test_factors, memos, test)
+                    # Each worker its own module objects over the same weights: the rows and general paths swap a
+                    # module's parameters while they run (functional_call), which on a shared module races.
+                    own = _private_maker(models)
+                    for number, parts in side_by_side(work, range(first, len(chunks)), self.device, own,
                                                       enabled=self.compiled is None):
                         positions = chunks[number]
                         if spill is not None and not last:
@@ -260,15 +267,16 @@ class TracIn:
                             yield slice(group[0], group[-1] + 1), positions, parts
                         state.step(g * len(chunks) + number, data)
                         bar.update(1)
-                    del models, test_factors, memos, work  # a group's models go before the next group's come
+                    del models, copies, test_factors, memos, work, own  # a group's models go before the next group's come
             done = True
         finally:
             if spill is not None:
                 spill.close(remove=done)
 
-    def _chunk_parts(self, chunks: list[Tensor], models: list[nn.Module], lrs: list[float],
-                     test_factors: list[Factors] | None, memos: list[dict], test: Tensor | None, number: int) -> Tensor:
-        """:meth:`_parts` of chunk ``number`` (positions ``chunks[number]`` of the training triples)."""
+    def _chunk_parts(self, chunks: list[Tensor], lrs: list[float], test_factors: list[Factors] | None,
+                     memos: list[dict], test: Tensor | None, number: int, models: list[nn.Module]) -> Tensor:
+        """:meth:`_parts` of chunk ``number`` (positions ``chunks[number]`` of the training triples) with
+        ``models``, the checkpoints' models that this chunk alone uses while it runs (:func:`_private_maker`)."""
         return self._parts(models, lrs, test_factors, memos, test, self.train.index_select(0, chunks[number]))
 
     def _parts(self, models: list[nn.Module], lrs: list[float], test_factors: list[Factors] | None,
@@ -420,6 +428,36 @@ def _weightless_copy(model: nn.Module) -> nn.Module:
         empty = torch.empty_like(t, device="meta")
         memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
     return copy.deepcopy(model, memo).eval()
+
+
+#: model -> its private copies (:func:`_private_maker`), the k-th for the k-th worker of a pass.
+_PRIVATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _private_maker(models: Sequence[nn.Module]) -> Callable[[], list[nn.Module]]:
+    """``side_by_side``'s maker of private models: its k-th call gives the k-th copies of ``models``.
+
+    A copy is a new module object over the model's own parameter and buffer tensors (no memory
+    copied). ``functional_call`` swaps a module's attributes for the length of a call; on a copy of
+    one's own, it swaps only that copy's, whatever other threads do with the same weights. Copies are
+    kept while their model lives, so that what is cached per module (ConvE's relation band, once per
+    checkpoint) outlives a pass.
+    """
+    calls = itertools.count()
+
+    def make() -> list[nn.Module]:
+        k = next(calls)
+        return [_private_copy(model, k) for model in models]
+
+    return make
+
+
+def _private_copy(model: nn.Module, k: int) -> nn.Module:
+    copies = _PRIVATE.setdefault(model, [])
+    while len(copies) <= k:
+        memo = {id(t): t for t in chain(model.parameters(), model.buffers())}
+        copies.append(copy.deepcopy(model, memo))
+    return copies[k]
 
 
 def _model_bytes(model: nn.Module) -> int:
