@@ -147,3 +147,37 @@ def test_utf16_and_binary_files(tmp_path, name):
     with pytest.raises(DataError) as e:
         read(path, tmp_path)
     assert e.value.line == 2 and "binary file" in e.value.problem
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_large_file_read_block_by_block_shows_its_progress(tmp_path, monkeypatch, compressed):
+    """A file of PROGRESS_BYTES or more gets a progress bar of its bytes on disk (drawn on a terminal), to the end."""
+    from kgtrace.data import _io
+
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, disable, **kwargs):
+            self.total, self.disable, self.n = total, disable, 0
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    path = tmp_path / ("big.tsv.gz" if compressed else "big.tsv")
+    text = "".join(f"a{i}\tr\tb{i}\n" for i in range(5000)).encode()
+    path.write_bytes(gzip.compress(text) if compressed else text)
+    monkeypatch.setattr(_io, "tqdm", Recorder)
+    monkeypatch.setattr(_io, "PROGRESS_BYTES", 1000)
+    blocks = list(_io.raw_blocks(path, 4096))
+    assert b"".join(block for _, block in blocks) == text
+    assert bars[-1].disable is None and bars[-1].n == bars[-1].total == path.stat().st_size
+    monkeypatch.setattr(_io, "PROGRESS_BYTES", path.stat().st_size + 1)
+    list(_io.raw_blocks(path, 4096))
+    assert bars[-1].disable is True  # a small file: no bar

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
+import os
 import queue
 import sys
 from collections import deque
@@ -47,6 +48,37 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+#: Whether this process was forked from one that had imported polars (:func:`polars_usable`).
+_FORKED_AFTER_POLARS = False
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED_AFTER_POLARS
+    _FORKED_AFTER_POLARS = _FORKED_AFTER_POLARS or "polars" in sys.modules
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def polars_usable() -> bool:
+    """Whether polars can run in this process: False in a child forked after polars was imported.
+
+    polars' thread pool does not survive a fork: in the child, a call that hands work to the pool
+    (``read_csv``, ``is_in``, ...) waits forever at 0% CPU. A ``multiprocessing`` pool forks by
+    default on Linux, after the parent may have read data. kgtrace's readers then take their
+    reference paths (pure Python), and what has none refuses with :func:`forked_polars_error`.
+    """
+    return not _FORKED_AFTER_POLARS
+
+
+def forked_polars_error(what: str) -> KgtraceError:
+    """The error of work that needs polars in a child forked after polars was imported."""
+    return KgtraceError(
+        f"{what} needs polars, which cannot run in this process: it was forked from one that had already "
+        "started polars' threads, and polars' calls would wait forever. Fix: start the worker processes with "
+        "multiprocessing's 'spawn' method (multiprocessing.get_context('spawn')), or read the data in the parent")
 
 
 def resolve_device(name: str) -> torch.device:

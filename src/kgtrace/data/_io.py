@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import numpy as np
 import polars as pl
+from tqdm.auto import tqdm
 
 from kgtrace.errors import DataError
 
@@ -25,6 +26,7 @@ GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 GZIP_FIX = "download the file again, or compress it again with `gzip` (`gzip -t FILE` tells whether a .gz file is whole)"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 SNIFF_BYTES = 1 << 13  # the start of a file that check_text_start looks at
+PROGRESS_BYTES = 64 << 20  # files this large show a progress bar while they are read block by block (on a terminal)
 # What Python's gzip raises on a cut-off or damaged stream: EOFError when the file ends early,
 # BadGzipFile on a bad header or checksum, zlib.error on damaged compressed data.
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -100,21 +102,30 @@ def raw_blocks(path: str | os.PathLike, size: int) -> Iterator[tuple[int, bytes]
     """Blocks of whole lines of a (possibly gzipped) file, each about ``size`` bytes, endings kept, with the
     1-based number of each block's first line: a large file parsed block by block without a Python object per line.
 
-    A cut-off or damaged gzip stream is a DataError naming the line being read when it broke (as
-    :func:`raw_lines` names it: the file is read again line by line to find it).
+    A file of :data:`PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal (a long read
+    never waits without a word). A cut-off or damaged gzip stream is a DataError naming the line being read
+    when it broke (as :func:`raw_lines` names it: the file is read again line by line to find it).
     """
-    with open_binary(path) as f:
+    total = os.path.getsize(path)
+    with open_binary(path) as f, tqdm(total=total, unit="B", unit_scale=True, desc=f"reading {Path(path).name}",
+                                      disable=True if total < PROGRESS_BYTES else None, leave=False) as bar:
         line = 1
         try:
             while block := f.read(size):
                 if not block.endswith(b"\n"):
                     block += f.readline()  # finish the last line
+                bar.update(_position(f) - bar.n)
                 yield line, block
                 line += block.count(b"\n")
         except GZIP_ERRORS as e:
             for _ in raw_lines(path):  # raises the DataError naming the exact line
                 pass
             raise DataError(path, line, f"the gzip data is damaged at or after line {line} ({e})", GZIP_FIX) from None
+
+
+def _position(f: BinaryIO) -> int:
+    """Bytes of the file on disk read so far (of the compressed stream, for a gzip file)."""
+    return f.fileobj.tell() if isinstance(f, gzip.GzipFile) else f.tell()
 
 
 def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:

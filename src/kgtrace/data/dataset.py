@@ -47,7 +47,7 @@ from kgtrace.data.names import (
     write_names,
 )
 from kgtrace.data.registry import DATASETS, cache_folder, fetch
-from kgtrace.data.splits import seen_mask
+from kgtrace.data.splits import is_in, seen_mask
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_id_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
 from kgtrace.errors import DataError, DataWarning, KgtraceError
@@ -257,7 +257,7 @@ def _drop_unseen(
 def _unseen_label(triple: np.ndarray, line: int, entities: pl.Series, relations: pl.Series) -> str:
     """'line 12: entity 'X'' for the first label of ``triple`` that train lacks."""
     for column, pool, kind in ((0, entities, "entity"), (1, relations, "relation"), (2, entities, "entity")):
-        if not pl.Series([triple[column]], dtype=pl.String).is_in(pool.implode()).item():
+        if not is_in(triple[column:column + 1], pool)[0]:
             return f"line {line}: {kind} {triple[column]!r}"
     return f"line {line}"
 

@@ -35,6 +35,7 @@ import polars as pl
 
 from kgtrace.data._io import decode_line, raw_blocks, raw_lines
 from kgtrace.errors import ConfigError, DataError
+from kgtrace.system import forked_polars_error, polars_usable
 
 NODE_REQUIRED = ("id", "category")
 EDGE_REQUIRED = ("subject", "predicate", "object")
@@ -111,6 +112,8 @@ def read_kgx(
     order of first appearance among kept edges; else the relation is the predicate.
     Duplicate triples are kept once.
     """
+    if not polars_usable():
+        raise forked_polars_error(f"reading the KGX graph {edges_path}")
     problems = check_category_pairs(category_pairs)
     if isinstance(drop_predicates, str):
         problems.append(f"--drop-predicate: {drop_predicates!r} must be a list of predicates, not one string")

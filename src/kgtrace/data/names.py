@@ -29,6 +29,7 @@ from kgtrace.data._io import GZIP_ERRORS, check_tsv_values, open_binary, read_te
 from kgtrace.io import atomic_write_text
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import DataError
+from kgtrace.system import polars_usable
 
 CURIE = re.compile(r"^[A-Za-z_][\w.\-]*:\S+$")
 ID_HEADERS = {"id", "label", "curie", "node", "node_id", "entity"}
@@ -129,7 +130,10 @@ def describe_predicate(key: str) -> str:
 
 def _pairs_fast(path: str | os.PathLike) -> pl.DataFrame | None:
     """The two columns of a clean file (no blank or odd lines, no empty field, no label given two values) as a
-    polars frame, each label once; None otherwise, and the line-by-line reader then names the problem."""
+    polars frame, each label once; None otherwise, and the line-by-line reader then names the problem (and reads
+    the file where polars cannot run: :func:`~kgtrace.system.polars_usable`)."""
+    if not polars_usable():
+        return None
     try:
         with open_binary(path) as f:
             data = f.read()

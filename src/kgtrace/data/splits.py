@@ -16,6 +16,7 @@ import polars as pl
 
 from kgtrace.data._io import object_column
 from kgtrace.errors import ConfigError
+from kgtrace.system import polars_usable
 
 POLICIES = ("move", "drop")
 
@@ -136,12 +137,15 @@ def seen_mask(triples: np.ndarray, entities: pl.Series, relations: pl.Series) ->
     """bool [n]: head, tail in ``entities`` and relation in ``relations``."""
     if len(triples) == 0:
         return np.ones(0, dtype=bool)
-    ok = (
-        _series(triples[:, 0]).is_in(entities.implode())
-        & _series(triples[:, 1]).is_in(relations.implode())
-        & _series(triples[:, 2]).is_in(entities.implode())
-    )
-    return ok.to_numpy()
+    return is_in(triples[:, 0], entities) & is_in(triples[:, 1], relations) & is_in(triples[:, 2], entities)
+
+
+def is_in(values: np.ndarray, pool: pl.Series) -> np.ndarray:
+    """bool [n]: whether each of the labels ``values`` [n] is in ``pool``."""
+    if not polars_usable():  # a forked child (kgtrace.system.polars_usable): a Python set
+        known = set(pool.to_list())
+        return np.fromiter((value in known for value in values), dtype=bool, count=len(values))
+    return _series(values).is_in(pool.implode()).to_numpy()
 
 
 def _seen_codes(train: np.ndarray, valid: np.ndarray, test: np.ndarray,

@@ -31,6 +31,7 @@ from kgtrace.data._io import (
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import DataError, UnknownLabel
 from kgtrace.io import atomic_path
+from kgtrace.system import polars_usable
 
 FIELDS = ("head", "relation", "tail")
 HEADER_WORDS = (
@@ -205,7 +206,10 @@ def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.
 
 
 def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The polars reader; None whenever anything is unusual, so the reference reader decides."""
+    """The polars reader; None whenever anything is unusual, so the reference reader decides (and where
+    polars cannot run: a process forked after it was imported, :func:`~kgtrace.system.polars_usable`)."""
+    if not polars_usable():
+        return None
     # polars takes the column count from the first line it parses, so start at the first data line.
     skip = _leading_skippable_lines(path)
     try:
