@@ -31,9 +31,36 @@ def epoch_path(folder: Path, epoch: int) -> Path:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write ``state`` to ``path`` via a temporary file and an atomic rename."""
+    """Write ``state`` to ``path`` via a temporary file and an atomic rename.
+
+    A write the operating system refuses (disk full, a file-size limit) is raised as its OSError,
+    naming the path: torch.save reports it only as "unexpected pos" otherwise.
+    """
     with atomic_open(path, "wb") as f:
-        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+        writer = _Writer(f)
+        try:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise OSError(writer.error.errno, writer.error.strerror, str(path)) from None
+            raise
+
+
+class _Writer:
+    """A binary file for torch.save that keeps the first OSError its writes met."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict[str, Any]:

@@ -7,6 +7,7 @@ and line, the offending value, and the fix.
 
 from __future__ import annotations
 
+import errno
 from os import PathLike
 
 
@@ -52,3 +53,33 @@ class ConfigError(KgtraceError):
             super().__init__(f"invalid setting: {self.problems[0]}")
             return
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+#: errno name -> the fix a user can make, for the faults of the operating system a command may meet.
+OS_FIXES = {
+    "ENOSPC": "free disk space (`df -h` shows where), then run the same command again; a run it was training "
+              "continues from its last checkpoint with `kgtrace train --resume RUN`",
+    "EDQUOT": "free space within your disk quota, then run the same command again",
+    "EFBIG": "lift the file-size limit (`ulimit -f unlimited`) or write to another file system, then run the "
+             "same command again",
+    "EACCES": "check the permissions (`ls -ld` the path and its folder), or choose another path",
+    "EPERM": "check the permissions (`ls -ld` the path and its folder), or choose another path",
+    "EROFS": "the file system is read-only: choose a path on a writable one",
+    "ENAMETOOLONG": "shorten the file or folder name (most file systems allow 255 bytes a name)",
+    "ENOTDIR": "a part of the path is a file, not a folder: choose another path",
+    "EISDIR": "the path is a folder: give the path of a file",
+    "ENOENT": "check the path (a folder on the way does not exist)",
+    "EEXIST": "remove it or choose another path",
+    "EMFILE": "raise the open-file limit (`ulimit -n`), then run the same command again",
+    "EIO": "the disk reported an I/O error: check it, then run the same command again",
+}
+
+
+def os_fault(error: OSError) -> KgtraceError:
+    """A fault of the operating system (disk full, permission denied, ...) as an error naming the path and the fix."""
+    code = errno.errorcode.get(error.errno, "") if error.errno is not None else ""
+    paths = [str(p) for p in (error.filename, error.filename2) if p is not None]
+    where = f"{' -> '.join(paths)}: " if paths else ""
+    reason = error.strerror or str(error)
+    fix = OS_FIXES.get(code, "check the path and the disk, then run the same command again")
+    return KgtraceError(f"{where}{reason}{f' ({code})' if code else ''}. Fix: {fix}")

@@ -19,7 +19,8 @@ from kgtrace.errors import KgtraceError
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left untouched.
+    On any exception the temporary file is removed and ``path`` is left untouched. An OSError that
+    names no file (a full disk met by a write or an fsync) is raised naming ``path``.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +31,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs should be readable like any other file
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         with suppress(FileNotFoundError):
             tmp.unlink()
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(target)) from e
         raise
 
 

@@ -107,6 +107,17 @@ class RunLayout:
     def report(self) -> Path:
         return self.root / "report.html"
 
+    def pinned(self, *, writes: tuple[Path, ...] = ()) -> tuple[Path, ...]:
+        """What no command but its own writer may write into: the files the run is read from (config, id maps,
+        data pin, checkpoints, metrics, marker and lock) and its products that others read (test metrics and
+        ranks, the curve, the report), less ``writes`` (the products this command writes, e.g. evaluate's
+        test_metrics.json)."""
+        files = (self.config, self.prover_config, self.rules, self.node_dict, self.rel_dict, self.data,
+                 self.dataset_cache, self.checkpoints, self.metrics, self.compile_stats, self.root / ".kgtrace",
+                 self.root / ".kgtrace.lock", self.training_curve, self.test_metrics, self.test_ranks, self.report)
+        mine = {p.resolve() for p in writes}
+        return tuple(p for p in files if p.resolve() not in mine)
+
     def training_files(self) -> tuple[str, ...]:
         """The names of the files training writes at the folder's top (its temporaries are cleaned on resume)."""
         return tuple(p.name for p in (self.config, self.node_dict, self.rel_dict, self.data, self.metrics,

@@ -144,6 +144,82 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+# ----------------------------------------------------------------------------- output files
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file a command writes: where, under which option, with which suffix.
+
+    index: None for a file the user named; for a companion kgtrace names itself (the TSV beside
+    ``--out x.json``), the index JSON that lists it (:func:`write_index`).
+    """
+
+    path: Path
+    option: str
+    suffix: str
+    index: Path | None = None
+
+
+def check_outputs(outputs: Iterable[Output], *, reads: Iterable[str | os.PathLike | None] = (),
+                  pinned: Iterable[str | os.PathLike | None] = ()) -> None:
+    """The one rule for the files a command writes, checked before it computes anything; changes nothing.
+
+    Each output must end in its suffix; must not be a file the command reads (``reads``) nor lie in
+    ``pinned`` (the run's and dataset's inputs: files, or folders and all below them); must not be a
+    folder; its folder must be one that can be made or written. An existing companion is replaced only
+    when kgtrace wrote it: its index lists it with its current sha256. All problems are listed at once
+    (a KgtraceError).
+    """
+    read = {Path(p).resolve() for p in reads if p is not None}
+    kept = [Path(p).resolve() for p in pinned if p is not None]
+    problems = []
+    for out in outputs:
+        where = f"{out.option} {out.path}" if out.index is None else f"{out.path} (written beside {out.index})"
+        resolved = out.path.resolve()
+        if out.path.suffix.lower() != out.suffix:
+            problems.append(f"{where}: must end in {out.suffix}. Fix: e.g. {out.option} {out.path.stem}{out.suffix}")
+        elif resolved in read:
+            problems.append(f"{where}: is a file this command reads; writing it would replace it. Fix: choose "
+                            f"another {out.option}")
+        elif any(_inside(resolved, folder) for folder in kept):
+            problems.append(f"{where}: lies among the files the run or its dataset is read from. Fix: choose "
+                            f"another {out.option} outside them")
+        elif out.path.is_dir():
+            problems.append(f"{where}: is a folder. Fix: give the path of a file")
+        elif out.index is not None and out.path.exists() and not _listed(out.index, out.path):
+            problems.append(f"{where}: exists, and kgtrace did not write it there (no {out.index.name} lists "
+                            f"it as written): it would be replaced. Fix: move it away, or choose another {out.option}")
+        else:
+            problems.extend(f"{where}: {problem}" for problem in _folder_problems(out.path.parent, out.option))
+    if problems:
+        raise KgtraceError(problems[0] if len(problems) == 1 else "cannot write:\n  - " + "\n  - ".join(problems))
+
+
+def _listed(index: Path, path: Path) -> bool:
+    """Whether the index JSON lists ``path`` with the sha256 it has now (kgtrace wrote it, and it is unchanged)."""
+    try:
+        files = json.loads(index.read_text(encoding="utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    name = os.path.relpath(path, index.parent) if _inside(path.resolve(), index.parent.resolve()) else str(path)
+    return isinstance(files, dict) and files.get(name) == file_digest(path)
+
+
+def _folder_problems(folder: Path, option: str) -> list[str]:
+    """Why a file cannot be written into ``folder`` (made where missing): its nearest existing part is a file,
+    or is not writable."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"{existing} is a file, not a folder. Fix: choose another {option}"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"the folder {existing} is not writable. Fix: check its permissions (`ls -ld {existing}`), or "
+                f"choose another {option}"]
+    return []
+
+
 # ----------------------------------------------------------------------------- locks
 
 

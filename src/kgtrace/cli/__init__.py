@@ -29,7 +29,7 @@ from kgtrace import __version__
 from kgtrace.cli import datasets, evaluate, explain, faithfulness, interop, prove, report, train
 from kgtrace.cli.common import HelpFormatter, RawHelpFormatter
 from kgtrace.distributed import StoppedByPeer, session
-from kgtrace.errors import DataWarning, KgtraceError
+from kgtrace.errors import DataWarning, KgtraceError, os_fault
 
 __all__ = ["HelpFormatter", "RawHelpFormatter", "build_parser", "main"]
 
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KgtraceError as e:
         print(f"kgtrace {args.subcommand}{where}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the disk is full, a folder read-only, a name too long: the user's to fix, not a bug
+        print(f"kgtrace {args.subcommand}{where}: error: {os_fault(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"kgtrace {args.subcommand}{where}: interrupted", file=sys.stderr)

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kgtrace.config import TrainConfig, help_of, parse_size
+from kgtrace.config import TrainConfig, help_of, parse_size, read_yaml
+from kgtrace.data.dataset import dataset_inputs
 from kgtrace.distributed import World
-from kgtrace.errors import ConfigError
+from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.layout import RunLayout
+from kgtrace.owned import Output, check_outputs
 
 if TYPE_CHECKING:
     from kgtrace.evaluation.evaluate import Metrics
@@ -98,6 +101,37 @@ def output_problems(args: argparse.Namespace, outputs: tuple) -> list[str]:
             problems.append(f"{option} {path}: {what} needs a file name ending in {' or '.join(suffixes)}; "
                             f"fix: e.g. {option} {example}")
     return problems
+
+
+def named_output(path: str | Path | None, option: str) -> list[Output]:
+    """The output the user named with ``option`` (its own suffix; output_problems checked which are accepted)."""
+    return [] if path is None else [Output(Path(path), option, Path(path).suffix.lower())]
+
+
+def indexed_outputs(path_json: str | Path | None, option: str = "--out") -> list[Output]:
+    """``--out x.json`` and the TSV kgtrace writes beside it (a companion: replaced only when x.json lists it)."""
+    if path_json is None:
+        return []
+    index = Path(path_json)
+    return [Output(index, option, ".json"), Output(index.with_suffix(".tsv"), option, ".tsv", index=index)]
+
+
+def check_run_outputs(run_dir: str | Path, dataset: str, outputs: list[Output], *,
+                      reads: tuple[str | Path | None, ...] = (), writes: tuple[Path, ...] = ()) -> None:
+    """:func:`~kgtrace.owned.check_outputs` for a command on the run ``run_dir`` trained on ``dataset``: nothing
+    written among the run's pinned files (but its products in ``writes``) or in its dataset's folder."""
+    pinned = (*RunLayout(run_dir).pinned(writes=writes), *dataset_inputs(dataset))
+    check_outputs(outputs, reads=reads, pinned=pinned)
+
+
+def run_dataset_inputs(run_dir: str | Path) -> list[str]:
+    """The folder the run's dataset is read from (:func:`~kgtrace.data.dataset.dataset_inputs` of its config's
+    dataset; [] where the config cannot be read)."""
+    try:
+        dataset = read_yaml(RunLayout(run_dir).config)["dataset"]
+    except (OSError, ValueError, KeyError, TypeError, KgtraceError):
+        return []
+    return dataset_inputs(str(dataset))
 
 
 def output_lock(path: str | Path | None, world: World):

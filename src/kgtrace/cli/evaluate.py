@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import (candidates_label, compile_stats_path, memory_budget, output_lock, output_problems,
-                                print_metrics, write_json)
+from kgtrace.cli.common import (candidates_label, check_run_outputs, run_dataset_inputs, compile_stats_path, indexed_outputs,
+                                memory_budget, named_output, output_lock, output_problems, print_metrics, write_json)
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import check_json_out, check_outputs_spare_inputs
+from kgtrace.io import check_json_out
+from kgtrace.layout import RunLayout
+from kgtrace.owned import Output, check_outputs
 
 if TYPE_CHECKING:
     from kgtrace.evaluation.evaluate import Metrics
@@ -97,6 +99,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     run = (load_prover_run(args.run_dir, args.checkpoint, device, compile=args.compile) if prover
            else load_run(args.run_dir, args.checkpoint, device=device))
     ds = run.dataset
+    layout = RunLayout(args.run_dir)
+    check_run_outputs(args.run_dir, run.config.dataset, [*named_output(args.out, "--out"),
+                      *named_output(args.per_query, "--per-query"), *named_output(args.histogram, "--histogram")],
+                      writes=(layout.test_metrics, layout.test_ranks))  # evaluate writes the run's test metrics
     if not len(getattr(ds, args.split)):
         raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
                            "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
@@ -181,6 +187,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.out:
         check_json_out(args.out)
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(args.out))
     found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
                     new_only=args.new_only, category=args.category)
     q = found.query
@@ -216,8 +223,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     if args.out:
         check_json_out(args.out)
-        check_outputs_spare_inputs([args.out, Path(args.out).with_suffix(".tsv")], [args.triples])
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
+    check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(args.out), reads=(args.triples,))
     scored = score_triples(run, args.triples, memory_budget=budget)
     for skip in scored.skipped[:10]:
         print(f"{args.triples}:{skip['line']}: skipped: {skip['problem']}", file=sys.stderr)
@@ -247,7 +254,11 @@ def add_summarize_args(p: argparse.ArgumentParser) -> None:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.summary import plot_summary, summarize_runs, write_summary
 
-    table = summarize_runs(args.run_dirs, args.metrics)
+    table = summarize_runs(args.run_dirs, args.metrics)  # reads only: every run has its config and metrics
+    check_outputs([Output(Path(args.out), "--out", ".tsv"), *([Output(Path(args.plot), "--plot", ".png")]
+                                                              if args.plot else [])],
+                  pinned=[p for run in args.run_dirs for p in (*RunLayout(run).pinned(), *run_dataset_inputs(run))],
+                  reads=[Path(run) / args.metrics for run in args.run_dirs])
     write_summary(table, args.out)
     if args.plot:
         plot_summary(table, args.plot)

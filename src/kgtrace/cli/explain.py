@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import compile_stats_path, memory_budget, output_lock, parse_list, write_json
+from kgtrace.cli.common import (check_run_outputs, compile_stats_path, indexed_outputs, memory_budget, named_output,
+                                output_lock, parse_list, write_json)
 from kgtrace.config import PRECISIONS
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out, check_outputs_spare_inputs
@@ -111,6 +112,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     # The methods other than TracIn compute on the CPU: their run is loaded there.
     device = resolve_device(args.device if args.method in ("tracin", "auto") else "cpu")
     run = load_run(args.run_dir, args.checkpoint, device=device)
+    if not args.out_dir:
+        check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(out), reads=(args.triples,))
     choice = explain_method(args, run)
     if choice.method != "tracin" and device.type != "cpu":
         device = resolve_device("cpu")
@@ -254,6 +257,7 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "explain.json"
     check_json_out(out)
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
+    check_run_outputs(args.run_dir, run.config.dataset, named_output(out, "--out"), reads=(args.triples,))
     items = explain_proofs(run, explain_targets(args, run))
     for line in proof_lines(items):
         print(line)

@@ -8,8 +8,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kgtrace.cli.common import HelpFormatter, parse_list, train_help
+from kgtrace.cli.common import HelpFormatter, named_output, parse_list, train_help
+from kgtrace.data.dataset import dataset_inputs
 from kgtrace.errors import KgtraceError
+from kgtrace.owned import check_outputs
 
 if TYPE_CHECKING:
     from kgtrace.prover.config import ProverConfig
@@ -69,6 +71,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     config = mining_config(args)
     if Path(args.out).exists() and not args.overwrite:
         raise KgtraceError(f"--out {args.out}: the file exists. Fix: pass --overwrite, or choose another name")
+    check_outputs(named_output(args.out, "--out"), pinned=dataset_inputs(args.dataset))
     ds = load_dataset(args.dataset)
     mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, config)
     header = [f"kgtrace rules mine --dataset {args.dataset}: {len(mined)} rules from {len(ds.train)} training triples",

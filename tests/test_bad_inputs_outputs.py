@@ -1,0 +1,157 @@
+"""The files a command writes: never a file it reads, never among the run's or dataset's inputs, never a
+companion the user did not name unless kgtrace wrote it, suffixes checked; faults of the operating system
+(disk full, a file-size limit) are one clear message and exit 2, nothing half-written under a final name.
+
+Each case runs the real CLI through the bad-input harness: refused, named, and nothing changed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from badinput import refused, run_cli
+from kgtrace import io as kgtrace_io
+from kgtrace.checkpoint import load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A dataset folder (Nations' files) and a tiny DistMult run trained on it."""
+    root = tmp_path_factory.mktemp("outputs")
+    ds = root / "ds"
+    ds.mkdir()
+    bundled = resources.files("kgtrace.data") / "bundled" / "nations"
+    for split in ("train", "valid", "test"):
+        (ds / f"{split}.txt").write_text((bundled / f"{split}.txt").read_text())
+    run = root / "run"
+    code, out, err = run_cli(["train", "--dataset", ds, "--model", "distmult", "--epochs", "2", "--checkpoint-every",
+                              "1", "--out", run, "--threads", "1", "--device", "cpu", "--no-progress", "--no-compile"])
+    assert code == 0, out + err
+    return ds, run
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+CPU = ["--device", "cpu"]
+
+
+def cases(ds: Path, run: Path, here: Path) -> list[tuple[list, list]]:
+    """(argv, what the message must name): each would replace an input of the run or of its dataset."""
+    hypotheses = here / "hypotheses.tsv"
+    hypotheses.write_text("usa\tembassy\tchina\n")
+    return [
+        (["evaluate", run, *CPU, "--per-query", ds / "train.tsv"], [str(ds / "train.tsv"), "--per-query"]),
+        (["evaluate", run, *CPU, "--out", run / "data.json"], ["data.json", "--out"]),
+        (["evaluate", run, *CPU, "--out", run / "checkpoints" / "metrics.json"], ["checkpoints"]),
+        (["predict", run, *CPU, "--head", "usa", "--relation", "embassy", "--out", ds / "train.json"],
+         [str(ds / "train.json")]),
+        (["score", run, *CPU, "--triples", hypotheses, "--out", ds / "train.json"], [str(ds / "train.tsv")]),
+        (["score", run, *CPU, "--triples", hypotheses, "--out", here / "hypotheses.json"],
+         ["hypotheses.tsv", "reads"]),
+        (["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", ds / "train.json", "--no-progress"],
+         [str(ds / "train.json")]),
+        (["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", run / "test_metrics.json",
+          "--no-progress"], ["test_metrics.json"]),
+        (["summarize", run, "--out", ds / "train.tsv"], [str(ds / "train.tsv")]),
+        (["summarize", run, "--out", here / "table.tsv", "--plot", here / "plot.txt"], ["--plot", ".png"]),
+        (["rules", "mine", "--dataset", ds, "--out", ds / "train.txt", "--overwrite"], [str(ds / "train.txt")]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_an_output_that_would_replace_an_input_is_refused(setup, here, case):
+    ds, run = setup
+    argv, mentions = cases(ds, run, here)[case]
+    refused(argv, watch=[ds, run, here], mentions=mentions)
+
+
+def test_a_companion_the_user_did_not_name_is_kept(setup, here):
+    """--out results.json writes results.tsv beside it: refused where results.tsv is the user's, done where kgtrace
+    wrote it (its results.json lists it), and refused again once the user has changed it."""
+    _, run = setup
+    mine = here / "results.tsv"
+    mine.write_text("my own table\n")
+    argv = ["predict", run, *CPU, "--head", "usa", "--relation", "embassy", "--out", here / "results.json"]
+    refused(argv, watch=here, mentions=[str(mine), "move it away"])
+    mine.unlink()
+    assert run_cli(argv)[0] == 0
+    assert run_cli(argv)[0] == 0  # kgtrace's own companion, listed in results.json: replaced
+    with open(mine, "a") as f:
+        f.write("a note of the user's\n")
+    refused(argv, watch=here, mentions=[str(mine)])
+
+
+def test_an_output_under_a_file_is_refused_before_any_work(setup, here):
+    _, run = setup
+    (here / "afile").write_text("x")
+    refused(["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", here / "afile" / "x.json"],
+            watch=[here, run], mentions=["afile", "is a file, not a folder"])
+
+
+def test_every_problem_with_the_outputs_is_named_at_once(setup, here):
+    ds, run = setup
+    err = refused(["evaluate", run, *CPU, "--out", run / "data.json", "--per-query", ds / "test.tsv"],
+                  watch=[ds, run, here])
+    assert "data.json" in err and str(ds / "test.tsv") in err
+
+
+def test_evaluate_still_writes_the_runs_own_test_metrics(setup):
+    """What the README does: evaluate --out RUN/test_metrics.json --per-query RUN/test_ranks.tsv."""
+    _, run = setup
+    code, out, err = run_cli(["evaluate", run, *CPU, "--out", run / "test_metrics.json",
+                              "--per-query", run / "test_ranks.tsv"])
+    assert code == 0, out + err
+
+
+# ----------------------------------------------------------------------------- faults of the operating system
+
+
+def test_a_full_disk_while_writing_is_one_message_and_nothing_half_written(setup, here, monkeypatch):
+    _, run = setup
+    real = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(kgtrace_io.os, "fsync", full)
+    out = here / "metrics.json"
+    err = refused(["evaluate", run, *CPU, "--out", out], watch=here, mentions=[str(out), "ENOSPC", "free disk space"])
+    assert err.count("\n") == 1  # one line
+    monkeypatch.setattr(kgtrace_io.os, "fsync", real)
+    assert list(here.iterdir()) == []  # no temporary file left either
+
+
+def test_a_file_size_limit_during_training_is_one_message_and_the_run_resumes(setup, here):
+    """A real limit (ulimit -f) in a child process: exit 2, the checkpoint named, no file half-written, and the same
+    run resumes once the limit is lifted."""
+    ds, _ = setup
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash for ulimit")
+    run = here / "limited"
+    train = [sys.executable, "-m", "kgtrace", "train", "--dataset", str(ds), "--model", "distmult", "--epochs", "2",
+             "--checkpoint-every", "1", "--out", str(run), "--threads", "1", "--device", "cpu", "--no-progress",
+             "--no-compile", "--model-arg", "embedding_dim=64"]
+    limited = subprocess.run(["bash", "-c", 'ulimit -f 40; exec "$@"', "bash", *train], capture_output=True,
+                             text=True, timeout=300)
+    assert limited.returncode == 2, limited.stdout + limited.stderr
+    assert "Traceback" not in limited.stderr and "internal error" not in limited.stderr
+    assert "EFBIG" in limited.stderr and ".pt" in limited.stderr
+    left = [p.name for p in run.rglob("*") if p.name.endswith(".tmp")]
+    assert left == []
+    for checkpoint in run.rglob("*.pt"):  # what is there under a final name is whole
+        load_checkpoint(checkpoint)
+    resumed = subprocess.run([*train[:3], "train", "--out", str(run), "--resume", "--threads", "1", "--no-progress"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
