@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import torch
 
 from badinput import refused, run_cli
 from kgtrace import io as kgtrace_io
@@ -155,3 +156,63 @@ def test_a_file_size_limit_during_training_is_one_message_and_the_run_resumes(se
     resumed = subprocess.run([*train[:3], "train", "--out", str(run), "--resume", "--threads", "1", "--no-progress"],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+
+
+# ----------------------------------------------------------------------------- a run that gives no answer worth reading
+
+
+def damaged(run: Path, here: Path, how) -> Path:
+    """A copy of ``run`` with ``how(copy)`` done to it."""
+    copy = here / "damaged-run"
+    shutil.copytree(run, copy)
+    how(copy)
+    return copy
+
+
+def set_in_checkpoints(folder: Path, change) -> None:
+    for path in (folder / "checkpoints").glob("*.pt"):
+        state = torch.load(path, weights_only=True)
+        change(state)
+        torch.save(state, path)
+
+
+def nan_weights(state):
+    state["model_state"]["entity_embeddings"][0, 0] = float("nan")
+
+
+def inf_weights(state):
+    state["model_state"]["relation_embeddings"][1] = float("inf")
+
+
+def nan_lr(state):
+    state["lr"] = float("nan")
+
+
+def wrong_shape(state):
+    state["model_state"]["entity_embeddings"] = state["model_state"]["entity_embeddings"][:, :3].clone()
+
+
+@pytest.mark.parametrize("change, mentions", [
+    (nan_weights, ["not finite", "entity_embeddings", "smaller lr"]),
+    (inf_weights, ["not finite", "relation_embeddings"]),
+    (nan_lr, ["learning rate is nan"]),
+    (wrong_shape, ["do not fit", "distmult"]),
+])
+@pytest.mark.parametrize("command", [
+    ["evaluate"], ["predict", "--head", "usa", "--relation", "embassy"],
+    ["explain", "--triple", "usa", "embassy", "china", "--no-progress"],
+])
+def test_a_run_with_broken_weights_is_refused_by_every_command(setup, here, change, mentions, command):
+    _, run = setup
+    broken = damaged(run, here, lambda folder: set_in_checkpoints(folder, change))
+    refused([command[0], broken, *command[1:], *CPU], watch=here, mentions=mentions)
+
+
+@pytest.mark.parametrize("how, mentions", [
+    (lambda folder: (folder / "data.json").unlink(), ["data.json", "missing"]),
+    (lambda folder: (folder / "data.json").write_text("{not json"), ["data.json", "damaged"]),
+    (lambda folder: (folder / "data.json").write_text('{"splits": {}}'), ["data.json", "damaged"]),
+])
+def test_a_missing_or_damaged_data_pin_is_an_error(setup, here, how, mentions):
+    _, run = setup
+    refused(["evaluate", damaged(run, here, how), *CPU], watch=here, mentions=mentions)

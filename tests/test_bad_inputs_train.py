@@ -283,3 +283,31 @@ def test_two_trainings_into_one_folder(tmp_path):
     assert "in use by another kgtrace process" in loser or "not empty" in loser, loser
     epochs = [json.loads(ln)["epoch"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- values refused before any folder
+
+
+@pytest.mark.parametrize("more, mentions", [
+    (["--seed", str(2**70)], ["seed=", "2**63"]),
+    (["--lr", "inf"], ["lr=inf", "finite"]),
+    (["--lr", "nan"], ["lr=nan"]),
+    (["--weight-decay", "nan"], ["weight_decay=nan", "finite"]),
+    (["--threads", "100000"], ["threads=100000", "cores"]),
+    (["--model-arg", "embedding_dim=1000000000000001"], ["embedding_dim=1000000000000001", "at most"]),
+])
+def test_a_bad_value_is_refused_and_no_run_folder_is_left(data, tmp_path, more, mentions):
+    out = tmp_path / "run"
+    refused(train_args(data / "nations", out, *more), watch=tmp_path, mentions=mentions)
+    assert not out.exists()
+
+
+def test_a_settings_file_with_aliases_or_not_text_is_refused(data, tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("model_args:\n  a: &a [1, 2, 3]\n  b: &b [*a, *a, *a]\n  c: [*b, *b, *b]\n")
+    refused(train_args(data / "nations", tmp_path / "run", "--config", bomb), watch=tmp_path,
+            mentions=["bomb.yaml", "alias"])
+    picture = tmp_path / "config.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    refused(train_args(data / "nations", tmp_path / "run", "--config", picture), watch=tmp_path,
+            mentions=["config.png", "UTF-8"])

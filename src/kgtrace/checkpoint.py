@@ -11,6 +11,8 @@ early_stopping ({"best_mrr", "best_epoch", "bad_validations"}).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,10 +65,13 @@ class _Writer:
         self.f.flush()
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False,
+                    finite: bool = True) -> dict[str, Any]:
     """Read a kgtrace checkpoint with ``weights_only=True`` (no code runs on load).
 
-    mmap=True maps the file instead of reading it, for when only a few keys are needed.
+    mmap=True maps the file instead of reading it, for when only a few keys are needed. Its learning
+    rate must be a finite number, and (with ``finite``) its weights finite: a run whose training
+    diverged gives no answer worth reading, and a command refuses it rather than return an empty one.
     """
     path = Path(path)
     if not path.is_file():
@@ -78,7 +83,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
                            "Fix: use another checkpoint of the run, or retrain") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise KgtraceError(f"{path}: not a kgtrace checkpoint. Fix: pass a file from a run's checkpoints/ folder")
+    lr = state.get("lr", 0.0)
+    if not isinstance(lr, (int, float)) or not math.isfinite(lr):
+        raise KgtraceError(f"{path}: its learning rate is {lr!r}, not a finite number. {DIVERGED_FIX}")
+    if finite:
+        bad = [name for name, t in state.get("model_state", {}).items()
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:
+            raise KgtraceError(f"{path}: weights that are not finite numbers (NaN or infinity) in {', '.join(bad)}. "
+                               f"{DIVERGED_FIX}")
     return state
+
+
+DIVERGED_FIX = ("Fix: the training diverged; train again with a smaller lr (or use an earlier checkpoint of the run: "
+                "--checkpoint checkpoints/epoch-NNNN.pt)")
 
 
 def check_digests(state: dict[str, Any], entity_digest: str, relation_digest: str, path: str | Path) -> None:
@@ -109,7 +127,7 @@ def list_checkpoints(folder: str | Path) -> list[CheckpointInfo]:
     for path in Path(folder).glob("epoch-*.pt"):
         match = EPOCH_FILE.fullmatch(path.name)
         if match:
-            lr = float(load_checkpoint(path, mmap=True)["lr"])
+            lr = float(load_checkpoint(path, mmap=True, finite=False)["lr"])
             found.append(CheckpointInfo(path, int(match.group(1)), lr))
     return sorted(found, key=lambda c: c.epoch)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,6 +28,7 @@ TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall", "negative-sampling")
 #: How label smoothing spreads eps (training.loss.smoothed_label_values): PyKEEN's, or the ConvE authors' code's.
 SMOOTHING_STYLES = ("pykeen", "conve")
 OPTIMIZERS = ("adam", "adagrad")
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64-bit seeds
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -100,14 +103,20 @@ class TrainConfig:
         for name in ("steps_per_epoch", "eval_every", "patience", "lr_patience", "threads", "entity_chunk", "seed"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)}: must be 0 or more")
-        if not self.lr > 0:
-            problems.append(f"lr={self.lr}: must be positive, e.g. 0.001")
+        if self.seed > MAX_SEED:
+            problems.append(f"seed={self.seed}: at most 2**63 - 1 (torch's seeds are 64-bit); fix: e.g. seed 0")
+        cores = os.cpu_count() or 1
+        if self.threads > cores:
+            problems.append(f"threads={self.threads}: this machine has {cores} cores; fix: set threads to at most "
+                            f"{cores}, or 0 for torch's default")
+        if not 0 < self.lr < math.inf:
+            problems.append(f"lr={self.lr}: must be a positive finite number, e.g. 0.001")
         if not 0 < self.lr_decay <= 1:
             problems.append(f"lr_decay={self.lr_decay}: must be in (0, 1]; 1.0 keeps the rate constant")
         if not 0 <= self.label_smoothing < 1:
             problems.append(f"label_smoothing={self.label_smoothing}: must be in [0, 1), e.g. 0.1")
-        if self.weight_decay < 0:
-            problems.append(f"weight_decay={self.weight_decay}: must be 0 or more")
+        if not 0 <= self.weight_decay < math.inf:
+            problems.append(f"weight_decay={self.weight_decay}: must be a finite number, 0 or more")
         problems += choice_problems(self, "model", model_names())
         problems += choice_problems(self, "optimizer", OPTIMIZERS)
         if self.lr_patience and not self.eval_every:
@@ -239,12 +248,27 @@ def unknown_keys(cls: type, values: dict[str, Any], where: str = "") -> list[str
     return problems
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader without aliases (``*name``): a few hundred bytes of nested aliases expand to
+    gigabytes once the settings are copied or written out, and kgtrace's settings never need one."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: settings files "
+                                 "take no aliases; write the values out")
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"config={path}: no such file; give a YAML file of settings"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}
+    except UnicodeDecodeError:
+        raise ConfigError([f"config={path}: not UTF-8 text; give a YAML file of settings (e.g. a run's "
+                           "config.yaml)"]) from None
     except yaml.YAMLError as e:
         raise ConfigError([f"config={path}: not valid YAML ({e}); fix the file's syntax"]) from None
     if not isinstance(data, dict):

@@ -5,6 +5,7 @@
     node_dict, rel_dict       the id maps the run was trained with (label<TAB>id)
     data.json                 each split's digest and the id maps' (kgtrace.data.pinned)
     dataset.cache             a large dataset as reloading the run built it (kgtrace.data.cache)
+    pykeen_import.json        where a run imported from PyKEEN came from (such a run has no data.json)
     checkpoints/              epoch-NNNN.pt every checkpoint_every epochs, and best.pt
     metrics.jsonl             one record per epoch
     training_curve.png        loss and validation MRR per epoch
@@ -24,6 +25,7 @@ from pathlib import Path
 EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt")
 PROVER_CONFIG = "prover.yaml"  # a prover run's config (kgtrace.prover.run), in place of config.yaml
 RULES = "rules.txt"  # a prover run's rules
+IMPORTED = "pykeen_import.json"  # where a run imported from PyKEEN came from (it pins no data.json)
 
 
 def epoch_file(epoch: int) -> str:
@@ -113,7 +115,8 @@ class RunLayout:
         ranks, the curve, the report), less ``writes`` (the products this command writes, e.g. evaluate's
         test_metrics.json)."""
         files = (self.config, self.prover_config, self.rules, self.node_dict, self.rel_dict, self.data,
-                 self.dataset_cache, self.checkpoints, self.metrics, self.compile_stats, self.root / ".kgtrace",
+                 self.dataset_cache, self.checkpoints, self.metrics, self.compile_stats, self.root / IMPORTED,
+                 self.root / ".kgtrace",
                  self.root / ".kgtrace.lock", self.training_curve, self.test_metrics, self.test_ranks, self.report)
         mine = {p.resolve() for p in writes}
         return tuple(p for p in files if p.resolve() not in mine)

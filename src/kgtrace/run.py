@@ -50,7 +50,11 @@ def model_from_checkpoint(state: dict[str, Any], device: torch.device | str = "c
     spec = state["model"]
     with torch.device("meta"):
         model = build_model(spec["name"], spec["num_entities"], spec["num_relations"], **spec["args"])
-    model.load_state_dict(state["model_state"], assign=True)
+    try:
+        model.load_state_dict(state["model_state"], assign=True)
+    except RuntimeError as e:  # weights of another shape than the model it names: a checkpoint pieced together
+        raise KgtraceError(f"a checkpoint's weights do not fit the {spec['name']} model it names ({e}). Fix: use a "
+                           "checkpoint that kgtrace train wrote, or retrain") from None
     return model.to(device).eval()
 
 

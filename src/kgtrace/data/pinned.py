@@ -24,7 +24,7 @@ from kgtrace.data.dataset import SPLITS, Dataset, load_dataset
 from kgtrace.data.vocab import read_vocab
 from kgtrace.errors import DataWarning, KgtraceError, UnknownLabel
 from kgtrace.io import atomic_write_text
-from kgtrace.layout import RunLayout
+from kgtrace.layout import IMPORTED, RunLayout
 
 
 def split_digest(triples: Tensor) -> str:
@@ -41,19 +41,28 @@ def pin_splits(folder: str | os.PathLike, dataset: Dataset) -> None:
 
 
 def check_pinned(folder: str | os.PathLike, dataset: Dataset) -> None:
-    """Refuse ``dataset`` if a split differs from the one pinned in ``folder`` (runs without data.json pass)."""
+    """Refuse ``dataset`` if a split differs from the one pinned in ``folder``, or the pins are missing or damaged
+    (a run imported from PyKEEN, which pins nothing, passes)."""
     path = RunLayout(folder).data
     if not path.is_file():
-        return
-    data = json.loads(path.read_text(encoding="utf-8"))
+        if (Path(folder) / IMPORTED).is_file():
+            return
+        raise KgtraceError(f"{path}: missing. It pins the data the run was trained with, and without it a changed "
+                           "dataset would go unnoticed. Fix: restore it from a copy of the run, or train the run again")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ids, pinned = data["id_maps"], data["splits"]
+        _ = [pinned[s]["sha256"] for s in SPLITS] + [ids[name] for name in ("entities", "relations")]
+    except (ValueError, KeyError, TypeError):
+        raise KgtraceError(f"{path}: damaged (not the JSON kgtrace train writes). Fix: restore it from a copy of the "
+                           "run, or train the run again") from None
     maps = [name for name, vocab, file in (("entities", dataset.entities, "node_dict"),
                                            ("relations", dataset.relations, "rel_dict"))
-            if data["id_maps"][name] != vocab.digest()]
+            if ids[name] != vocab.digest()]
     if maps:  # the ids moved, not (necessarily) the data: say so rather than call every split changed
         raise KgtraceError(f"{folder}: the run's {' and '.join(maps)} id map differs from the one it was trained "
                            "with, so its ids would point at the wrong labels. Fix: restore the run's node_dict and "
                            "rel_dict, or train a new run (kgtrace train --out NEW_RUN)")
-    pinned = data["splits"]
     changed = [f"{s} ({pinned[s]['triples']} triples then, {len(getattr(dataset, s))} now)" for s in SPLITS
                if pinned[s]["sha256"] != split_digest(getattr(dataset, s))]
     if changed:

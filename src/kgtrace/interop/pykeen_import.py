@@ -40,12 +40,12 @@ from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
                                            pykeen_vocabs, read_source, split_triples)
 from kgtrace.io import atomic_folder, atomic_write_text
-from kgtrace.layout import RunLayout
+from kgtrace.layout import IMPORTED, RunLayout
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, write_mark
 from kgtrace.checkpoint import save_checkpoint
 
-PROVENANCE = "pykeen_import.json"
+PROVENANCE = IMPORTED
 DATASET_FOLDER = "dataset"
 
 

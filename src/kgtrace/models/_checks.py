@@ -35,8 +35,19 @@ def check_bool(problems: list[str], key: str, value: object) -> None:
         problems.append(f"{key}={value!r}: must be true or false; fix: set {key} to true or false")
 
 
+#: The largest embedding width a model takes: far past any published setting (ConvE 200, TuckER 200, RotatE 1,000),
+#: and small enough that a typo (1e15) is refused at once rather than failing to allocate.
+MAX_EMBEDDING_DIM = 1 << 16
+
+
 def check_sizes(problems: list[str], num_entities: object, num_relations: object, embedding_dim: object) -> bool:
     """Check the sizes every model takes; return whether embedding_dim passed."""
     check_positive_int(problems, "num_entities", num_entities)
     check_positive_int(problems, "num_relations", num_relations)
-    return check_positive_int(problems, "embedding_dim", embedding_dim)
+    if not check_positive_int(problems, "embedding_dim", embedding_dim):
+        return False
+    if embedding_dim > MAX_EMBEDDING_DIM:
+        problems.append(f"embedding_dim={embedding_dim}: at most {MAX_EMBEDDING_DIM:,}; fix: set embedding_dim to a "
+                        "width such as 200")
+        return False
+    return True

@@ -255,6 +255,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
                                      and not config.sparse)
     dataset = load_dataset(config.dataset)
     check_splits(dataset, config)
+    state = new_state(config, dataset, device)  # before the folder: a model that cannot be built leaves none
     with ExitStack() as held:
         def make_run_dir() -> None:
             out.mkdir(parents=True, exist_ok=True)
@@ -263,7 +264,6 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
             write_run_files(out, config, dataset)
 
         world.on_main(make_run_dir)
-        state = new_state(config, dataset, device)
         with logged_compilation(RunLayout(out).compile_stats, config.compile and world.is_main, log):
             return fit(state, config, dataset, out, device, progress, log, world, deadline)
 
