@@ -311,3 +311,27 @@ def test_a_settings_file_with_aliases_or_not_text_is_refused(data, tmp_path):
     picture.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
     refused(train_args(data / "nations", tmp_path / "run", "--config", picture), watch=tmp_path,
             mentions=["config.png", "UTF-8"])
+
+
+def test_train_overwrite_keeps_what_the_user_added_and_says_so(data, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(data / "nations", out))[0] == 0
+    (out / "notes.txt").write_text("my notes\n")
+    (out / "mydata").mkdir()
+    (out / "mydata" / "keep.tsv").write_text("a\tb\n")
+    code, stdout, err = run_cli(train_args(data / "nations", out, "--overwrite"))
+    assert code == 0, err
+    assert "kept 2 files kgtrace did not write there: mydata/keep.tsv, notes.txt" in stdout + err
+    assert (out / "notes.txt").read_text() == "my notes\n" and (out / "mydata" / "keep.tsv").read_text() == "a\tb\n"
+    assert (out / "checkpoints" / "best.pt").is_file()
+
+
+def test_prepare_overwrite_keeps_what_the_user_added(tmp_path):
+    src = tmp_path / "all.txt"
+    src.write_text("".join(f"e{i}\tr\te{(i + 1) % 40}\ne{i}\ts\te{(i + 3) % 40}\n" for i in range(40)))
+    out = tmp_path / "d"
+    assert run_cli(["prepare", "--triples", src, "--out", out])[0] == 0
+    (out / "README.md").write_text("about my data\n")
+    code, stdout, err = run_cli(["prepare", "--triples", src, "--out", out, "--overwrite"])
+    assert code == 0, err
+    assert "README.md" in stdout and (out / "README.md").read_text() == "about my data\n"

@@ -54,9 +54,11 @@ def test_prepare_overwrite_replaces_only_its_own_folder(tmp_path):
     src.write_text("".join(f"e{i}\tr\te{(i + 1) % 30}\ne{i}\ts\te{(i + 7) % 30}\n" for i in range(30)))
     out = tmp_path / "out"
     prepare(out, triples=str(src), fractions=(0.5, 0.25, 0.25))
-    (out / "old.txt").write_text("x")  # a file put into kgtrace's folder goes with it
-    prepare(out, triples=str(src), overwrite=True)
-    assert not (out / "old.txt").exists() and (out / "node_dict").is_file() and (out / ".kgtrace").is_file()
+    (out / "old.txt").write_text("x")  # a file the user put into kgtrace's folder stays
+    (out / "node_dict").unlink()  # one of kgtrace's, gone: written again
+    report = prepare(out, triples=str(src), overwrite=True)
+    assert (out / "old.txt").read_text() == "x" and (out / "node_dict").is_file() and (out / ".kgtrace").is_file()
+    assert report.kept == ("old.txt",)
     assert len(load_dataset(out).all_triples()) == 60
     mine = tmp_path / "mine"
     mine.mkdir()

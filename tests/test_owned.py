@@ -5,22 +5,50 @@ import json
 import pytest
 
 from kgtrace.errors import KgtraceError
-from kgtrace.owned import (LOCK, MARKER, check_out_folder, claim_out_folder, file_digest, file_lock, folder_lock,
-                           read_mark, replace_problem, retire, write_index, write_mark)
+from kgtrace.io import atomic_write_text
+from kgtrace.owned import (LOCK, MANIFEST, MARKER, check_out_folder, claim_out_folder, file_digest, file_lock,
+                           folder_lock, kept_note, read_mark, replace_problem, retire, write_index, write_mark)
 
 
 def test_claim_creates_marks_and_replaces_only_its_own_kind(tmp_path):
-    out = claim_out_folder(tmp_path / "run", kind="run", overwrite=False)
+    out = tmp_path / "run"
+    assert claim_out_folder(out, kind="run", overwrite=False) == []
     assert read_mark(out).kind == "run"
-    (out / "checkpoints").mkdir()
-    (out / "checkpoints" / "epoch-0001.pt").write_bytes(b"x")
+    atomic_write_text(out / "checkpoints" / "epoch-0001.pt", "x")  # kgtrace's: listed in its manifest
     with pytest.raises(KgtraceError, match="not empty .*checkpoints.*pass --overwrite"):
         check_out_folder(out, kind="run", overwrite=False)
-    claim_out_folder(out, kind="run", overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [MARKER]
-    (out / "config.yaml").write_text("epochs: 1\n")
+    assert claim_out_folder(out, kind="run", overwrite=True) == []
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, MANIFEST]
+    atomic_write_text(out / "config.yaml", "epochs: 1\n")
     with pytest.raises(KgtraceError, match="is a run folder, not a dataset folder"):
         claim_out_folder(out, kind="dataset", overwrite=True)
+
+
+def test_overwrite_removes_only_what_kgtrace_wrote_and_says_what_it_kept(tmp_path):
+    out = tmp_path / "run"
+    claim_out_folder(out, kind="run", overwrite=False)
+    atomic_write_text(out / "config.yaml", "epochs: 1\n")
+    atomic_write_text(out / "checkpoints" / "epoch-0001.pt", "x")
+    (out / "notes.txt").write_text("mine\n")  # the user's, added by hand
+    (out / "mydata").mkdir()
+    (out / "mydata" / "keep.tsv").write_text("a\tb\n")
+    (out / "checkpoints" / "mine.pt").write_text("y")  # the user's, beside kgtrace's
+    kept = claim_out_folder(out, kind="run", overwrite=True)
+    assert kept == ["checkpoints/mine.pt", "mydata/keep.tsv", "notes.txt"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        MARKER, MANIFEST, "checkpoints", "checkpoints/mine.pt", "mydata", "mydata/keep.tsv", "notes.txt"]
+    assert "kept 3 files" in kept_note(out, kept) and "notes.txt" in kept_note(out, kept)
+    assert kept_note(out, []) is None
+
+
+def test_a_marked_folder_without_a_list_of_its_files_is_not_replaced(tmp_path):
+    out = tmp_path / "old"
+    claim_out_folder(out, kind="run", overwrite=False)
+    (out / MANIFEST).unlink()  # as an earlier kgtrace left it
+    (out / "config.yaml").write_text("epochs: 1\n")
+    with pytest.raises(KgtraceError, match="did not list the files it wrote.*Nothing was deleted"):
+        claim_out_folder(out, kind="run", overwrite=True)
+    assert (out / "config.yaml").is_file()
 
 
 def test_unmarked_folder_is_never_emptied(tmp_path):
@@ -32,7 +60,8 @@ def test_unmarked_folder_is_never_emptied(tmp_path):
 
 
 def test_replace_problems_inputs_and_working_directory(tmp_path, monkeypatch):
-    out = claim_out_folder(tmp_path / "d", kind="dataset", overwrite=False)
+    out = tmp_path / "d"
+    claim_out_folder(out, kind="dataset", overwrite=False)
     (out / "x.txt").write_text("a\tr\tb\n")
     assert "holds an input" in replace_problem(out, "dataset", [out / "x.txt"])
     assert replace_problem(out, "dataset", [tmp_path / "elsewhere.txt", None]) is None
@@ -49,7 +78,8 @@ def test_a_file_is_not_a_folder(tmp_path):
 
 
 def test_lock_file_is_not_content_and_survives_claiming(tmp_path):
-    out = claim_out_folder(tmp_path / "run", kind="run", overwrite=False)
+    out = tmp_path / "run"
+    claim_out_folder(out, kind="run", overwrite=False)
     with folder_lock(out):
         assert (out / LOCK).is_file()
         check_out_folder(out, kind="run", overwrite=False)  # holds only the marker and the lock: still empty

@@ -1,4 +1,8 @@
-"""Atomic file and folder writes: a crash leaves the old file (or folder) or none, never half a new one."""
+"""Atomic file and folder writes: a crash leaves the old file (or folder) or none, never half a new one.
+
+Every file written here inside a folder kgtrace owns (one holding the ``.kgtrace`` marker, see
+:mod:`kgtrace.owned`) is listed in that folder's ``.kgtrace.files``: what ``--overwrite`` may remove.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,46 @@ from pathlib import Path
 from typing import IO
 
 from kgtrace.errors import KgtraceError
+
+
+MARKER = ".kgtrace"  # the marker of a folder kgtrace owns (kgtrace.owned)
+MANIFEST = ".kgtrace.files"  # beside it: the files kgtrace wrote there, one path (relative to the folder) a line
+LOCK = ".kgtrace.lock"  # the lock of a folder kgtrace writes (kgtrace.owned.folder_lock)
+
+
+def owner_folder(path: Path) -> Path | None:
+    """The nearest folder above ``path`` that holds kgtrace's marker, or None."""
+    for folder in Path(os.path.abspath(path)).parents:
+        if (folder / MARKER).is_file():
+            return folder
+    return None
+
+
+def record_written(path: str | os.PathLike) -> None:
+    """List ``path`` (just written) in the manifest of the kgtrace folder it lies in, if any.
+
+    One line appended with O_APPEND: writers in several processes (a faithfulness check's trainings)
+    never interleave within a line.
+    """
+    path = Path(os.path.abspath(path))
+    owner = owner_folder(path)
+    if owner is None or path.name in (MARKER, MANIFEST):
+        return
+    line = (os.path.relpath(path, owner) + "\n").encode("utf-8")
+    fd = os.open(owner / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def written_files(folder: str | os.PathLike) -> set[str] | None:
+    """The paths (relative to ``folder``) its manifest lists; None when it has none (written before manifests)."""
+    try:
+        text = (Path(folder) / MANIFEST).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return {line for line in text.splitlines() if line}
 
 
 @contextmanager
@@ -31,6 +75,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs should be readable like any other file
         os.replace(tmp, target)
+        record_written(target)
     except BaseException as e:
         with suppress(FileNotFoundError):
             tmp.unlink()
@@ -77,6 +122,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             os.fsync(f.fileno())
 
 
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line (a record of a log such as metrics.jsonl) to a file, listed as kgtrace's (:func:`record_written`)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+    record_written(path)
+
+
 def atomic_write_text(path: str | os.PathLike, chunks: str | Iterable[str]) -> None:
     """Write text (or an iterable of chunks) as UTF-8, atomically."""
     with atomic_open(path) as f:
@@ -100,14 +152,53 @@ def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
 
 
 def _swap_folder(new: Path, out: Path) -> None:
-    """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
+    """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after, but for the files
+    kgtrace did not write there (:func:`foreign_files`), which move into the new folder at the same place."""
     if not out.exists():
         os.rename(new, out)
         return
+    kept = foreign_files(out)
+    clash = [name for name in kept if (new / name).exists()]
+    if clash:
+        raise KgtraceError(f"{out}: holds {', '.join(clash)}, which kgtrace did not write there, where the new "
+                           "folder has files of the same name. Nothing was replaced. Fix: move them away")
+    for name in kept:
+        (new / name).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(out / name, new / name)
     old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
     os.rename(out, old / "replaced")
     os.rename(new, out)
     shutil.rmtree(old)
+
+
+def foreign_files(folder: str | os.PathLike) -> list[str]:
+    """The files below ``folder`` (relative paths, sorted) that its manifest does not list: the user's, which
+    ``--overwrite`` keeps. kgtrace's marker, manifest and lock and the temporaries of its writes are its own.
+    Every file of a folder without a manifest."""
+    folder = Path(folder)
+    listed = written_files(folder) or set()
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), folder)
+            own = relative in (MARKER, MANIFEST, LOCK) or TEMPORARY_NAME.fullmatch(name) is not None
+            if relative not in listed and not own:
+                found.append(relative)
+    return sorted(found)
+
+
+def remove_written(folder: str | os.PathLike) -> None:
+    """Remove what the manifest of ``folder`` lists (and the folders that leaves empty) and the manifest itself."""
+    folder = Path(folder)
+    for name in sorted(written_files(folder) or (), reverse=True):
+        path = folder / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+        for parent in path.parents:  # folders it leaves empty, up to the owned folder
+            if parent == folder or not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    (folder / MANIFEST).unlink(missing_ok=True)
 
 
 def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike | None],

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -33,10 +32,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_write_text
+from kgtrace.io import LOCK, MANIFEST, MARKER, atomic_write_text, foreign_files, remove_written, written_files
 
-MARKER = ".kgtrace"
-LOCK = ".kgtrace.lock"
 KINDS = {"run": "a run folder", "dataset": "a dataset folder", "prover-run": "a prover run folder",
          "pykeen-export": "an export-pykeen folder"}
 
@@ -68,14 +65,16 @@ def read_mark(folder: str | os.PathLike) -> Mark | None:
 
 
 def write_mark(folder: str | os.PathLike, kind: str) -> None:
-    """Mark ``folder`` as one kgtrace wrote (call it on a folder kgtrace has just created or emptied)."""
+    """Mark ``folder`` as one kgtrace wrote, with an empty list of the files it wrote there (call it on a folder
+    kgtrace has just created or emptied, before it writes the folder's files: each is listed as it is written)."""
     mark = Mark(kind=kind, command=command_line(), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     atomic_write_text(Path(folder) / MARKER, json.dumps(asdict(mark), indent=2) + "\n")
+    (Path(folder) / MANIFEST).touch()
 
 
 def contents(folder: Path) -> list[str]:
-    """The names in ``folder`` other than kgtrace's marker and lock, sorted ([] for a missing folder)."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in (LOCK, MARKER)) if folder.is_dir() else []
+    """The names in ``folder`` other than kgtrace's marker, manifest and lock, sorted ([] for a missing folder)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in (LOCK, MARKER, MANIFEST)) if folder.is_dir() else []
 
 
 def replace_problem(out: Path, kind: str, inputs: Iterable[str | os.PathLike | None] = ()) -> str | None:
@@ -93,6 +92,9 @@ def replace_problem(out: Path, kind: str, inputs: Iterable[str | os.PathLike | N
                "have none either)"
     if mark.kind != kind:
         return f"is {KINDS.get(mark.kind, mark.kind)}, not {KINDS.get(kind, kind)}"
+    if written_files(out) is None:
+        return (f"was written by an earlier kgtrace, which did not list the files it wrote ({MANIFEST}), so "
+                "--overwrite cannot tell yours from its own")
     return None
 
 
@@ -124,20 +126,29 @@ def check_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
 
 
 def claim_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
-                     inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out") -> Path:
-    """Make ``out`` an empty, marked folder for a new ``kind``: created, or emptied where ``--overwrite`` may.
+                     inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out") -> list[str]:
+    """Make ``out`` a marked folder for a new ``kind``: created, or cleared where ``--overwrite`` may. Returns the
+    files it kept: those kgtrace did not write there (its manifest does not list them), relative to ``out``.
 
-    Checks again what :func:`check_out_folder` checked (call it under the folder's lock, so that
-    no other kgtrace process writes there meanwhile); the lock file itself stays.
+    Clearing removes exactly what the manifest lists. Checks again what :func:`check_out_folder` checked
+    (call it under the folder's lock, so that no other kgtrace process writes there meanwhile); the lock
+    file itself stays.
     """
     out = Path(out)
     check_out_folder(out, kind=kind, overwrite=overwrite, inputs=inputs, option=option)
     out.mkdir(parents=True, exist_ok=True)
-    for name in contents(out):  # only reached for a marked folder of this kind, or an empty one
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    kept = foreign_files(out) if contents(out) else []  # only non-empty for a marked folder of this kind
+    remove_written(out)
     write_mark(out, kind)
-    return out
+    return kept
+
+
+def kept_note(out: str | os.PathLike, kept: list[str]) -> str | None:
+    """What ``--overwrite`` says of the files it kept in ``out`` (None when it kept none)."""
+    if not kept:
+        return None
+    listing = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
+    return f"--overwrite {out}: kept {len(kept)} file{'s' * (len(kept) > 1)} kgtrace did not write there: {listing}"
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -42,7 +42,7 @@ from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.attribution.tracin import TracIn
 from kgtrace.data.pinned import split_digest
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import atomic_write_text
+from kgtrace.io import atomic_write_text, record_written
 from kgtrace.run import Run
 from kgtrace.system import bar_disable
 
@@ -192,6 +192,7 @@ class _Store:
                 self.arrays[name] = np.lib.format.open_memmap(
                     self.folder / f"{name}.npy", mode="r+" if self.resume else "w+", dtype=dtype,
                     shape=(self.num_train, *block.shape[1:]))
+                record_written(self.folder / f"{name}.npy")
             self.arrays[name][positions] = block.float().cpu().numpy() if block.is_floating_point() else block.cpu().numpy()
 
     def flush(self) -> None:

@@ -7,6 +7,7 @@ even then replaced only if kgtrace prepared it and it holds none of the inputs (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -25,8 +26,8 @@ from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations,
 from kgtrace.data.triples import read_labeled_triples
 from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError, DataError, KgtraceError
-from kgtrace.io import atomic_folder
-from kgtrace.owned import check_out_folder, write_mark
+from kgtrace.io import atomic_folder, foreign_files
+from kgtrace.owned import check_out_folder, read_mark, write_mark
 
 SPLIT_METHODS = ("random", "predicate")
 INPUT_FILES = {  # what each input option names, for messages
@@ -56,6 +57,7 @@ class PrepareReport:
     test: int
     entities: int
     relations: int
+    kept: tuple[str, ...] = ()  # with --overwrite: the files in the folder that kgtrace did not write, kept
 
     def summary(self) -> str:
         """A few human-readable lines."""
@@ -67,6 +69,7 @@ class PrepareReport:
             f"  {self.split} split: {self.train} train / {self.valid} valid / {self.test} test; "
             f"{self.moved_to_train} moved to train and {self.dropped_unseen} dropped as unseen in train",
             f"  {self.entities} entities, {self.relations} relations",
+            *([f"  kept {len(self.kept)} file(s) kgtrace did not write there: {', '.join(self.kept)}"] if self.kept else []),
         ])
 
 
@@ -130,10 +133,12 @@ def prepare(
         held = _held_relations(cut, holdout_predicate)
         train, valid, test, report = holdout_relations(cut.codes, held, fractions[1], seed, holdout_fraction)
     ds = _dataset(out, train, valid, test, cut, names)
+    kept = tuple(foreign_files(out)) if read_mark(out) is not None else ()  # the swap moves them into the new folder
     with atomic_folder(out) as tmp:  # a temporary sibling, swapped into place whole
+        write_mark(tmp, "dataset")  # first: every file written after it is listed as kgtrace's
         save_dataset(ds, tmp)
-        write_mark(tmp, "dataset")
-    return _report(out, "triples" if triples is not None else "kgx", cut, split, report, ds)
+    return dataclasses.replace(_report(out, "triples" if triples is not None else "kgx", cut, split, report, ds),
+                               kept=kept)
 
 
 def _option_problems(

@@ -81,8 +81,8 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
         raise RuntimeError(f"the exported PyKEEN {layout.PYKEEN_NAMES[name]} scores differ from the run's by "
                            f"{difference:.2e}; this is a bug in kgtrace, please report it")
     with atomic_folder(out) as tmp:
+        write_mark(tmp, "pykeen-export")  # first: every file written after it is listed as kgtrace's
         write_export(tmp, run, factories, state, theirs.state_dict(), kwargs)
-        write_mark(tmp, "pykeen-export")
     return ExportReport(out, layout.PYKEEN_NAMES[name], kwargs, [c.epoch for c in run.checkpoints], difference)
 
 

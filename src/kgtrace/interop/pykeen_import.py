@@ -94,8 +94,8 @@ def import_pykeen(sources: list[str | Path], out: str | Path, *, dataset: str | 
         raise ConfigError([f"lr={lr}: must be positive, e.g. 0.001"])
     plan = make_plan(read_source(sources), out, dataset, model, dict(model_args or {}), lr, trust_pickle)
     with atomic_folder(out) as tmp:
+        write_mark(tmp, "run")  # first: every file written after it is listed as kgtrace's
         write_run(plan, tmp, sources)
-        write_mark(tmp, "run")
     return ImportReport(out, plan.name, plan.args, [(s.epoch, s.lr) for s in plan.series], plan.dataset, plan.notes)
 
 

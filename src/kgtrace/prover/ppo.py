@@ -32,6 +32,7 @@ from tqdm import tqdm
 from kgtrace.compile import logged_compilation
 from kgtrace.config import write_yaml
 from kgtrace.data.answers import AnswerIndex
+from kgtrace.io import append_line
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.errors import KgtraceError
@@ -193,8 +194,7 @@ def fit(state: PolicyState, config: ProverConfig, dataset: Dataset, engine: Vect
             record.update(_validate(state, config, dataset, scorer, known_valid))
             if record["valid_improved"]:
                 save_checkpoint(state_dict(state, config, dataset), RunLayout(out).best_checkpoint)
-        with open(RunLayout(out).metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(RunLayout(out).metrics, json.dumps(record))
         if state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs:
             save_checkpoint(state_dict(state, config, dataset), RunLayout(out).epoch_checkpoint(state.epoch))
         log(_format(record))

@@ -28,7 +28,7 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.layout import PROVER_CONFIG, RULES, RunLayout
-from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
+from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.embedding import embedding_model
 from kgtrace.prover.engine import VectorEngine
@@ -59,7 +59,7 @@ def is_prover_run(path: str | Path) -> bool:
 
 
 def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, rules: RuleSet, *,
-                     notes: list[str] | None = None, overwrite: bool = False) -> Path:
+                     notes: list[str] | None = None, overwrite: bool = False, log=print) -> Path:
     """Create the run folder (refusing to replace anything but a prover run) with its config, rules and id maps.
 
     notes: one comment per rule for rules.txt (e.g. the mined measures); default: where each rule was read.
@@ -70,7 +70,10 @@ def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, ru
     check_out_folder(out, kind="prover-run", overwrite=overwrite, inputs=[p for p in inputs if p and p != "mined"])
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, "prover run folder"):
-        claim_out_folder(out, kind="prover-run", overwrite=overwrite, inputs=[p for p in inputs if p and p != "mined"])
+        kept = claim_out_folder(out, kind="prover-run", overwrite=overwrite,
+                                inputs=[p for p in inputs if p and p != "mined"])
+        if (note := kept_note(out, kept)) is not None:
+            log(note)
         write_run_files(out, config, dataset, rules, notes)
     return out
 

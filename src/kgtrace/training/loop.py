@@ -34,10 +34,10 @@ from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
-from kgtrace.io import atomic_open, remove_stale_temporaries
+from kgtrace.io import append_line, atomic_open, remove_stale_temporaries
 from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
-from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock
+from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.precision import precision_problems
 from kgtrace.system import keep_freed_memory, resolve_device
 from kgtrace.training.batches import Batches
@@ -186,8 +186,7 @@ def check_splits(dataset: Dataset, config: TrainConfig) -> None:
 
 
 def append_metrics(out: Path, record: dict[str, Any]) -> None:
-    with open(RunLayout(out).metrics, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    append_line(RunLayout(out).metrics, json.dumps(record))
 
 
 def truncate_metrics(out: Path, epoch: int) -> None:
@@ -260,7 +259,9 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
         def make_run_dir() -> None:
             out.mkdir(parents=True, exist_ok=True)
             held.enter_context(folder_lock(out, "run folder"))
-            claim_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs)
+            note = kept_note(out, claim_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs))
+            if note:
+                log(note)
             write_run_files(out, config, dataset)
 
         world.on_main(make_run_dir)
