@@ -96,6 +96,19 @@ def test_triples_file_without_triples(inputs, text):
     prepare_refused(inputs, "--triples", path, mentions=[str(path), "no triples"])
 
 
+@pytest.mark.parametrize("line, mentions", [
+    ("usa \tembassy\tchina\n", ["'usa '", "white space", "beside 'usa'"]),
+    ("usa\t embassy\tchina\n", ["' embassy'", "white space"]),
+    ("u\ufeffsa\tembassy\tchina\n", ["byte-order mark"]),
+    ("usa\temb\x00assy\tchina\n", ["NUL"]),
+    ("usa\temb\rassy\tchina\n", ["control character"]),
+])
+def test_a_label_that_would_silently_become_another_is_refused_at_its_line(inputs, line, mentions):
+    path = inputs[0] / "kg.tsv"
+    path.write_text("usa\tembassy\tchina\nuk\tembassy\tussr\n" + line, newline="")
+    prepare_refused(inputs, "--triples", path, mentions=[f"{path}:3:", *mentions])
+
+
 def test_binary_file(inputs):
     path = inputs[0] / "kg.tsv"
     path.write_bytes(bytes(range(256)) * 4)

@@ -12,6 +12,7 @@ or finds something odd, so that every error names the exact line.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,11 @@ HEADER_WORDS = (
     {"tail", "object", "target", "t", "o", "to", "tail_label", "object_id"},
 )
 _SCAN_BLOCK = 1 << 26  # bytes per block when scanning for line starts
+
+
+#: A label that would silently become one of its own: white space at its start or end (what strip() removes),
+#: or a control character or byte-order mark inside (the same pattern in Python and in polars' regex).
+BAD_LABEL = re.compile(r"^\s|\s$|[\x00-\x08\x0b-\x1f\x7f\ufeff]")
 
 
 def read_labeled_triples(path: str | os.PathLike) -> np.ndarray:
@@ -184,6 +190,13 @@ def _check_fields(path: str | os.PathLike, n: int, fields: list[str]) -> None:
     for name, value in zip(FIELDS, fields):
         if not value.strip():
             raise DataError(path, n, f"the {name} field is empty", f"fill in the {name} or delete the line")
+        if value != value.strip():
+            raise DataError(path, n, f"the {name} {value!r} has white space at its start or end: it would be a label "
+                            f"of its own beside {value.strip()!r}", "remove the spaces around the label")
+        if BAD_LABEL.search(value):
+            raise DataError(path, n, f"the {name} {value!r} holds a control character or a byte-order mark "
+                            "(an editor's or a concatenation's leftover): it would be a label of its own",
+                            "remove that character from the label")
 
 
 def _check_rereadable(path: str | os.PathLike, frame: pl.DataFrame) -> None:
@@ -225,7 +238,8 @@ def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray
     # polars keeps blank lines as all-null rows: that is the only kind of null we accept here.
     blank = frame.select(pl.all_horizontal(pl.all().is_null())).to_series()
     empty = frame.select(pl.any_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))).to_series()
-    if (empty & ~blank).any():
+    bad = frame.select(pl.any_horizontal(pl.all().str.contains(BAD_LABEL.pattern))).to_series().fill_null(False)
+    if (empty & ~blank).any() or bad.any():  # the reference reader names the line
         return None
     lines = None
     if want_lines:
