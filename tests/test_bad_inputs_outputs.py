@@ -216,3 +216,35 @@ def test_a_run_with_broken_weights_is_refused_by_every_command(setup, here, chan
 def test_a_missing_or_damaged_data_pin_is_an_error(setup, here, how, mentions):
     _, run = setup
     refused(["evaluate", damaged(run, here, how), *CPU], watch=here, mentions=mentions)
+
+
+# ----------------------------------------------------------------------------- the TracIn index folder
+
+
+def test_an_index_is_not_built_into_a_users_folder(setup, here):
+    _, run = setup
+    mine = here / "mine"
+    mine.mkdir()
+    (mine / "progress.json").write_text('{"my": "progress"}\n')
+    refused(["index", run, "--out", mine, "--dim", "16", *CPU, "--no-progress"], watch=here,
+            mentions=[str(mine), "not written by kgtrace", "progress.json"])
+
+
+def test_a_second_index_build_into_the_same_folder_is_refused(setup, here):
+    _, run = setup
+    out = here / "index"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kgtrace.owned import folder_lock\n"
+                               f"with folder_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused(["index", run, "--out", out, "--dim", "16", *CPU, "--no-progress"], watch=here,
+                mentions=[str(out), "in use by another kgtrace process"])
+    finally:
+        holder.kill()
+        holder.wait()
+    code, stdout, err = run_cli(["index", run, "--out", out, "--dim", "16", *CPU, "--no-progress"])
+    assert code == 0, err  # once the other has finished
+    refused(["index", run, "--out", out, "--dim", "32", *CPU, "--no-progress"], watch=here,
+            mentions=["already holds a complete index"])

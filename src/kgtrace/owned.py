@@ -35,7 +35,7 @@ from kgtrace.errors import KgtraceError
 from kgtrace.io import LOCK, MANIFEST, MARKER, atomic_write_text, foreign_files, remove_written, written_files
 
 KINDS = {"run": "a run folder", "dataset": "a dataset folder", "prover-run": "a prover run folder",
-         "pykeen-export": "an export-pykeen folder"}
+         "pykeen-export": "an export-pykeen folder", "tracin-index": "a TracIn index folder"}
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.data.pinned import split_digest
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import atomic_write_text, record_written
+from kgtrace.owned import KINDS, contents, folder_lock, read_mark, write_mark
 from kgtrace.run import Run
 from kgtrace.system import bar_disable
 
@@ -52,6 +53,7 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 SAVE_EVERY_S = 30.0
 #: The stored layout's version, in ``index.json``. 2: a layer's bias rides in its outer factor (was in ``dense``).
 LAYOUT = 2
+INDEX_KIND = "tracin-index"  # the marker kind of an index folder (kgtrace.owned)
 
 
 class Projector:
@@ -124,17 +126,35 @@ def build_index(run: Run, folder: str | Path, params: str | list[str] = "last", 
     if problems:
         raise ConfigError(problems)
     folder = Path(folder)
-    if (folder / "index.json").exists():
-        raise KgtraceError(f"{folder}: already holds a complete index. Fix: query it, or delete the folder to rebuild")
+    _check_index_folder(folder)
     tracin = TracIn(run, params=params, device=device, chunk_size=chunk_size)
     meta = IndexMeta(str(run.path), tracin.names, tracin.path, [{"epoch": c.epoch, "lr": c.lr} for c in tracin.checkpoints],
                      len(tracin.train), dim, seed, dtype, _train_digest(tracin), layout=LAYOUT)
-    start = time.perf_counter()
-    _fill(tracin, folder, meta, progress)
-    meta.seconds = time.perf_counter() - start
-    atomic_write_text(folder / "index.json", json.dumps(asdict(meta), indent=2) + "\n")
-    (folder / "progress.json").unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    with folder_lock(folder, "index folder"):  # one builder at a time; a second is refused, naming the first
+        _check_index_folder(folder)
+        if read_mark(folder) is None:
+            write_mark(folder, INDEX_KIND)
+        start = time.perf_counter()
+        _fill(tracin, folder, meta, progress)
+        meta.seconds = time.perf_counter() - start
+        atomic_write_text(folder / "index.json", json.dumps(asdict(meta), indent=2) + "\n")
+        (folder / "progress.json").unlink(missing_ok=True)
     return ProjectedIndex(folder, run, device=device)
+
+
+def _check_index_folder(folder: Path) -> None:
+    """Refuse a folder that holds a complete index, or files that are not an index kgtrace was building there."""
+    if (folder / "index.json").exists():
+        raise KgtraceError(f"{folder}: already holds a complete index. Fix: query it, or delete the folder to rebuild")
+    existing = contents(folder)
+    mark = read_mark(folder)
+    if existing and (mark is None or mark.kind != INDEX_KIND):
+        what = "was not written by kgtrace" if mark is None else f"is {KINDS.get(mark.kind, mark.kind)}"
+        listing = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        raise KgtraceError(f"--out {folder}: the folder {what} and holds {listing}; an index is built only in a new "
+                           "folder or one where kgtrace was building an index. Nothing was changed. Fix: choose "
+                           "another --out")
 
 
 def _fill(tracin: TracIn, folder: Path, meta: IndexMeta, progress: bool) -> None:
