@@ -248,3 +248,28 @@ def test_a_second_index_build_into_the_same_folder_is_refused(setup, here):
     assert code == 0, err  # once the other has finished
     refused(["index", run, "--out", out, "--dim", "32", *CPU, "--no-progress"], watch=here,
             mentions=["already holds a complete index"])
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS, errno.ENAMETOOLONG, errno.EIO])
+@pytest.mark.parametrize("command", [
+    lambda run, here: ["evaluate", run, *CPU, "--out", here / "m.json"],
+    lambda run, here: ["predict", run, *CPU, "--head", "usa", "--relation", "embassy", "--out", here / "p.json"],
+    lambda run, here: ["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", here / "e.json",
+                       "--no-progress"],
+    lambda run, here: ["prepare", "--triples", here / "kg.tsv", "--out", here / "ds"],
+])
+def test_a_fault_of_the_operating_system_is_one_message_naming_the_path(setup, here, monkeypatch, code, command):
+    """Each fault met when the result is put in place: exit 2, the path, the errno's name and a fix, and no file of
+    the command's left, half-written or whole."""
+    _, run = setup
+    (here / "kg.tsv").write_text("".join(f"e{i}\tr\te{(i + 1) % 30}\ne{i}\ts\te{(i + 7) % 30}\n" for i in range(30)))
+    real = os.replace
+
+    def failing(src, dst):
+        if Path(dst).parent.resolve() == here.resolve() or here.resolve() in Path(dst).resolve().parents:
+            raise OSError(code, os.strerror(code))
+        return real(src, dst)
+
+    monkeypatch.setattr(kgtrace_io.os, "replace", failing)
+    err = refused(command(run, here), watch=here, mentions=[errno.errorcode[code], "Fix:"])
+    assert str(here) in err

@@ -79,8 +79,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as e:
         with suppress(FileNotFoundError):
             tmp.unlink()
-        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
-            raise OSError(e.errno, e.strerror, str(target)) from e
+        if isinstance(e, OSError) and e.filename is None:
+            raise OSError(e.errno, e.strerror or str(e), str(target)) from e
         raise
 
 
