@@ -195,6 +195,7 @@ def test_prepare_from_kgx_then_train(tmp_path):
     assert trained.returncode == 0, trained.stderr
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_evaluate_options_per_query_histogram_and_compile(tmp_path):
     out = tmp_path / "run"
     trained = run_cli("train", "--dataset", "nations", "--model", "distmult", "--epochs", "1", "--out", str(out),

@@ -124,6 +124,7 @@ def whole(tmp_path_factory) -> Path:
     return folder / "run"
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_training_killed_again_and_again_resumes_to_the_uninterrupted_run(whole, tmp_path):
     rng = random.Random(26)
     run = tmp_path / "run"
@@ -150,6 +151,7 @@ def test_training_killed_again_and_again_resumes_to_the_uninterrupted_run(whole,
     assert json.loads((run / "test_metrics.json").read_text()) == json.loads((whole / "test_metrics.json").read_text())
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_explain_killed_mid_pass_resumes_from_its_state_to_the_uninterrupted_result(whole, tmp_path):
     rng = random.Random(14)
     finish(kgtrace_cli("explain", whole, *EXPLAIN, "--out", tmp_path / "whole.json"), tmp_path / "whole.log")

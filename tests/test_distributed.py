@@ -269,6 +269,7 @@ def test_train_with_two_processes_follows_one(tmp_path, torch_threads):
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_compiled_train_with_two_processes_follows_one(tmp_path, torch_threads):
     """--compile under torchrun: each process compiles its part of the batch (87 and 86 rows), same losses."""
     args = ["train", "--dataset", "umls", "--model", "distmult", "--model-arg", "embedding_dim=16", "--epochs", "2",

@@ -186,6 +186,7 @@ def test_policy_run_commands(tmp_path, capsys):
             assert item["steps"][-1]["goals_after"] == "(proved)" and 0 < item["confidence"] <= 1
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_compiled_rollout_equals_eager(tiny):
     engine, policy = tiny
     states, excluded = start([(ANN, GRANDPARENT, CAT), (BOB, GRANDPARENT, ANN), (ANN, GRANDPARENT, DAN)] * 3)
@@ -200,6 +201,7 @@ def test_compiled_rollout_equals_eager(tiny):
     assert call.stats.recompilations == 0 and call.stats.graph_breaks == 0
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_compiled_beam_search_equals_eager(tiny):
     engine, policy = tiny
     hrt = torch.tensor([(ANN, GRANDPARENT, CAT), (BOB, GRANDPARENT, ANN), (ANN, GRANDPARENT, DAN), (ANN, PARENT, BOB),

@@ -181,6 +181,7 @@ def test_conve_evaluate_equals_pykeen_metrics(conve, conve_run, tmp_path):
                                                                 rel=1e-6, abs=1e-6), (side, tie, metric)
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_conve_explain_runs_on_the_import(conve_run, umls, tmp_path):
     head, relation, tail = labels(umls, umls.test[:1])[0]
     out = tmp_path / "explain.json"

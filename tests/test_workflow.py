@@ -86,6 +86,7 @@ def test_source_without_files_is_a_clear_error(tmp_path):
     assert "'mine' needs nodes and edges (a KGX export) or triples" in done.stderr + done.stdout
 
 
+@pytest.mark.timeout(900)  # compiles or trains several runs: minutes on a loaded 2-core machine
 def test_tiny_real_run_gives_the_summary(tmp_path):
     config = {"datasets": ["nations"], "models": ["distmult"], "seeds": [0, 1], "epochs": 2,
               "checkpoint_every": 1, "explain_test": 2, "top_k": 3, "threads": 1}
