@@ -273,3 +273,13 @@ def test_a_fault_of_the_operating_system_is_one_message_naming_the_path(setup, h
     monkeypatch.setattr(kgtrace_io.os, "replace", failing)
     err = refused(command(run, here), watch=here, mentions=[errno.errorcode[code], "Fix:"])
     assert str(here) in err
+
+
+def test_a_lock_file_that_is_a_folder_is_named(setup, here):
+    _, run = setup
+    copy = here / "run"
+    shutil.copytree(run, copy)
+    (copy / ".kgtrace.lock").unlink()
+    (copy / ".kgtrace.lock").mkdir()
+    refused(["train", "--out", copy, "--resume", "--epochs", "3", "--threads", "1", "--no-progress"], watch=here,
+            mentions=[".kgtrace.lock", "is a folder", "move that folder away"])

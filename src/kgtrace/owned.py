@@ -255,6 +255,9 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
 
 @contextmanager
 def _lock(lock_path: Path, guarded: Path, what: str, keep_file: bool) -> Iterator[None]:
+    if lock_path.is_dir():  # FileLock would fail with IsADirectoryError, naming nothing the user knows
+        raise KgtraceError(f"{lock_path}: is a folder, where kgtrace keeps the lock file of {guarded}. Fix: move that "
+                           "folder away (kgtrace never makes one there)")
     lock = FileLock(lock_path, timeout=0, is_singleton=True)
     try:
         lock.acquire()
