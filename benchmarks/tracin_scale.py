@@ -87,12 +87,19 @@ def distinct(n: int, entity_p: np.ndarray, relation_p: np.ndarray, exclude: np.n
 
 def synthetic_triples(n_train: int, n_test: int, num_entities: int, num_relations: int,
                       seed: int) -> dict[str, np.ndarray]:
-    """train, valid and test id triples; valid and test are disjoint from train and each other."""
+    """train, valid and test id triples; valid and test are disjoint from train and each other, and hold only
+    entities and relations of train (loading drops any other, and the run's pinned splits would then differ)."""
     rng = np.random.default_rng(seed)
     entity_p, relation_p = zipf(num_entities, 1.0, rng), zipf(num_relations, 1.0, rng)
     train = distinct(n_train, entity_p, relation_p, np.empty(0, dtype=np.int64), rng)
-    held = distinct(2 * n_test, entity_p, relation_p, keys(train, num_entities, num_relations), rng)
-    return {"train": train, "valid": held[n_test:], "test": held[:n_test]}
+    seen_entity, seen_relation = np.zeros(num_entities, bool), np.zeros(num_relations, bool)
+    seen_entity[train[:, [0, 2]].reshape(-1)], seen_relation[train[:, 1]] = True, True
+    held, draw_n = train[:0], 2 * n_test
+    while len(held) < 2 * n_test:
+        held = distinct(draw_n, entity_p, relation_p, keys(train, num_entities, num_relations), rng)
+        held = held[seen_entity[held[:, 0]] & seen_relation[held[:, 1]] & seen_entity[held[:, 2]]]
+        draw_n *= 2
+    return {"train": train, "valid": held[n_test:2 * n_test], "test": held[:n_test]}
 
 
 # ----------------------------------------------------------------------------- run folder
