@@ -1,6 +1,7 @@
 """Sampled filtered corruptions and category restrictions, checked by hand, against a reference
 sampler and against all-entity ranking."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -174,6 +175,21 @@ def test_matches_the_reference_sampler():
         eligible = set(range(num_entities)) - {int(sq.answers[q])} - set(answers[rows == q].tolist())
         expected = reference_sample(-7, "head", q, num_entities, eligible, 25)
         assert drawn.entities[drawn.rows == q].tolist() == expected
+
+
+def test_a_slice_of_the_queries_draws_what_the_whole_draws_for_them():
+    """A process of a distributed job ranks a slice (SideQueries.offset): its queries' corruptions are those the
+    whole side draws for them, in sample_corruptions as in rank_side_sampled."""
+    num_entities, num_relations = 300, 3
+    known_triples = random_triples(900, num_entities, num_relations, seed=4)
+    known = AnswerIndex.build(known_triples, num_relations)
+    whole = side_queries(known_triples[:40], num_relations, "tail")
+    part = dataclasses.replace(whole, queries=whole.queries[25:], answers=whole.answers[25:], offset=25)
+    all_drawn = sample_corruptions(whole, known, num_entities, num_corruptions=15, seed=3)
+    part_drawn = sample_corruptions(part, known, num_entities, num_corruptions=15, seed=3)
+    keep = all_drawn.rows >= 25
+    assert torch.equal(part_drawn.rows + 25, all_drawn.rows[keep])
+    assert torch.equal(part_drawn.entities, all_drawn.entities[keep])
 
 
 def test_deterministic_and_independent_of_chunking():

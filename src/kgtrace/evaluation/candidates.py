@@ -599,7 +599,8 @@ def sample_corruptions(
     for start in range(0, len(sq.answers), chunk):
         stop = min(start + chunk, len(sq.answers))
         eligible = _eligible(sq.queries[start:stop], sq.answers[start:stop], known, allowed, num_entities, device)
-        perms = _Permutations.of(seed, sq.side, torch.arange(start, stop), num_entities, device)
+        # keyed by the query's index among all of its side (sq.offset), as rank_side_sampled draws them
+        perms = _Permutations.of(seed, sq.side, torch.arange(sq.offset + start, sq.offset + stop), num_entities, device)
         for t in _walk(perms, eligible, num_corruptions, tile):
             r, c = torch.nonzero(t.take, as_tuple=True)
             rows.append(t.rows[r].cpu() + start)
