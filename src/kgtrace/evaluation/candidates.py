@@ -41,7 +41,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite
+from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.models.base import Scorer, forward_triples
 
@@ -565,9 +565,7 @@ def _triples(model: Scorer, queries: Tensor, entities: Tensor) -> Tensor:
 def _check_sampled_finite(bad: Tensor, rows: Tensor, sq: SideQueries, start: int) -> None:
     """Raise for the first row flagged in ``bad`` [n] (rows [n] of the chunk at ``start``)."""
     if bool(bad.any()):
-        first = int(rows[bad].min())
-        # evaluate's message, naming the global query: a one-entry NaN row stands in for its scores.
-        check_finite(torch.full((1, 1), float("nan")), sq, start + first)
+        raise non_finite_error(sq, start + int(rows[bad].min()))
 
 
 # ----------------------------------------------------------------------------- inspecting samples

@@ -58,14 +58,18 @@ def check_finite(scores: Tensor, sq: SideQueries, start: int) -> None:
         return
     bad = ~torch.isfinite(scores).all(dim=1)
     if bool(bad.any()):
-        i = start + int(torch.nonzero(bad)[0])
-        anchor, relation = (int(x) for x in sq.queries[i])
-        i += sq.offset
-        raise KgtraceError(
-            f"non-finite score for {sq.side} query #{i} (anchor entity id {anchor}, relation id {relation}): "
-            "a NaN or infinite score has no rank. Fix: check the checkpoint (a diverged run), "
-            "or retrain with --precision fp32 or a lower learning rate"
-        )
+        raise non_finite_error(sq, start + int(torch.nonzero(bad)[0]))
+
+
+def non_finite_error(sq: SideQueries, i: int) -> KgtraceError:
+    """The error of query ``i`` of ``sq`` (a row of this slice) whose scores hold NaN or infinity, naming the query
+    by its index among all of its side."""
+    anchor, relation = (int(x) for x in sq.queries[i])
+    return KgtraceError(
+        f"non-finite score for {sq.side} query #{sq.offset + i} (anchor entity id {anchor}, relation id {relation}): "
+        "a NaN or infinite score has no rank. Fix: check the checkpoint (a diverged run), "
+        "or retrain with --precision fp32 or a lower learning rate"
+    )
 
 
 @torch.inference_mode()
