@@ -5,6 +5,7 @@ message naming the file or option, and no user file created, changed or removed.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -335,3 +336,18 @@ def test_prepare_overwrite_keeps_what_the_user_added(tmp_path):
     code, stdout, err = run_cli(["prepare", "--triples", src, "--out", out, "--overwrite"])
     assert code == 0, err
     assert "README.md" in stdout and (out / "README.md").read_text() == "about my data\n"
+
+
+def test_a_run_trained_with_more_threads_than_here_still_loads(trained, tmp_path):
+    """The bound on threads is this machine's, checked where threads are set: a run trained on a larger machine is
+    evaluated here, and resumed once --threads fits."""
+    run, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = copy / "config.yaml"
+    config.write_text(config.read_text().replace("threads: 1", "threads: 4096"))
+    assert run_cli(["evaluate", copy, "--device", "cpu"])[0] == 0
+    refused(["train", "--out", copy, "--resume", "--epochs", "2", "--no-progress"], watch=tmp_path,
+            mentions=["threads=4096", "cores", "--threads"])
+    code, _, err = run_cli(["train", "--out", copy, "--resume", "--epochs", "2", "--threads", "1", "--no-progress"])
+    assert code == 0, err

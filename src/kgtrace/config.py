@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -105,10 +104,6 @@ class TrainConfig:
                 problems.append(f"{name}={getattr(self, name)}: must be 0 or more")
         if self.seed > MAX_SEED:
             problems.append(f"seed={self.seed}: at most 2**63 - 1 (torch's seeds are 64-bit); fix: e.g. seed 0")
-        cores = os.cpu_count() or 1
-        if self.threads > cores:
-            problems.append(f"threads={self.threads}: this machine has {cores} cores; fix: set threads to at most "
-                            f"{cores}, or 0 for torch's default")
         if not 0 < self.lr < math.inf:
             problems.append(f"lr={self.lr}: must be a positive finite number, e.g. 0.001")
         if not 0 < self.lr_decay <= 1:

@@ -81,6 +81,17 @@ def forked_polars_error(what: str) -> KgtraceError:
         "multiprocessing's 'spawn' method (multiprocessing.get_context('spawn')), or read the data in the parent")
 
 
+def threads_problems(threads: int, key: str = "threads") -> list[str]:
+    """Why ``threads`` torch threads cannot be used here: more than the machine's cores (thousands of threads
+    starve the machine, and past its limits the process dies). Checked where the threads are set, not where a
+    setting is read: a run trained on a larger machine still loads."""
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        return [f"{key}={threads}: this machine has {cores} cores; fix: set {key} to at most {cores} "
+                "(--threads), or 0 for torch's default"]
+    return []
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
     if name == "auto":

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.system import threads_problems
 from kgtrace.faithfulness import metrics
 from kgtrace.faithfulness.methods import METHODS, MethodInputs, method_signature
 from kgtrace.faithfulness.metrics import Measures
@@ -83,6 +84,7 @@ class FaithfulnessSettings:
             problems.append(f"mode={self.mode!r}: must be one of {', '.join(MODES)}")
         problems += [f"{key}={getattr(self, key)}: must be at least 1" for key in ("jobs", "threads")
                      if getattr(self, key) < 1]
+        problems += threads_problems(self.threads)
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
         if "proof" in self.methods and self.prover_run is None:

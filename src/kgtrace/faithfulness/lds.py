@@ -52,6 +52,7 @@ from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
 from kgtrace.io import atomic_path, atomic_write_text
 from kgtrace.owned import folder_lock
 from kgtrace.run import Run, load_run
+from kgtrace.system import threads_problems
 
 __all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "draw_subsets", "lds_scores",
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
@@ -91,6 +92,7 @@ class LdsSettings:
         problems += [f"{key}={getattr(self, key)}: must be at least 1" for key in ("jobs", "threads", "bootstrap",
                                                                                     "trak_dim")
                      if getattr(self, key) is not None and getattr(self, key) < 1]
+        problems += threads_problems(self.threads)
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
         problems += [f"{key}={getattr(self, key)}: must be positive" for key in ("damping", "trak_ridge")

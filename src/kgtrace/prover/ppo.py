@@ -35,7 +35,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.io import append_line
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
-from kgtrace.errors import KgtraceError
+from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
 from kgtrace.layout import RunLayout
 from kgtrace.models.base import Scorer
@@ -52,7 +52,7 @@ from kgtrace.prover.search import eager_deriver
 from kgtrace.checkpoint import (check_digests, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
 from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
-from kgtrace.system import bar_disable
+from kgtrace.system import bar_disable, threads_problems
 
 __all__ = ["resume_policy", "train_policy"]
 
@@ -124,6 +124,8 @@ def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> Polic
 
 
 def new_state(config: ProverConfig, dataset: Dataset, engine: VectorEngine) -> PolicyState:
+    if threads_problems(config.threads):
+        raise ConfigError(threads_problems(config.threads))
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)

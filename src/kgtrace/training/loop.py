@@ -39,7 +39,7 @@ from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.precision import precision_problems
-from kgtrace.system import keep_freed_memory, resolve_device
+from kgtrace.system import keep_freed_memory, resolve_device, threads_problems
 from kgtrace.training.batches import Batches
 from kgtrace.training.sharded import sharded_epochs
 from kgtrace.training.step import TrainState, run_epoch
@@ -292,7 +292,7 @@ def _quiet(*_: Any) -> None:
 
 def setup_device(config: TrainConfig, world: World = ONE) -> torch.device:
     device = resolve_device(config.device)
-    problems = precision_problems(config.precision, device)
+    problems = precision_problems(config.precision, device) + threads_problems(config.threads)
     if world.distributed and config.sparse:  # its all-reduce sums dense gradients of the same layout
         problems.append("sparse=true: a distributed job all-reduces dense gradients; train on one process "
                         "(without torchrun), or set sparse false")
