@@ -250,13 +250,19 @@ def test_a_second_index_build_into_the_same_folder_is_refused(setup, here):
             mentions=["already holds a complete index"])
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS, errno.ENAMETOOLONG, errno.EIO])
-@pytest.mark.parametrize("command", [
-    lambda run, here: ["evaluate", run, *CPU, "--out", here / "m.json"],
-    lambda run, here: ["predict", run, *CPU, "--head", "usa", "--relation", "embassy", "--out", here / "p.json"],
-    lambda run, here: ["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", here / "e.json",
-                       "--no-progress"],
-    lambda run, here: ["prepare", "--triples", here / "kg.tsv", "--out", here / "ds"],
+COMMANDS = {
+    "evaluate": lambda run, here: ["evaluate", run, *CPU, "--out", here / "m.json"],
+    "predict": lambda run, here: ["predict", run, *CPU, "--head", "usa", "--relation", "embassy", "--out",
+                                  here / "p.json"],
+    "explain": lambda run, here: ["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out",
+                                  here / "e.json", "--no-progress"],
+    "prepare": lambda run, here: ["prepare", "--triples", here / "kg.tsv", "--out", here / "ds"],
+}
+
+
+@pytest.mark.parametrize("command, code", [
+    *((name, errno.ENOSPC) for name in COMMANDS),  # a full disk, in every command
+    ("evaluate", errno.EACCES), ("predict", errno.EROFS), ("explain", errno.ENAMETOOLONG), ("prepare", errno.EIO),
 ])
 def test_a_fault_of_the_operating_system_is_one_message_naming_the_path(setup, here, monkeypatch, code, command):
     """Each fault met when the result is put in place: exit 2, the path, the errno's name and a fix, and no file of
@@ -271,7 +277,7 @@ def test_a_fault_of_the_operating_system_is_one_message_naming_the_path(setup, h
         return real(src, dst)
 
     monkeypatch.setattr(kgtrace_io.os, "replace", failing)
-    err = refused(command(run, here), watch=here, mentions=[errno.errorcode[code], "Fix:"])
+    err = refused(COMMANDS[command](run, here), watch=here, mentions=[errno.errorcode[code], "Fix:"])
     assert str(here) in err
 
 
