@@ -160,4 +160,4 @@ def test_cli_predict_and_score_write_json_and_tsv(run_dir, run, tmp_path, capsys
     # --out q.json would write q.tsv beside it: the input. Refused, the input untouched.
     before = query.read_text()
     assert main(["score", str(run_dir), "--triples", str(query), "--out", str(tmp_path / "q.json")]) == 2
-    assert query.read_text() == before and "would replace an input file" in capsys.readouterr().err
+    assert query.read_text() == before and "is a file this command reads" in capsys.readouterr().err

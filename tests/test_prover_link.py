@@ -172,4 +172,5 @@ def test_a_resumed_policy_run_removes_the_temporary_files_of_killed_writes(tmp_p
     logs = []
     resume_policy(out, epochs=1, progress=False, log=logs.append)
     assert f"{out}: removed 2 temporary file(s) left by killed writes" in logs
-    assert sorted(p.name for p in out.rglob(".*")) == [".epoch-0002.pt.tmp", ".kgtrace", ".kgtrace.lock"]
+    assert sorted(p.name for p in out.rglob(".*")) == [".epoch-0002.pt.tmp", ".kgtrace", ".kgtrace.files",
+                                                          ".kgtrace.lock"]
