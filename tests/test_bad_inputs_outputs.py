@@ -289,3 +289,9 @@ def test_a_lock_file_that_is_a_folder_is_named(setup, here):
     (copy / ".kgtrace.lock").mkdir()
     refused(["train", "--out", copy, "--resume", "--epochs", "3", "--threads", "1", "--no-progress"], watch=here,
             mentions=[".kgtrace.lock", "is a folder", "move that folder away"])
+
+
+def test_an_out_dir_among_the_runs_files_is_refused(setup, here):
+    _, run = setup
+    refused(["explain", run, *CPU, "--test", "2", "--out-dir", run / "checkpoints" / "explained", "--no-progress"],
+            watch=[run, here], mentions=["--out-dir", "checkpoints"])

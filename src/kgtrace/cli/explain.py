@@ -112,8 +112,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     # The methods other than TracIn compute on the CPU: their run is loaded there.
     device = resolve_device(args.device if args.method in ("tracin", "auto") else "cpu")
     run = load_run(args.run_dir, args.checkpoint, device=device)
-    if not args.out_dir:
-        check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(out), reads=(args.triples,))
+    # --out-dir: its first file stands for the folder (where it lies, whether its folder can be written)
+    check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(
+        Path(args.out_dir) / "triple-0000.json" if args.out_dir else out, "--out-dir" if args.out_dir else "--out"),
+        reads=(args.triples,))
     choice = explain_method(args, run)
     if choice.method != "tracin" and device.type != "cpu":
         device = resolve_device("cpu")
