@@ -130,3 +130,17 @@ def test_mark_records_the_command(tmp_path, monkeypatch):
     assert read_mark(tmp_path).command == "kgtrace train --out r"
     (tmp_path / MARKER).write_text("not json")
     assert read_mark(tmp_path) is None
+
+
+def test_a_folder_kgtrace_owns_below_another_is_its_own_on_overwrite(tmp_path):
+    """A run's TracIn index (a folder kgtrace owns inside the run): replacing the run removes what the index's own
+    list names, keeps the user's file inside it, and does not count kgtrace's index files as the user's."""
+    out = tmp_path / "run"
+    claim_out_folder(out, kind="run", overwrite=False)
+    atomic_write_text(out / "config.yaml", "epochs: 1\n")
+    write_mark(out / "tracin-index", "tracin-index")
+    atomic_write_text(out / "tracin-index" / "index.json", "{}\n")
+    (out / "tracin-index" / "mine.txt").write_text("mine\n")
+    assert claim_out_folder(out, kind="run", overwrite=True) == ["tracin-index/mine.txt"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        MARKER, MANIFEST, "tracin-index", "tracin-index/mine.txt"]

@@ -173,12 +173,18 @@ def _swap_folder(new: Path, out: Path) -> None:
 
 def foreign_files(folder: str | os.PathLike) -> list[str]:
     """The files below ``folder`` (relative paths, sorted) that its manifest does not list: the user's, which
-    ``--overwrite`` keeps. kgtrace's marker, manifest and lock and the temporaries of its writes are its own.
-    Every file of a folder without a manifest."""
+    ``--overwrite`` keeps. kgtrace's marker, manifest and lock and the temporaries of its writes are its own; in a
+    folder below that kgtrace owns too (a run's TracIn index), that folder's own list decides. Every file of a
+    folder without a manifest."""
     folder = Path(folder)
     listed = written_files(folder) or set()
     found = []
-    for root, _, names in os.walk(folder):
+    for root, dirs, names in os.walk(folder):
+        if root != str(folder) and os.path.isfile(os.path.join(root, MARKER)):
+            below = os.path.relpath(root, folder)
+            found += [os.path.join(below, name) for name in foreign_files(root)]
+            dirs[:] = []  # its own list covered everything below it
+            continue
         for name in names:
             relative = os.path.relpath(os.path.join(root, name), folder)
             own = relative in (MARKER, MANIFEST, LOCK) or TEMPORARY_NAME.fullmatch(name) is not None
@@ -188,17 +194,32 @@ def foreign_files(folder: str | os.PathLike) -> list[str]:
 
 
 def remove_written(folder: str | os.PathLike) -> None:
-    """Remove what the manifest of ``folder`` lists (and the folders that leaves empty) and the manifest itself."""
+    """Remove what the manifest of ``folder`` lists, and what the folders below it that kgtrace owns list (with
+    their marker, list and lock), then the folders that leaves empty, and the manifest itself."""
     folder = Path(folder)
+    for root, dirs, _ in os.walk(folder):
+        for name in list(dirs):
+            below = Path(root) / name
+            if (below / MARKER).is_file():
+                dirs.remove(name)
+                remove_written(below)
+                for own in (MARKER, LOCK):
+                    (below / own).unlink(missing_ok=True)
+                _remove_if_empty(below, folder)
     for name in sorted(written_files(folder) or (), reverse=True):
         path = folder / name
         if path.is_file() or path.is_symlink():
             path.unlink()
-        for parent in path.parents:  # folders it leaves empty, up to the owned folder
-            if parent == folder or not parent.is_dir() or any(parent.iterdir()):
-                break
-            parent.rmdir()
+        _remove_if_empty(path.parent, folder)
     (folder / MANIFEST).unlink(missing_ok=True)
+
+
+def _remove_if_empty(path: Path, top: Path) -> None:
+    """Remove ``path`` and its parents while they are empty folders, up to ``top`` (kept)."""
+    for folder in (path, *path.parents):
+        if folder == top or top not in folder.parents or not folder.is_dir() or any(folder.iterdir()):
+            return
+        folder.rmdir()
 
 
 def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike | None],
