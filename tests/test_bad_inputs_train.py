@@ -351,3 +351,23 @@ def test_a_run_trained_with_more_threads_than_here_still_loads(trained, tmp_path
             mentions=["threads=4096", "cores", "--threads"])
     code, _, err = run_cli(["train", "--out", copy, "--resume", "--epochs", "2", "--threads", "1", "--no-progress"])
     assert code == 0, err
+
+
+def test_the_run_stays_locked_from_training_to_its_test_metrics(data, tmp_path):
+    """train(hold=stack) keeps the folder's lock after it returns: a second process that starts while the test
+    metrics are computed is refused, instead of taking the lock in the gap and refusing the first one's write."""
+    from contextlib import ExitStack
+
+    from kgtrace.config import TrainConfig
+    from kgtrace.training.loop import train
+
+    out = tmp_path / "run"
+    probe = [sys.executable, "-c", "import sys\nfrom kgtrace.owned import folder_lock\nfrom kgtrace.errors import "
+             f"KgtraceError\ntry:\n    with folder_lock({str(out)!r}):\n        pass\nexcept KgtraceError:\n"
+             "    sys.exit(3)"]
+    config = TrainConfig(dataset=str(data / "nations"), model="distmult", model_args={"embedding_dim": 8}, epochs=1,
+                         threads=1, device="cpu")
+    with ExitStack() as hold:
+        train(config, out, progress=False, log=lambda *_: None, hold=hold)
+        assert subprocess.run(probe).returncode == 3  # still held
+    assert subprocess.run(probe).returncode == 0  # released with the stack

@@ -458,7 +458,8 @@ def test_auto_picks_trak_where_it_fits_and_tracin_where_it_does_not(tiny_distmul
     assert chosen.method == "tracin" and "operations" in chosen.reason
     monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", TrakCost.of(run).feature_bytes - 1)
     assert choose_method(run).method == "tracin" and "GiB" in choose_method(run).reason
-    sampled = dataclasses_replace(run, config=dataclasses_replace(run.config, training="negative-sampling"))
+    sampled = dataclasses_replace(run, config=dataclasses_replace(run.config, training="negative-sampling",
+                                                                  negatives_tail=8, negatives_head=8))
     monkeypatch.undo()
     assert choose_method(sampled).method == "tracin" and "negative sampling" in choose_method(sampled).reason
 

@@ -90,6 +90,9 @@ class TrainConfig:
                                         "results as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs "
                                         "eagerly; unset: on CUDA yes, on a CPU no (kgtrace.compile.compile_default)")
 
+    def __post_init__(self) -> None:
+        self.validate()  # a TrainConfig cannot be built invalid
+
     def validate(self) -> "TrainConfig":
         """Return self, or raise ConfigError listing every invalid setting (wrong types first, all at once)."""
         problems = type_problems(self)

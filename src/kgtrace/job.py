@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +78,9 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
     """Train, evaluate, explain and report into ``out``, reusing finished steps; returns report.html's path."""
     out = Path(out)
     log(settings.plan(out))
-    redo = _train_step(settings, out, overwrite, progress, log)
-
-    with folder_lock(out, "run folder"):
+    with ExitStack() as hold:  # the run's lock from training to the report: no other process writes between
+        redo = _train_step(settings, out, overwrite, progress, log, hold)
+        hold.enter_context(folder_lock(out, "run folder"))
         run = load_run(out, device=resolve_device("auto"))
         redo = _evaluate_step(run, redo, log)
         redo = _explain_step(run, settings, redo, progress, log)
@@ -89,12 +90,12 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
 # ----------------------------------------------------------------------------- steps
 
 
-def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: bool, log) -> bool:
-    """Train, resume or reuse the run; True when weights changed."""
+def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: bool, log, hold: ExitStack) -> bool:
+    """Train, resume or reuse the run, its lock kept in ``hold``; True when weights changed."""
 
     config = settings.config()
     if overwrite or not contents(out):
-        train(config, out, overwrite=overwrite, progress=progress, log=log)
+        train(config, out, overwrite=overwrite, progress=progress, log=log, hold=hold)
         return True
     saved = _check_same_run(out, config)
     latest = latest_checkpoint(RunLayout(out).checkpoints)
@@ -103,7 +104,7 @@ def _train_step(settings: JobSettings, out: Path, overwrite: bool, progress: boo
         log(f"train: reusing {out} ({done} epochs)")
         return False
     log(f"train: resuming {out} at epoch {done} of {config.epochs} (it was set to {saved['epochs']})")
-    resume(out, progress=progress, log=log, epochs=config.epochs)
+    resume(out, progress=progress, log=log, epochs=config.epochs, hold=hold)
     return True
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 
@@ -115,29 +116,30 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from kgtrace.config import from_sources, read_yaml
     from kgtrace.evaluation.run import evaluate_run
-    from kgtrace.owned import folder_lock
     from kgtrace.training.loop import resume, train
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
     if args.model_arg:
         overrides["model_args"] = model_args(args.model_arg)
-    if args.resume:
-        if args.overwrite:
-            raise ConfigError(["--resume with --overwrite: choose one; --resume continues the run in --out, "
-                               "--overwrite replaces it with a new one"])
-        given = {**(read_yaml(args.config) if args.config else {}), **{k: v for k, v in overrides.items() if v is not None}}
-        result = resume(args.out, progress=args.progress, world=args.world, **given)
-    else:
-        config = from_sources(TrainConfig, args.config, overrides)
-        print("config:", json.dumps(config.to_dict()))
-        result = train(config, args.out, overwrite=args.overwrite, progress=args.progress, world=args.world,
-                       inputs=(args.config,) if args.config else ())
-    print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
-          + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
-             if result.best_epoch else ""))
-    metrics = evaluate_run(result.run_dir, "test", world=args.world)
-    if args.world.is_main:
-        with folder_lock(result.run_dir, "run folder"):
+    if args.resume and args.overwrite:
+        raise ConfigError(["--resume with --overwrite: choose one; --resume continues the run in --out, "
+                           "--overwrite replaces it with a new one"])
+    # The run's lock is held from training to its test metrics: no other process writes between them.
+    with ExitStack() as hold:
+        if args.resume:
+            given = {**(read_yaml(args.config) if args.config else {}),
+                     **{k: v for k, v in overrides.items() if v is not None}}
+            result = resume(args.out, progress=args.progress, world=args.world, hold=hold, **given)
+        else:
+            config = from_sources(TrainConfig, args.config, overrides)
+            print("config:", json.dumps(config.to_dict()))
+            result = train(config, args.out, overwrite=args.overwrite, progress=args.progress, world=args.world,
+                           inputs=(args.config,) if args.config else (), hold=hold)
+        print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
+              + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
+                 if result.best_epoch else ""))
+        metrics = evaluate_run(result.run_dir, "test", world=args.world)
+        if args.world.is_main:
             write_json(metrics.to_dict(), Path(result.run_dir) / "test_metrics.json")
     print_metrics(metrics, "test")
     return 0

@@ -72,6 +72,9 @@ class FaithfulnessSettings:
     keep_runs: bool = False  # keep every trained run under OUT/runs/ (to inspect them)
     prover_run: str | None = None  # the prover run (kgtrace prove --out) of the proof method
 
+    def __post_init__(self) -> None:
+        self.validate()  # a FaithfulnessSettings cannot be built invalid
+
     def validate(self) -> "FaithfulnessSettings":
         problems = []
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):

@@ -79,6 +79,9 @@ class LdsSettings:
     trak_dim: int | None = None  # TRAK: projection dimension; None: the exact gradients
     trak_ridge: float | None = None  # TRAK: the ridge, a fraction of its kernel's mean nonzero eigenvalue; None: the model's
 
+    def __post_init__(self) -> None:
+        self.validate()  # a LdsSettings cannot be built invalid
+
     def validate(self) -> "LdsSettings":
         problems = []
         if self.subsets < 3:

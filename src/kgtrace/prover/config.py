@@ -36,6 +36,9 @@ class MiningConfig:
     # this many paths (0: all at once).
     max_chain_paths: int = 10_000_000
 
+    def __post_init__(self) -> None:
+        self.validate()  # a MiningConfig cannot be built invalid
+
     def validate(self) -> "MiningConfig":
         problems = []
         if self.min_support < 1:
@@ -102,6 +105,9 @@ class ProverConfig:
     link_lr: float = 0.1  # Adagrad learning rate of those passes (Lacroix et al. 2018's ComplEx-N3 recipe)
     link_init: float = 1e-3  # std the head's entity and relation rows start from (0, or init_from: as they were)
     link_n3: float = 0.01  # weight of the N3 regulariser in the head's loss
+
+    def __post_init__(self) -> None:
+        self.validate()  # a ProverConfig cannot be built invalid
 
     def validate(self) -> "ProverConfig":
         problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)

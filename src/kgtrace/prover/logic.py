@@ -162,6 +162,9 @@ class EngineShapes:
     max_facts: int = 0  # F: fact candidates read per goal
     max_history: int = 5  # H: states remembered per path (the current one included)
 
+    def __post_init__(self) -> None:
+        self.validate()  # a EngineShapes cannot be built invalid
+
     def validate(self) -> "EngineShapes":
         problems = [f"{key}={getattr(self, key)}: must be at least {low}"
                     for key, low in (("max_atoms", 2), ("max_history", 1), ("max_states", 0), ("max_facts", 0))

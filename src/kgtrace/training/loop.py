@@ -232,7 +232,7 @@ def _metrics_record(line: bytes) -> dict[str, Any] | None:
 
 def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, progress: bool = True,
           log=print, world: World = ONE, inputs: tuple[str | Path, ...] = (),
-          deadline: float | None = None) -> TrainResult:
+          deadline: float | None = None, hold: ExitStack | None = None) -> TrainResult:
     """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
 
     overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.owned); never a folder
@@ -241,6 +241,8 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     only rank 0 writes into ``out``, holding its lock, and logs.
     deadline: a ``time.monotonic()`` value; the first epoch that ends after it is checkpointed and
     training pauses there (``resume`` goes on with the same result as one uninterrupted run).
+    hold: the caller's stack to keep the run folder's lock in after training returns (until the caller
+    has written what follows, e.g. the test metrics); None: released on return.
     """
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
@@ -258,7 +260,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     with ExitStack() as held:
         def make_run_dir() -> None:
             out.mkdir(parents=True, exist_ok=True)
-            held.enter_context(folder_lock(out, "run folder"))
+            (held if hold is None else hold).enter_context(folder_lock(out, "run folder"))
             note = kept_note(out, claim_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs))
             if note:
                 log(note)
@@ -270,13 +272,13 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
 
 
 def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, deadline: float | None = None,
-           **overrides: Any) -> TrainResult:
+           hold: ExitStack | None = None, **overrides: Any) -> TrainResult:
     """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock;
-    ``deadline`` as in :func:`train`."""
+    ``deadline`` and ``hold`` as in :func:`train`."""
     out = Path(out)
     check_resumable(out)
     with ExitStack() as held:
-        world.on_main(lambda: held.enter_context(folder_lock(out, "run folder")))
+        world.on_main(lambda: (held if hold is None else hold).enter_context(folder_lock(out, "run folder")))
         config = resume_config(out, overrides)
         device = setup_device(config, world)
         dataset = load_run_dataset(out, config)
