@@ -114,3 +114,23 @@ def test_score_file_takes_labels_not_ids(kgx_run, tmp_path):
     code, out, err = run_cli(["score", kgx_run, "--triples", scored, "--device", "cpu"])
     assert code == 0, err
     assert f"{scored}:2: skipped: head '3': unknown entity" in err and "relation '0': unknown relation" in err
+
+
+# ----------------------------------------------------------------------------- entities by name
+
+
+@pytest.mark.parametrize("head", ["drug CHEBI:3", "DRUG chebi:3", "chebi:3", "3"])
+def test_an_entity_is_named_by_label_id_or_name_in_any_case(kgx_run, head):
+    code, out, err = run_cli(["predict", kgx_run, "--relation", "biolink:affects", "--tail", head, "--device", "cpu"])
+    assert code == 0, err
+    assert "CHEBI:3" in out
+
+
+def test_a_near_miss_lists_candidates_with_id_name_and_category(kgx_run):
+    code, out, err = run_cli(["predict", kgx_run, "--relation", "biolink:affects", "--tail", "drug CHEBI:33",
+                              "--device", "cpu"])
+    assert code == 2 and "Traceback" not in err
+    assert "did you mean" in err and "'CHEBI:3' (drug CHEBI:3; biolink:ChemicalEntity; id" in err
+    code, out, err = run_cli(["explain", kgx_run, "--triple", "drug chebi:99", "biolink:affects", "MONDO:1",
+                              "--device", "cpu", "--no-progress"])
+    assert code == 2 and "did you mean" in err and "id " in err

@@ -1,4 +1,7 @@
-"""Entities and relations named by a user: labels or integer ids -> ids, with close-match hints.
+"""Entities and relations named by a user: labels, integer ids or (entities) names -> ids, with close-match hints.
+
+An entity may be named by its label, its id, or its name or label in any case when that names one
+entity; several or none give a list of candidates with their ids, names and categories.
 
 A relation may also be named the way KGX data names it, when that names exactly one relation:
 its predicate (``biolink:treats``), its description with qualifiers (``biolink:affects
@@ -24,7 +27,8 @@ from kgtrace.data.vocab import Vocab
 from kgtrace.errors import ConfigError
 
 __all__ = [
-    "encode_named_triples", "find_ids", "lookup_problem", "lookup_relation", "parse_ids", "parse_triple",
+    "encode_named_triples", "find_ids", "lookup_entity", "lookup_problem", "lookup_relation", "parse_ids",
+    "parse_triple",
     "relation_ids", "relation_matches",
 ]
 
@@ -45,6 +49,42 @@ def lookup_problem(
     hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else \
         f"use a label from the run's {'rel_dict' if kind == 'relation' else 'node_dict'} or an id below {len(vocab)}"
     return None, f"{role} {text!r}: unknown {kind}; {hint}"
+
+
+def lookup_entity(dataset: Dataset, text: str, role: str = "entity", *, allow_ids: bool = True
+                  ) -> tuple[int | None, str | None]:
+    """As :func:`lookup_problem` for an entity, also accepting its name or its label in any case, when that names
+    one entity (``metformin`` for ``CHEBI:6801``). Several, or none: the problem lists candidates, each with its
+    id, name and categories."""
+    found, problem = lookup_problem(dataset.entities, text, role, "entity", allow_ids=allow_ids)
+    if problem is None:
+        return found, None
+    wanted = text.strip().casefold()
+    matches = [label for label in dataset.entities.labels
+               if label.casefold() == wanted or dataset.entity_name(label).casefold() == wanted]
+    if len(matches) == 1:
+        return dataset.entities.to_id[matches[0]], None
+    if matches:
+        return None, (f"{role} {text!r} names {len(matches)} entities: {_listed(dataset, matches)}; "
+                      "pick one by its label or id")
+    spelled = {}  # each label and name in lower case -> its label
+    for label in dataset.entities.labels:
+        spelled.setdefault(label.casefold(), label)
+        spelled.setdefault(dataset.entity_name(label).casefold(), label)
+    close = difflib.get_close_matches(wanted, list(spelled), n=5, cutoff=0.6)
+    close_labels = list(dict.fromkeys(spelled[c] for c in close))[:3]
+    if not close_labels:
+        return None, problem
+    return None, f"{role} {text!r}: unknown entity; did you mean {_listed(dataset, close_labels)}?"
+
+
+def _listed(dataset: Dataset, labels: list[str]) -> str:
+    """Entities as a user can tell them apart: 'CHEBI:6801' (metformin; biolink:Drug; id 3), ..."""
+    def one(label: str) -> str:
+        details = [dataset.entity_name(label)] if dataset.entity_name(label) != label else []
+        details += ["|".join(dataset.entity_categories.get(label, ()))] if dataset.entity_categories.get(label) else []
+        return f"{label!r} ({'; '.join([*details, f'id {dataset.entities.to_id[label]}'])})"
+    return ", ".join(one(label) for label in labels)
 
 
 def lookup_relation(
@@ -117,7 +157,7 @@ def find_ids(dataset: Dataset, **named: str | int | None) -> tuple[dict[str, int
         if role == "relation":
             ids[role], problem = lookup_relation(dataset, str(value), role)
         else:
-            ids[role], problem = lookup_problem(dataset.entities, str(value), role, "entity")
+            ids[role], problem = lookup_entity(dataset, str(value), role)
         if problem:
             problems.append(problem)
     return ids, problems
