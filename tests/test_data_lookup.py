@@ -56,10 +56,11 @@ def label_of(run_dir, description):
 def test_predict_accepts_the_kgx_names_of_a_relation(kgx_run, relation):
     code, out, err = run_cli(["predict", kgx_run, "--relation", relation, "--head", "CHEBI:0", "--device", "cpu"])
     assert code == 0, err
-    label = label_of(kgx_run, relation if relation.startswith("biolink:treats [") else
-                     "biolink:affects" if relation == "biolink:affects" else
-                     "biolink:treats [object_aspect_qualifier=progression]")
-    assert out.startswith(f"(CHEBI:0, {label}, ?)")
+    description = (relation if relation.startswith("biolink:treats [") else
+                   "biolink:affects" if relation == "biolink:affects" else
+                   "biolink:treats [object_aspect_qualifier=progression]")
+    label = label_of(kgx_run, description)
+    assert out.startswith(f"(CHEBI:0, {description} ({label}), ?)")  # its readable name first, never the label alone
 
 
 def test_a_predicate_naming_several_relations_lists_them(kgx_run):

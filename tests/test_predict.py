@@ -51,7 +51,8 @@ def test_tail_candidates_are_score_t_sorted_with_membership(run):
     h, r, t = ds.test[0].tolist()
     found = predict(run, head=ds.entity_label(h), relation=ds.relation_label(r), top_n=ds.num_entities)
     table = found.table
-    assert found.query == {"head": ds.entity_label(h), "relation": ds.relation_label(r), "tail": None, "side": "tail"}
+    assert found.query == {"head": ds.entity_label(h), "relation": ds.relation_label(r),
+                           "relation_name": ds.relation_name(ds.relation_label(r)), "tail": None, "side": "tail"}
     expected = run.model.score_t(torch.tensor([[h, r]]))[0].detach()
     assert sorted(table["id"].to_list()) == list(range(ds.num_entities))
     torch.testing.assert_close(torch.tensor(table["score"].to_list()), expected[table["id"].to_list()])

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except KgtraceError as e:
         print(f"kgtrace {args.subcommand}{where}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of the output went away (kgtrace ... | head): nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exiting does not flush into it
+        return 1
     except OSError as e:  # the disk is full, a folder read-only, a name too long: the user's to fix, not a bug
         print(f"kgtrace {args.subcommand}{where}: error: {os_fault(e)}", file=sys.stderr)
         return 2

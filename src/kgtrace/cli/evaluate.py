@@ -191,7 +191,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
                     new_only=args.new_only, category=args.category)
     q = found.query
-    print(f"({q['head'] or '?'}, {q['relation']}, {q['tail'] or '?'}): best {found.table.height} {q['side']}s"
+    relation = q["relation"] if q["relation_name"] == q["relation"] else f"{q['relation_name']} ({q['relation']})"
+    print(f"({q['head'] or '?'}, {relation}, {q['tail'] or '?'}): best {found.table.height} {q['side']}s"
           f"{' (new only)' if args.new_only else ''}")
     print(f"{'rank':>4}  {'score':>9}  {'known':<5}  candidate")
     for row in found.table.iter_rows(named=True):

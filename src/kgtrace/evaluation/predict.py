@@ -75,8 +75,9 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
         keep &= _category_mask(ds, category)
     order = torch.sort(scores, descending=True, stable=True).indices  # ties: lower id first
     chosen = order[keep[order]][:top_n]
-    query = {"head": _label(ds, ids["head"]), "relation": ds.relation_label(ids["relation"]),
-             "tail": _label(ds, ids["tail"]), "side": side}
+    relation_label = ds.relation_label(ids["relation"])
+    query = {"head": _label(ds, ids["head"]), "relation": relation_label,
+             "relation_name": ds.relation_name(relation_label), "tail": _label(ds, ids["tail"]), "side": side}
     return Predictions(query, _candidate_table(ds, chosen, scores, known))
 
 
