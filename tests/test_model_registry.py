@@ -96,3 +96,19 @@ def test_conve_subclass_exports_to_pykeen_as_conve():
     assert layout.ENTITY_BIAS in theirs and theirs[layout.RELATION].shape[0] == 6  # interleaved inverse relations
     with pytest.raises(ValueError, match="no PyKEEN mapping for Linear"):
         layout.pykeen_state_dict(nn.Linear(2, 2), {})
+
+
+def test_pykeens_spellings_of_models_and_datasets_are_accepted():
+    """"ConvE", "DistMult", "ComplEx" and "FB15k-237", "UMLS" name what "conve", ..., "fb15k237", "umls" name."""
+    from kgtrace.config import TrainConfig
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.data.registry import registered_name
+    from kgtrace.models import build_model
+    from kgtrace.registry import model_named
+
+    assert [model_named(n) for n in ("ConvE", "DistMult", "ComplEx", "TransE")] == ["conve", "distmult", "complex", None]
+    assert TrainConfig(model="ConvE").model == "conve"
+    assert type(build_model("DistMult", 5, 2, embedding_dim=4)).__name__ == "DistMult"
+    assert [registered_name(n) for n in ("FB15k-237", "WN18RR", "UMLS", "Kinships", "nope")] == [
+        "fb15k237", "wn18rr", "umls", "kinships", None]
+    assert load_dataset("Nations").name == "nations"

@@ -20,7 +20,7 @@ import yaml
 
 from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_write_text
-from kgtrace.registry import model_names
+from kgtrace.registry import model_named, model_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall", "negative-sampling")
@@ -91,6 +91,8 @@ class TrainConfig:
                                         "eagerly; unset: on CUDA yes, on a CPU no (kgtrace.compile.compile_default)")
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, str) and self.model not in model_names() and model_named(self.model):
+            object.__setattr__(self, "model", model_named(self.model))  # PyKEEN's spelling ("ConvE"): the registered
         self.validate()  # a TrainConfig cannot be built invalid
 
     def validate(self) -> "TrainConfig":

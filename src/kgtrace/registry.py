@@ -78,6 +78,13 @@ def model_names() -> tuple[str, ...]:
     return tuple(_SPECS)
 
 
+def model_named(text: str) -> str | None:
+    """The registered model ``text`` names in any case, dashes and underscores aside (PyKEEN's "ConvE",
+    "DistMult", "ComplEx"); None when it names none."""
+    key = "".join(c for c in str(text).casefold() if c.isalnum())
+    return next((name for name in _SPECS if "".join(c for c in name if c.isalnum()) == key), None)
+
+
 def spec_named(name: str) -> ModelSpec | None:
     """The spec registered as ``name``; None when there is none."""
     return _SPECS.get(name) if isinstance(name, str) else None

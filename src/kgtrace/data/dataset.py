@@ -46,7 +46,7 @@ from kgtrace.data.names import (
     write_edge_map,
     write_names,
 )
-from kgtrace.data.registry import DATASETS, cache_folder, fetch
+from kgtrace.data.registry import DATASETS, cache_folder, fetch, registered_name
 from kgtrace.data.splits import is_in, seen_mask
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_id_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
@@ -138,6 +138,8 @@ def load_dataset(
     unseen in train are left out with a warning (module doc); an empty train split is a DataError.
     """
     entry = DATASETS.get(str(name_or_path))
+    if entry is None and not Path(name_or_path).exists():  # another spelling of a registered name ("FB15k-237")
+        entry = DATASETS.get(registered_name(str(name_or_path)) or "")
     if entry is not None:
         load = _load_bundled if entry.bundled else _load_remote
         return load(entry.name, entities, relations)

@@ -135,6 +135,17 @@ DATASETS: dict[str, DatasetEntry] = {e.name: e for e in (
 BUNDLED = tuple(name for name, e in DATASETS.items() if e.bundled)
 
 
+def registered_name(text: str) -> str | None:
+    """The registered dataset ``text`` names in another spelling (PyKEEN's "FB15k-237", "UMLS", "WN18RR"): case,
+    dashes and underscores aside; None when it names none."""
+    key = _spelling_key(text)
+    return next((name for name in DATASETS if _spelling_key(name) == key), None)
+
+
+def _spelling_key(text: str) -> str:
+    return "".join(c for c in str(text).casefold() if c.isalnum())
+
+
 def cache_folder(name: str) -> Path:
     """The folder a remote dataset is unpacked into (not created)."""
     return pystow.module("kgtrace").base / "datasets" / name

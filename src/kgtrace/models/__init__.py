@@ -21,7 +21,7 @@ from kgtrace.models.conve import SPEC as CONVE_SPEC
 from kgtrace.models.conve import ConvE
 from kgtrace.models.distmult import SPEC as DISTMULT_SPEC
 from kgtrace.models.distmult import DistMult
-from kgtrace.registry import MODEL_CLASSES, ModelSpec, register, spec_named, spec_of
+from kgtrace.registry import MODEL_CLASSES, ModelSpec, model_named, register, spec_named, spec_of
 
 __all__ = [
     "MODELS",
@@ -57,7 +57,7 @@ def build_model(name: str, num_entities: int, num_relations: int, **kwargs: obje
     :raises ConfigError: listing every problem at once: an unknown model name, unknown
         hyperparameter keys (with the valid keys) and invalid values.
     """
-    spec = spec_named(name)
+    spec = spec_named(name) or spec_named(model_named(name) or "")  # PyKEEN's spelling ("ConvE") too
     if spec is None:
         raise ConfigError([f"model={name!r}: unknown model; fix: use one of {', '.join(sorted(MODELS))}"])
     model_class = spec.model_class

@@ -28,7 +28,7 @@ from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, wri
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, split_path
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
-from kgtrace.data.registry import DATASETS
+from kgtrace.data.registry import DATASETS, registered_name
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, DataError, KgtraceError
@@ -167,9 +167,11 @@ def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
 
 def dataset_source(name: str) -> str:
     """Registered names (umls, fb15k237, ...) stay as they are (they win over a folder of the same
-    name); folders are recorded as absolute paths."""
+    name), and are recorded as registered in any other spelling ("FB15k-237"); folders as absolute paths."""
     path = Path(name)
-    return str(path.resolve()) if name not in DATASETS and path.exists() else name
+    if name not in DATASETS and path.exists():
+        return str(path.resolve())
+    return registered_name(name) or name
 
 
 def check_splits(dataset: Dataset, config: TrainConfig) -> None:
