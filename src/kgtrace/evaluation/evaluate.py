@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import polars as pl
 import torch
 from torch import Tensor
 
@@ -20,6 +22,7 @@ from kgtrace.evaluation.candidates import (CandidateRestriction, rank_side_restr
 from kgtrace.evaluation.compiled import rank_side_compiled
 from kgtrace.evaluation.ranks import RankCounts, SideMetrics, summarize
 from kgtrace.evaluation.sides import SIDES, SideQueries, rank_side, side_queries
+from kgtrace.frames import FrameKind, as_frame
 from kgtrace.models.base import Scorer
 
 @dataclass(frozen=True)
@@ -129,6 +132,22 @@ class Metrics:
         out["candidates"] = self.corruptions or "all"
         out["restricted"] = self.restricted
         return out
+
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """One row per side ("head", "tail", "both"), tie policy and metric: columns side, ties, metric, value
+        (as PyKEEN's ``metric_results.to_df()``); kind "polars" or "pandas"."""
+        rows = [(side, ties, metric, value)
+                for side, metrics in [*self.sides.items(), ("both", self.both)]
+                for ties, values in metrics.to_dict().items() for metric, value in values.items()]
+        table = pl.DataFrame(rows, schema=["side", "ties", "metric", "value"], orient="row")
+        return as_frame(table, kind)
+
+    def __repr__(self) -> str:
+        r = self.both.realistic
+        hits = ", ".join(f"Hits@{k} {r.hits_at[k]:.4f}" for k in self.ks)
+        return (f"Metrics({self.num_queries} triples, {'/'.join(self.sides)}, candidates {self.corruptions or 'all'}"
+                f"{', restricted' if self.restricted else ''}: realistic MRR {r.mrr:.4f}, MR {r.mr:.2f}, {hits}; "
+                ".to_df() for every metric)")
 
 
 def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> Metrics:

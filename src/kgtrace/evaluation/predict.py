@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -26,6 +27,7 @@ from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
 from kgtrace.errors import ConfigError, DataError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
+from kgtrace.frames import FrameKind, as_frame
 from kgtrace.io import atomic_write_text, check_json_out
 from kgtrace.owned import retire, write_index
 from kgtrace.run import Run
@@ -43,6 +45,10 @@ class Predictions:
     query: dict  # {"head", "relation", "tail"} labels, the asked side None; "side": "tail" or "head"
     table: pl.DataFrame
 
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """The candidates as a data frame: "polars" or "pandas"."""
+        return as_frame(self.table, kind)
+
 
 @dataclass
 class ScoredTriples:
@@ -51,6 +57,10 @@ class ScoredTriples:
 
     table: pl.DataFrame
     skipped: list[dict] = field(default_factory=list)
+
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """The scored triples as a data frame: "polars" or "pandas"."""
+        return as_frame(self.table, kind)
 
 
 def predict(run: Run, *, relation: str | int, head: str | int | None = None, tail: str | int | None = None,
