@@ -39,3 +39,15 @@ def test_predictions_and_scores_to_df(run, tmp_path):
     assert scored.to_df("pandas")["score"].tolist() == scored.table["score"].to_list()
     with pytest.raises(KgtraceError, match="'polars' or 'pandas'"):
         as_frame(found.table, "excel")
+
+
+def test_train_returns_its_losses_and_validations(tmp_path):
+    config = kgtrace.TrainConfig(dataset="nations", model="distmult", model_args={"embedding_dim": 8}, epochs=3,
+                                 eval_every=2, threads=1, device="cpu")
+    result = kgtrace.train(config, tmp_path / "run", progress=False, log=lambda *_: None)
+    frame = result.to_df()
+    assert frame["epoch"].to_list() == [1, 2, 3] and frame["valid_mrr"].null_count() == 1  # validated at 2 and 3
+    assert all(loss > 0 for loss in result.losses) and len(result.losses) == 3
+    assert result.best_valid_mrr == pytest.approx(max(m for m in result.valid_mrrs if m is not None))
+    resumed = kgtrace.resume(tmp_path / "run", progress=False, log=lambda *_: None, epochs=5)
+    assert resumed.to_df()["epoch"].to_list() == [4, 5] and len(resumed.losses) == 2

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import torch
 
 from kgtrace.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -34,6 +35,7 @@ from kgtrace.distributed import ONE, World
 from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
+from kgtrace.frames import FrameKind, as_frame
 from kgtrace.io import append_line, atomic_open, remove_stale_temporaries
 from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
@@ -46,12 +48,24 @@ from kgtrace.training.step import TrainState, run_epoch
 
 @dataclass(frozen=True)
 class TrainResult:
+    """What a call of :func:`train` or :func:`resume` did; ``to_df()`` gives its epochs' losses and validations."""
+
     run_dir: Path
     epochs_completed: int
     best_epoch: int
     best_valid_mrr: float
     stopped_early: bool
     stopped_at_deadline: bool = False  # paused by ``deadline``: resume continues exactly where it stopped
+    losses: tuple[float, ...] = ()  # mean training loss of each epoch this call trained, in order
+    valid_mrrs: tuple[float | None, ...] = ()  # beside each: the validation MRR, None where none was taken
+
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """One row per epoch this call trained: epoch, loss, valid_mrr; kind "polars" or "pandas"."""
+        first = self.epochs_completed - len(self.losses) + 1
+        table = pl.DataFrame({"epoch": list(range(first, self.epochs_completed + 1)), "loss": list(self.losses),
+                              "valid_mrr": list(self.valid_mrrs)}, schema={"epoch": pl.Int64, "loss": pl.Float64,
+                                                                          "valid_mrr": pl.Float64})
+        return as_frame(table, kind)
 
 
 # ----------------------------------------------------------------------------- state and checkpoints
@@ -368,6 +382,7 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet
     stopped_early = paused = False
+    losses, valid_mrrs = [], []
     while state.epoch < config.epochs and not stopped_early and not paused:
         lr = state.optimizer.param_groups[0]["lr"]
         start = time.perf_counter()
@@ -393,12 +408,15 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
             if state.epoch % config.checkpoint_every == 0 or last or paused:
                 save_checkpoint(state_dict(state, config, dataset, lr), layout.epoch_checkpoint(state.epoch))
         log(format_record(record))
+        losses.append(float(loss))
+        valid_mrrs.append(record.get("valid_mrr"))
     if world.is_main:
         plot_training_curve(out)
     world.barrier()  # the others may read the run (e.g. to evaluate it) once rank 0 has written it
     if paused:
         log(f"paused after epoch {state.epoch} (deadline); continue with kgtrace train --resume {out}")
-    return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early, paused)
+    return TrainResult(out, state.epoch, state.best_epoch, state.best_mrr, stopped_early, paused, tuple(losses),
+                       tuple(valid_mrrs))
 
 
 def validate(state: TrainState, config: TrainConfig, dataset: Dataset, known: AnswerIndex,
