@@ -26,7 +26,8 @@ GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 GZIP_FIX = "download the file again, or compress it again with `gzip` (`gzip -t FILE` tells whether a .gz file is whole)"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 SNIFF_BYTES = 1 << 13  # the start of a file that check_text_start looks at
-PROGRESS_BYTES = 64 << 20  # files this large show a progress bar while they are read block by block (on a terminal)
+PROGRESS_BYTES = 64 << 20  # files this large show a progress bar while they are read (on a terminal)
+PROGRESS_LINES = 1 << 16  # lines read between two updates of raw_lines' bar
 # What Python's gzip raises on a cut-off or damaged stream: EOFError when the file ends early,
 # BadGzipFile on a bad header or checksum, zlib.error on damaged compressed data.
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -85,14 +86,19 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
 def raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
     """The raw lines of a (possibly gzipped) file, endings kept.
 
-    A cut-off or damaged gzip stream is a DataError naming the line being read when it broke.
+    A file of :data:`PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal, as
+    :func:`raw_blocks`. A cut-off or damaged gzip stream is a DataError naming the line being read when it broke.
     """
-    with open_binary(path) as f:
+    with open_binary(path) as f, _progress(path) as bar:  # opened first: a missing file is a DataError
+        total = bar.total
         read = 0
         try:
             for raw in f:
                 read += 1
+                if read % PROGRESS_LINES == 0:
+                    bar.update(_position(f) - bar.n)
                 yield raw
+            bar.update(total - bar.n)
         except GZIP_ERRORS as e:
             raise DataError(path, read + 1, f"the gzip data is cut off or damaged after line {read} ({e})",
                             GZIP_FIX) from None
@@ -106,9 +112,7 @@ def raw_blocks(path: str | os.PathLike, size: int) -> Iterator[tuple[int, bytes]
     never waits without a word). A cut-off or damaged gzip stream is a DataError naming the line being read
     when it broke (as :func:`raw_lines` names it: the file is read again line by line to find it).
     """
-    total = os.path.getsize(path)
-    with open_binary(path) as f, tqdm(total=total, unit="B", unit_scale=True, desc=f"reading {Path(path).name}",
-                                      disable=True if total < PROGRESS_BYTES else None, leave=False) as bar:
+    with open_binary(path) as f, _progress(path) as bar:  # opened first: a missing file is a DataError
         line = 1
         try:
             while block := f.read(size):
@@ -121,6 +125,13 @@ def raw_blocks(path: str | os.PathLike, size: int) -> Iterator[tuple[int, bytes]
             for _ in raw_lines(path):  # raises the DataError naming the exact line
                 pass
             raise DataError(path, line, f"the gzip data is damaged at or after line {line} ({e})", GZIP_FIX) from None
+
+
+def _progress(path: str | os.PathLike) -> tqdm:
+    """A progress bar of the bytes of ``path`` read so far: drawn on a terminal for a file of PROGRESS_BYTES or more."""
+    total = os.path.getsize(path)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"reading {Path(path).name}",
+                disable=True if total < PROGRESS_BYTES else None, leave=False)
 
 
 def _position(f: BinaryIO) -> int:
