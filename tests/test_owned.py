@@ -144,3 +144,14 @@ def test_a_folder_kgtrace_owns_below_another_is_its_own_on_overwrite(tmp_path):
     assert claim_out_folder(out, kind="run", overwrite=True) == ["tracin-index/mine.txt"]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
         MARKER, MANIFEST, "tracin-index", "tracin-index/mine.txt"]
+
+
+def test_a_list_that_leads_out_of_the_folder_is_not_followed(tmp_path):
+    out = tmp_path / "run"
+    claim_out_folder(out, kind="run", overwrite=False)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("mine\n")
+    with open(out / MANIFEST, "a") as f:
+        f.write("../precious.txt\n")
+    claim_out_folder(out, kind="run", overwrite=True)
+    assert outside.read_text() == "mine\n"

@@ -206,8 +206,11 @@ def remove_written(folder: str | os.PathLike) -> None:
                 for own in (MARKER, LOCK):
                     (below / own).unlink(missing_ok=True)
                 _remove_if_empty(below, folder)
+    top = folder.resolve()
     for name in sorted(written_files(folder) or (), reverse=True):
         path = folder / name
+        if top not in path.parent.resolve().parents and path.parent.resolve() != top:
+            continue  # a line that leads out of the folder (an edited or foreign list): never followed
         if path.is_file() or path.is_symlink():
             path.unlink()
         _remove_if_empty(path.parent, folder)
