@@ -154,26 +154,11 @@ def test_a_large_file_read_block_by_block_shows_its_progress(tmp_path, monkeypat
     """A file of PROGRESS_BYTES or more gets a progress bar of its bytes on disk (drawn on a terminal), to the end."""
     from kgtrace.data import _io
 
-    bars = []
-
-    class Recorder:
-        def __init__(self, total, disable, **kwargs):
-            self.total, self.disable, self.n = total, disable, 0
-            bars.append(self)
-
-        def update(self, n):
-            self.n += n
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     path = tmp_path / ("big.tsv.gz" if compressed else "big.tsv")
     text = "".join(f"a{i}\tr\tb{i}\n" for i in range(5000)).encode()
     path.write_bytes(gzip.compress(text) if compressed else text)
-    monkeypatch.setattr(_io, "tqdm", Recorder)
+    bars = []
+    monkeypatch.setattr(_io, "tqdm", lambda total, disable, **kwargs: bars.append(Bar(total, disable)) or bars[-1])
     monkeypatch.setattr(_io, "PROGRESS_BYTES", 1000)
     blocks = list(_io.raw_blocks(path, 4096))
     assert b"".join(block for _, block in blocks) == text
@@ -187,26 +172,27 @@ def test_a_large_file_read_line_by_line_shows_its_progress(tmp_path, monkeypatch
     """The line reader (the reference readers, and every reader in a forked child) shows its bar too."""
     from kgtrace.data import _io
 
-    bars = []
-
-    class Recorder:
-        def __init__(self, total, disable, **kwargs):
-            self.total, self.disable, self.n = total, disable, 0
-            bars.append(self)
-
-        def update(self, n):
-            self.n += n
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     path = tmp_path / "big.tsv"
     path.write_text("".join(f"a{i}\tr\tb{i}\n" for i in range(5000)))
-    monkeypatch.setattr(_io, "tqdm", Recorder)
+    bars = []
+    monkeypatch.setattr(_io, "tqdm", lambda total, disable, **kwargs: bars.append(Bar(total, disable)) or bars[-1])
     monkeypatch.setattr(_io, "PROGRESS_BYTES", 1000)
     monkeypatch.setattr(_io, "PROGRESS_LINES", 100)
     assert len(list(_io.raw_lines(path))) == 5000
     assert bars[-1].disable is None and bars[-1].n == bars[-1].total == path.stat().st_size
+
+
+class Bar:
+    """tqdm as kgtrace.data._io draws it, recording what it is given."""
+
+    def __init__(self, total, disable):
+        self.total, self.disable, self.n = total, disable, 0
+
+    def update(self, n):
+        self.n += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
