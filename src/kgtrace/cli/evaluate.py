@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import (candidates_label, check_run_outputs, run_dataset_inputs, compile_stats_path, indexed_outputs,
-                                memory_budget, named_output, output_lock, output_problems, print_metrics, write_json)
+from kgtrace.cli.common import (candidates_label, check_run_outputs, compile_stats_path, indexed_outputs, memory_budget,
+                                named_output, output_lock, output_problems, print_metrics, run_dataset_inputs,
+                                write_json)
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out
 from kgtrace.layout import RunLayout
