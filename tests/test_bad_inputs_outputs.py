@@ -65,13 +65,15 @@ def cases(ds: Path, run: Path, here: Path) -> list[tuple[list, list]]:
          [str(ds / "train.json")]),
         (["explain", run, *CPU, "--triple", "usa", "embassy", "china", "--out", run / "test_metrics.json",
           "--no-progress"], ["test_metrics.json"]),
+        (["explain", run, *CPU, "--triples", hypotheses, "--out", here / "hypotheses.json", "--no-progress"],
+         ["hypotheses.tsv", "reads"]),
         (["summarize", run, "--out", ds / "train.tsv"], [str(ds / "train.tsv")]),
         (["summarize", run, "--out", here / "table.tsv", "--plot", here / "plot.txt"], ["--plot", ".png"]),
         (["rules", "mine", "--dataset", ds, "--out", ds / "train.txt", "--overwrite"], [str(ds / "train.txt")]),
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_an_output_that_would_replace_an_input_is_refused(setup, here, case):
     ds, run = setup
     argv, mentions = cases(ds, run, here)[case]

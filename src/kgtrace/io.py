@@ -225,16 +225,6 @@ def _remove_if_empty(path: Path, top: Path) -> None:
         folder.rmdir()
 
 
-def check_outputs_spare_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike | None],
-                               option: str = "--out") -> None:
-    """Refuse outputs that would replace an input file (e.g. the TSV written beside --out x.json when x.tsv is read)."""
-    given = {Path(p).resolve() for p in inputs if p is not None}
-    clash = [str(p) for p in outputs if Path(p).resolve() in given]
-    if clash:
-        raise KgtraceError(f"{option}: writing {', '.join(clash)} would replace an input file. "
-                           f"Fix: choose another {option} name")
-
-
 def check_json_out(path: str | os.PathLike) -> None:
     """Refuse an --out that is not .json (a TSV with the same stem is written beside it)."""
     if Path(path).suffix.lower() != ".json":

@@ -11,7 +11,7 @@ from kgtrace.cli.common import (check_run_outputs, compile_stats_path, indexed_o
                                 output_lock, parse_list, write_json)
 from kgtrace.config import PRECISIONS
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import check_json_out, check_outputs_spare_inputs
+from kgtrace.io import check_json_out
 from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
@@ -107,8 +107,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / (
         "self_influence.json" if args.self_influence else "explain.json")
     check_json_out(out)
-    outputs = [Path(args.out_dir)] if args.out_dir else [out, out.with_suffix(".tsv")]
-    check_outputs_spare_inputs(outputs, [args.triples], "--out-dir" if args.out_dir else "--out")
     # The methods other than TracIn compute on the CPU: their run is loaded there.
     device = resolve_device(args.device if args.method in ("tracin", "auto") else "cpu")
     run = load_run(args.run_dir, args.checkpoint, device=device)
