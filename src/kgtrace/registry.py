@@ -78,11 +78,15 @@ def model_names() -> tuple[str, ...]:
     return tuple(_SPECS)
 
 
+def spelling_key(text: str) -> str:
+    """A name as it is compared across spellings: lower case, letters and digits only ("FB15k-237" -> "fb15k237")."""
+    return "".join(c for c in str(text).casefold() if c.isalnum())
+
+
 def model_named(text: str) -> str | None:
     """The registered model ``text`` names in any case, dashes and underscores aside (PyKEEN's "ConvE",
     "DistMult", "ComplEx"); None when it names none."""
-    key = "".join(c for c in str(text).casefold() if c.isalnum())
-    return next((name for name in _SPECS if "".join(c for c in name if c.isalnum()) == key), None)
+    return next((name for name in _SPECS if spelling_key(name) == spelling_key(text)), None)
 
 
 def spec_named(name: str) -> ModelSpec | None:

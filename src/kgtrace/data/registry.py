@@ -37,6 +37,7 @@ from kgtrace.data.triples import write_labeled_triples
 from kgtrace.errors import KgtraceError
 from kgtrace.io import atomic_open, atomic_write_text
 from kgtrace.owned import file_digest, read_mark, write_mark
+from kgtrace.registry import spelling_key
 
 MIRROR_ENV = "KGTRACE_DATASETS_MIRROR"
 SPLITS = ("train", "valid", "test")
@@ -138,12 +139,7 @@ BUNDLED = tuple(name for name, e in DATASETS.items() if e.bundled)
 def registered_name(text: str) -> str | None:
     """The registered dataset ``text`` names in another spelling (PyKEEN's "FB15k-237", "UMLS", "WN18RR"): case,
     dashes and underscores aside; None when it names none."""
-    key = _spelling_key(text)
-    return next((name for name in DATASETS if _spelling_key(name) == key), None)
-
-
-def _spelling_key(text: str) -> str:
-    return "".join(c for c in str(text).casefold() if c.isalnum())
+    return next((name for name in DATASETS if spelling_key(name) == spelling_key(text)), None)
 
 
 def cache_folder(name: str) -> Path:

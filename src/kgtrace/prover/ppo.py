@@ -124,8 +124,9 @@ def resume_locked(out: Path, config: ProverConfig, progress: bool, log) -> Polic
 
 
 def new_state(config: ProverConfig, dataset: Dataset, engine: VectorEngine) -> PolicyState:
-    if threads_problems(config.threads):
-        raise ConfigError(threads_problems(config.threads))
+    problems = threads_problems(config.threads)
+    if problems:
+        raise ConfigError(problems)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
