@@ -45,3 +45,40 @@ def base_run(dataset: str, model: str, spec: dict, out: Path, threads: int, devi
                          lr=spec["lr"], checkpoint_every=5, eval_every=0, threads=threads, device=device.type, seed=0)
     train(config, run, overwrite=run.exists(), progress=False, log=lambda *_: None)
     return run
+
+
+def device_rates(device: torch.device, size: int | None = None) -> dict:
+    """The device's measured ceilings: float32 product rate (IEEE, TF32 off) in FLOP/s and copy bandwidth in
+    bytes/s (bytes read plus written), each the best of a few timed runs after a warm-up."""
+    import time
+
+    from kgtrace.precision import matmul_mode
+
+    size = size or (8192 if device.type == "cuda" else 1024)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(size, size, device=device, generator=gen) for _ in range(2))
+    source = torch.randn((256 << 20) // 4 if device.type == "cuda" else (32 << 20) // 4, device=device, generator=gen)
+    target = torch.empty_like(source)
+
+    def best(fn) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with matmul_mode("fp32"):
+        product = best(lambda: a @ b)
+    copy = best(lambda: target.copy_(source))
+    return {"fp32_flops": 2 * size**3 / product, "copy_bytes_per_s": 2 * source.numel() * 4 / copy}
+
+
+def floor_ms(flops: float, bytes_: float, rates: dict) -> float:
+    """The fewest milliseconds a piece of work can take: its FLOPs at the float32 product rate or its bytes
+    at the copy bandwidth, whichever is larger (docs/benchmarks.md: the floor)."""
+    return 1000 * max(flops / rates["fp32_flops"], bytes_ / rates["copy_bytes_per_s"])

@@ -2,6 +2,8 @@
 # The device checks of a session lent a GPU, as one script: the steps named in STEPS, in order, each with its own
 # time limit, all inside LIMIT seconds.
 #   doctor     kgtrace doctor --device cuda
+#   cudatests  the tests of the captured training step, precision and ranking, on CUDA (each runs there too)
+#   profile    benchmarks/gpu_profile.py: device against host time per step, every training and ranking path
 #   suite      the test suite on the machine's CPU cores (the CUDA tests run too); each failure's report is
 #              written to failures.txt as it happens, so that a suite cut by its limit still names them
 #   eval       evaluation against PyKEEN on FB15k-237, --device cuda
@@ -57,6 +59,11 @@ for s in $STEPS; do
   case $s in
     doctor) timeout "$(cap 100)" python3 -m kgtrace doctor --device cuda > "$W/doctor.txt" 2>&1
             echo "rc=$?" >> "$W/doctor.txt" ;;
+    cudatests) FAILURES="$W/failures.txt" timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider -p failures_now \
+                 tests/test_graphed_train.py tests/test_precision.py tests/test_compiled_eval.py tests/test_ranks.py \
+                 tests/test_evaluate.py > "$W/cudatests.txt" 2>&1 ;;
+    profile) timeout "$(cap 240)" python3 benchmarks/gpu_profile.py --device cuda ${PROFILE_ARGS:-} \
+               > "$W/gpu-profile.json" 2> "$W/gpu-profile.err" ;;
     suite) FAILURES="$W/failures.txt" OMP_NUM_THREADS=1 timeout "$(cap 240)" python3 -m pytest -q -p no:cacheprovider \
              -p failures_now -n 14 --ignore tests/test_workflow.py --ignore tests/test_report_browser.py \
              --ignore tests/test_layers.py > "$W/pytest.txt" 2>&1 ;;
@@ -75,7 +82,8 @@ for s in $STEPS; do
 done
 say done
 tar -czf /tmp/checks.tar.gz -C "$W" . && mv /tmp/checks.tar.gz "$OUT/checks.tar.gz"
-grep "^===" "$W/failures.txt" 2>/dev/null; tail -2 "$W/pytest.txt" 2>/dev/null; tail -3 "$W/doctor.txt" 2>/dev/null
+grep "^===" "$W/failures.txt" 2>/dev/null; tail -2 "$W/pytest.txt" "$W/cudatests.txt" 2>/dev/null
+tail -3 "$W/doctor.txt" 2>/dev/null; grep -A 20 "^work " "$W/gpu-profile.err" 2>/dev/null
 python3 -c "import json, sys, pathlib
 for p in sorted(pathlib.Path(sys.argv[1]).glob('*.json')):
     d = json.loads(p.read_text()); print(p.stem, d['epochs'], 'epochs, best', d['best_epoch'], 'test MRR', d['target'])" "$W/repro"

@@ -22,7 +22,7 @@ from kgtrace.errors import ConfigError
 from kgtrace.io import atomic_write_text
 from kgtrace.registry import model_named, model_names
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall", "negative-sampling")
 #: How label smoothing spreads eps (training.loss.smoothed_label_values): PyKEEN's, or the ConvE authors' code's.
 SMOOTHING_STYLES = ("pykeen", "conve")
@@ -80,7 +80,8 @@ class TrainConfig:
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
     seed: int = option(0, "random seed (weights, query order, dropout)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda")
-    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast with a gradient scaler, CUDA only)")
+    precision: str = option("fp32", "fp32, tf32 (float32 kept, CUDA's matrix products and convolutions in TF32; CUDA "
+                                    "only), bf16 (autocast) or fp16 (autocast with a gradient scaler, CUDA only)")
     checkpoint_every: int = option(5, "save a checkpoint every K epochs (the last epoch is always saved)")
     eval_every: int = option(5, "validate every K epochs (0: never)")
     patience: int = option(0, "stop after this many validations without improvement (0: never)")
@@ -89,6 +90,11 @@ class TrainConfig:
     compile: bool | None = option(None, "run the training step and validation ranking through torch.compile (same "
                                         "results as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs "
                                         "eagerly; unset: on CUDA yes, on a CPU no (kgtrace.compile.compile_default)")
+    captured_step: bool | None = option(None, "run each training step as one program over examples kept on the "
+                                              "device, captured once as a CUDA graph and replayed (no host work per "
+                                              "step; same results as the step by step loop); on a CPU the same "
+                                              "program runs uncaptured; unset: on CUDA where the settings allow it "
+                                              "(adam, fp32 or bf16, not sparse, no entity_chunk)")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, str) and self.model not in model_names() and model_named(self.model):
@@ -137,6 +143,11 @@ class TrainConfig:
         elif self.compile and self.entity_chunk:
             problems.append(f"entity_chunk={self.entity_chunk}: runs its own backward passes, which are not compiled; "
                             "set entity_chunk 0 or compile false")
+        if self.captured_step is not None and not isinstance(self.captured_step, bool):
+            problems.append(f"captured_step={self.captured_step!r}: must be true or false (or unset: on CUDA where "
+                            "the settings allow it)")
+        elif self.captured_step:
+            problems += self.captured_step_problems()
         try:
             parse_size(self.memory_budget)
         except ValueError as e:
@@ -144,6 +155,22 @@ class TrainConfig:
         if problems:
             raise ConfigError(problems)
         return self
+
+    def captured_step_problems(self) -> list[str]:
+        """What keeps these settings from the captured step (kgtrace.training.graphed); empty: nothing."""
+        fix = "set captured_step false (--no-captured-step)"
+        problems = []
+        if self.precision == "fp16":
+            problems.append(f"precision=fp16: its gradient scaler checks the gradients on the host every step; use "
+                            f"bf16 or fp32, or {fix}")
+        if self.optimizer != "adam":
+            problems.append(f"optimizer={self.optimizer}: torch's {self.optimizer} cannot be captured in a CUDA "
+                            f"graph; use adam, or {fix}")
+        if self.sparse:
+            problems.append(f"sparse=true: sparse gradients change their shape every step; {fix}")
+        if self.entity_chunk:
+            problems.append(f"entity_chunk={self.entity_chunk}: the chunked loss runs its own backward passes; {fix}")
+        return problems
 
     def _negatives_problems(self) -> list[str]:
         """negatives_tail/head: set with training negative-sampling (at least one side), 0 otherwise."""

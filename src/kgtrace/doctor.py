@@ -326,8 +326,9 @@ def rank_probe(run, device: torch.device, memory_budget: int, gen: torch.Generat
 
     def sample(n: int) -> dict[str, Tensor]:
         at = torch.randint(len(answers), (n,), generator=gen)
+        rows, cols = known.lookup(queries[at])
         return {"queries": queries[at], "answers": answers[at].to(device),
-                "filtered": filter_mask(known, queries[at], model.num_entities, device)}
+                "filtered": filter_mask(rows.to(device), cols.to(device), n, model.num_entities)}
 
     def eager(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
         """rank_chunk's four counts [B], then the candidates within the rounding band [B] (rank_parity)."""

@@ -108,7 +108,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of settings; command-line options override it")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint (only --epochs, --patience, "
-                        "--device, --threads and --compile may change)")
+                        "--device, --threads, --compile and --captured-step may change)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
 

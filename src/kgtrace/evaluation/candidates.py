@@ -290,7 +290,7 @@ def rank_side_restricted(
         scores.masked_fill_(excluded, float("-inf"))
         no_filter = torch.zeros(0, dtype=torch.long, device=device)
         counts = count_ranks(scores, answers, no_filter, no_filter)
-        parts.append(RankCounts(counts.greater, counts.equal, (1 + eligible.count).cpu()))
+        parts.append(RankCounts(counts.greater.cpu(), counts.equal.cpu(), (1 + eligible.count).cpu()))
     return RankCounts.cat(parts)
 
 

@@ -3,9 +3,10 @@
 Scoring and ranking of a chunk of queries run as one compiled graph through
 :class:`~kgtrace.compile.CompiledCall` (static buffers: queries [B, 2] long, true answers
 [B] long, a dense filter mask [B, E] bool, valid [B] bool). The filter mask is built
-eagerly per chunk from the answer index (True = a known answer other than the true one,
-excluded). The graph returns greater, equal, num_candidates and a non-finite flag [B]
-each; the flag is checked eagerly and raises the same error as the eager path.
+eagerly per chunk, on the device, from the known answers a run of chunks sends there at once
+(True = a known answer other than the true one, excluded). The graph returns greater, equal,
+num_candidates and a non-finite flag [B] each; the flags are read once the side is ranked and
+raise the same error as the eager path.
 
 Ranks equal :func:`~kgtrace.evaluation.sides.rank_side` exactly whenever compiled
 and eager scores are bitwise equal; where Inductor rounds a model's float arithmetic
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from kgtrace.compile import CompiledCall
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.sides import SideQueries, check_finite, query_chunk_size
+from kgtrace.evaluation.sides import SideQueries, filter_runs, query_chunk_size, raise_first_non_finite
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.models.base import Scorer
 
@@ -77,11 +78,10 @@ def compiled_ranker(model: Scorer, batch_size: int, device: torch.device) -> Com
     return per_model[key]
 
 
-def filter_mask(known: AnswerIndex, queries: Tensor, num_entities: int, device: torch.device) -> Tensor:
-    """Dense [B, E] bool: True where an entity is a known answer of the query (true answer included)."""
-    rows, cols = known.lookup(queries)
-    mask = torch.zeros(len(queries), num_entities, dtype=torch.bool, device=device)
-    mask[rows.to(device), cols.to(device)] = True
+def filter_mask(rows: Tensor, cols: Tensor, num_queries: int, num_entities: int) -> Tensor:
+    """Dense [B, E] bool: True at the known (row, answer) pairs of a chunk (the true answer included)."""
+    mask = torch.zeros(num_queries, num_entities, dtype=torch.bool, device=rows.device)
+    mask[rows, cols] = True
     return mask
 
 
@@ -92,7 +92,9 @@ def rank_side_compiled(model: Scorer, sq: SideQueries, known: AnswerIndex, *, me
 
     The model must be in eval mode. batch_size: queries per compiled run; None derives
     it from ``memory_budget`` (as the eager path's chunk), shrunk to the fewest runs'
-    least padding so that a small split is not padded to a huge batch.
+    least padding so that a small split is not padded to a huge batch. As the eager path, the
+    known answers go to the device a run of chunks at a time, and the counts and non-finite flags
+    are read once for the whole side.
 
     :raises KgtraceError: naming the query on a NaN or infinite score, or naming the
         cause when compilation fails (fix: ``--no-compile``).
@@ -104,20 +106,19 @@ def rank_side_compiled(model: Scorer, sq: SideQueries, known: AnswerIndex, *, me
     if batch_size is None:
         batch_size = balanced_batch(num_queries, query_chunk_size(num_entities, memory_budget))
     call = compiled_ranker(model, batch_size, device)
-    parts = []
-    for start in range(0, num_queries, batch_size):
-        queries = sq.queries[start : start + batch_size]
-        greater, equal, num_candidates, nonfinite = call(
-            model,
-            queries=queries,  # copied into the device's static buffers
-            answers=sq.answers[start : start + batch_size],
-            filtered=filter_mask(known, queries, num_entities, device),
-        )
-        if bool(nonfinite.any()):
-            # check_finite reads only whether each row is finite: NaN marks the bad rows.
-            check_finite(torch.where(nonfinite, float("nan"), 0.0).unsqueeze(1), sq, start)
-        parts.append(RankCounts(greater.cpu(), equal.cpu(), num_candidates.cpu()))
-    if not parts:
-        empty = torch.zeros(0, dtype=torch.long)
-        return RankCounts(empty, empty, empty)
-    return RankCounts.cat(parts)
+    queries_on, answers_on = sq.queries.to(device), sq.answers.to(device)  # [Q, 2], [Q]
+    parts, finite = [], []
+    for run_start, run_stop, known_pairs in filter_runs(known, sq, batch_size, device):
+        for start in range(run_start, run_stop, batch_size):
+            stop = min(start + batch_size, run_stop)
+            rows, cols = known_pairs.chunk(start - run_start, stop - run_start)
+            greater, equal, num_candidates, nonfinite = call(
+                model,
+                queries=queries_on[start:stop],  # copied into the call's static buffers
+                answers=answers_on[start:stop],
+                filtered=filter_mask(rows, cols, stop - start, num_entities),
+            )
+            finite.append(~nonfinite)
+            parts.append(RankCounts(greater, equal, num_candidates))
+    raise_first_non_finite(finite, sq)
+    return RankCounts.cat(parts).cpu() if parts else RankCounts.empty()

@@ -42,6 +42,14 @@ class RankCounts:
             return 1.0 + g + e / 2.0
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
 
+    def cpu(self) -> "RankCounts":
+        return RankCounts(self.greater.cpu(), self.equal.cpu(), self.num_candidates.cpu())
+
+    @staticmethod
+    def empty() -> "RankCounts":
+        none = torch.zeros(0, dtype=torch.long)
+        return RankCounts(none, none, none)
+
     @staticmethod
     def cat(parts: list["RankCounts"]) -> "RankCounts":
         return RankCounts(
@@ -56,7 +64,8 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
 
     scores: [B, C] float; true_cols: [B] column of each true answer; (filter_rows,
     filter_cols): [P] known answers to exclude (the true answer may be among them;
-    it is never excluded from its own ranking). Modifies ``scores`` in place.
+    it is never excluded from its own ranking). Modifies ``scores`` in place. The counts stay on
+    the scores' device (a caller reads them once for many chunks: :meth:`RankCounts.cpu`).
     """
     rows = torch.arange(len(true_cols), device=scores.device)
     true_scores = scores[rows, true_cols].clone()  # [B]
@@ -73,7 +82,7 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
     torch.eq(scores, column, out=flags[:, :width])
     equal = count_true(flags)
     filtered = torch.bincount(filter_rows[is_other], minlength=len(true_cols))
-    return RankCounts(greater.cpu(), equal.cpu(), (scores.shape[1] - filtered).cpu())
+    return RankCounts(greater, equal, scores.shape[1] - filtered)  # on the scores' device
 
 
 def padded_width(width: int) -> int:

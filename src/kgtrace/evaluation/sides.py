@@ -72,6 +72,55 @@ def non_finite_error(sq: SideQueries, i: int) -> KgtraceError:
     )
 
 
+@dataclass(frozen=True)
+class SideFilter:
+    """The known answers of a run of queries, looked up once on the host and kept on the ranking device.
+
+    rows [P] (the query's place in the run, ascending) and cols [P] (a known answer, the true one
+    included); first[i] is the first pair of query i (host ints, [n + 1]). A chunk of queries takes its
+    pairs by slicing (:meth:`chunk`): no lookup and no copy per chunk.
+    """
+
+    rows: Tensor
+    cols: Tensor
+    first: Tensor
+
+    @classmethod
+    def build(cls, known: AnswerIndex, queries: Tensor, device: torch.device) -> "SideFilter":
+        rows, cols = known.lookup(queries)  # rows ascending
+        first = torch.zeros(len(queries) + 1, dtype=torch.long)
+        first[1:] = torch.cumsum(torch.bincount(rows, minlength=len(queries)), 0)
+        return cls(rows.to(device), cols.to(device), first)
+
+    def chunk(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """The pairs of queries start..stop-1 of the run, rows counted from ``start``."""
+        lo, hi = int(self.first[start]), int(self.first[stop])
+        return self.rows[lo:hi] - start, self.cols[lo:hi]
+
+
+# Queries whose known answers are looked up and sent to the device at once: chunks of a run need no host work.
+FILTER_RUN_CHUNKS = 64
+
+
+def filter_runs(known: AnswerIndex, sq: SideQueries, chunk: int, device: torch.device):
+    """(start, stop, SideFilter) of the side's runs of FILTER_RUN_CHUNKS chunks, each looked up once."""
+    run = chunk * FILTER_RUN_CHUNKS
+    for start in range(0, len(sq.answers), run):
+        stop = min(start + run, len(sq.answers))
+        yield start, stop, SideFilter.build(known, sq.queries[start:stop], device)
+
+
+def raise_first_non_finite(finite: list[Tensor], sq: SideQueries) -> None:
+    """Raise naming the first query whose row of scores was not all finite (``finite``: [B] bool per chunk, in
+    order); one host read for the whole side."""
+    if not finite:
+        return
+    flags = torch.cat(finite)  # [Q]
+    if bool(flags.all()):
+        return
+    raise non_finite_error(sq, int(torch.nonzero(~flags)[0]))
+
+
 @torch.inference_mode()
 def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int, device: torch.device,
               entity_chunk: int = 0) -> RankCounts:
@@ -79,6 +128,8 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
 
     Queries are chunked so that their [B, E] scores fit ``memory_budget``; when not even one
     row fits (or ``entity_chunk`` is given), entities are chunked too (see rank_entity_chunked).
+    The known answers go to the device a run of chunks at a time (:func:`filter_runs`), and the
+    counts and finiteness flags stay there until the side is ranked: a chunk waits on nothing.
     """
     if entity_chunk or model.num_entities * BYTES_PER_SCORE > memory_budget:
         if not isinstance(model, FactorisedScorer):
@@ -87,14 +138,17 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
         return rank_entity_chunked(model, sq, known, memory_budget=memory_budget, device=device,
                                    entity_chunk=entity_chunk)
     chunk = query_chunk_size(model.num_entities, memory_budget)
-    parts = []
-    for start in range(0, len(sq.answers), chunk):
-        queries = sq.queries[start : start + chunk]
-        scores = model.score_t(queries.to(device)).float()  # [B, E]
-        check_finite(scores, sq, start)
-        rows, cols = known.lookup(queries)
-        parts.append(count_ranks(scores, sq.answers[start : start + chunk].to(device), rows.to(device), cols.to(device)))
-    return RankCounts.cat(parts)
+    queries_on, answers_on = sq.queries.to(device), sq.answers.to(device)  # [Q, 2], [Q]
+    parts, finite = [], []
+    for run_start, run_stop, known_pairs in filter_runs(known, sq, chunk, device):
+        for start in range(run_start, run_stop, chunk):
+            stop = min(start + chunk, run_stop)
+            scores = model.score_t(queries_on[start:stop]).float()  # [B, E]
+            finite.append(torch.isfinite(scores).all(dim=1))  # [B], read once the side is ranked
+            rows, cols = known_pairs.chunk(start - run_start, stop - run_start)
+            parts.append(count_ranks(scores, answers_on[start:stop], rows, cols))
+    raise_first_non_finite(finite, sq)
+    return RankCounts.cat(parts).cpu() if parts else RankCounts.empty()
 
 
 def rank_entity_chunked(model: FactorisedScorer, sq: SideQueries, known: AnswerIndex, *, memory_budget: int,

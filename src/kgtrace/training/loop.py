@@ -40,9 +40,10 @@ from kgtrace.io import append_line, atomic_open, remove_stale_temporaries
 from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
 from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
-from kgtrace.precision import precision_problems
+from kgtrace.precision import matmul_mode, precision_problems
 from kgtrace.system import keep_freed_memory, resolve_device, threads_problems
 from kgtrace.training.batches import Batches
+from kgtrace.training.graphed import GraphedTraining, plain_optimizer_state
 from kgtrace.training.sharded import sharded_epochs
 from kgtrace.training.step import TrainState, run_epoch
 
@@ -116,8 +117,8 @@ def state_dict(state: TrainState, config: TrainConfig, dataset: Dataset, lr: flo
         "entity_digest": dataset.entities.digest(),
         "relation_digest": dataset.relations.digest(),
         "model_state": state.model.state_dict(),
-        "optimizer_state": state.optimizer.state_dict(),
-        "scheduler_state": state.scheduler.state_dict(),
+        "optimizer_state": plain_optimizer_state(state.optimizer),
+        "scheduler_state": plain_scheduler_state(state.scheduler),
         "scaler_state": state.scaler.state_dict(),
         "epoch": state.epoch,
         "step": state.step,
@@ -127,6 +128,14 @@ def state_dict(state: TrainState, config: TrainConfig, dataset: Dataset, lr: flo
         "early_stopping": {"best_mrr": state.best_mrr, "best_epoch": state.best_epoch,
                            "bad_validations": state.bad_validations},
     }
+
+
+def plain_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
+    """The scheduler's state_dict with its last learning rates as floats (a captured run's are device tensors)."""
+    saved = scheduler.state_dict()
+    if "_last_lr" in saved:
+        saved["_last_lr"] = [float(lr) for lr in saved["_last_lr"]]
+    return saved
 
 
 def restore_state(state: TrainState, saved: dict[str, Any]) -> None:
@@ -156,7 +165,7 @@ def check_resumable(out: Path) -> None:
         raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop --resume to start a new run")
 
 
-RESUMABLE = ("epochs", "patience", "device", "threads", "compile")
+RESUMABLE = ("epochs", "patience", "device", "threads", "compile", "captured_step")
 
 
 def resume_config(out: Path, overrides: dict[str, Any]) -> TrainConfig:
@@ -270,6 +279,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
         # gradients are not compiled: both run eagerly
         config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk
                                      and not config.sparse)
+    config = with_captured_step(config, device, world)
     dataset = load_dataset(config.dataset)
     check_splits(dataset, config)
     state = new_state(config, dataset, device)  # before the folder: a model that cannot be built leaves none
@@ -297,6 +307,7 @@ def resume(out: str | Path, *, progress: bool = True, log=print, world: World = 
         world.on_main(lambda: (held if hold is None else hold).enter_context(folder_lock(out, "run folder")))
         config = resume_config(out, overrides)
         device = setup_device(config, world)
+        config = with_captured_step(config, device, world)
         dataset = load_run_dataset(out, config)
         state = new_state(config, dataset, device)
         resume_from_latest(state, out, dataset, log if world.is_main else _quiet, writes=world.is_main)
@@ -321,6 +332,18 @@ def setup_device(config: TrainConfig, world: World = ONE) -> torch.device:
     if device.type == "cpu":
         keep_freed_memory()
     return device
+
+
+def with_captured_step(config: TrainConfig, device: torch.device, world: World = ONE) -> TrainConfig:
+    """captured_step decided: as asked (a distributed job refused: it all-reduces every step), or unset: on CUDA,
+    on one process, where the settings allow it (TrainConfig.captured_step_problems)."""
+    if config.captured_step and world.distributed:
+        raise ConfigError(["captured_step=true: a distributed job all-reduces the gradients every step; set "
+                           "captured_step false (--no-captured-step)"])
+    if config.captured_step is None:
+        allowed = device.type == "cuda" and not world.distributed and not config.captured_step_problems()
+        config = dataclasses.replace(config, captured_step=allowed)
+    return config
 
 
 def load_run_dataset(out: Path, config: TrainConfig) -> Dataset:
@@ -377,16 +400,17 @@ def fit(state: TrainState, config: TrainConfig, dataset: Dataset, out: Path, dev
     layout = RunLayout(out)
     batches = Batches.build(dataset.train, dataset.num_relations, config.training)
     known_valid = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
-    epoch = run_epoch
+    epoch = GraphedTraining(batches, device) if config.captured_step else run_epoch
     if world.distributed:  # every process takes its part of each batch; only rank 0 writes and logs
         epoch = sharded_epochs(state, batches, config, device, world)
         progress, log = progress and world.is_main, log if world.is_main else _quiet
     stopped_early = paused = False
     losses, valid_mrrs = [], []
     while state.epoch < config.epochs and not stopped_early and not paused:
-        lr = state.optimizer.param_groups[0]["lr"]
+        lr = float(state.optimizer.param_groups[0]["lr"])  # a device tensor in a captured run: read once an epoch
         start = time.perf_counter()
-        loss = epoch(state, batches, config, device, progress)
+        with matmul_mode(config.precision):  # forward and backward alike (tf32; fp32 means IEEE float32)
+            loss = epoch(state, batches, config, device, progress)
         state.epoch += 1
         if not config.lr_patience:
             state.scheduler.step()

@@ -1,0 +1,233 @@
+"""Where a step's time goes: device (kernel) time against host time, per step, under torch.profiler; print JSON.
+
+For each training path of ConvE (and DistMult) on an FB15k-237-shaped graph (14,541 entities, 237
+relations, 149,689 KvsAll queries; or --dataset), and for all-entity ranking on a synthetic graph,
+this script runs a few warm-up steps, then times --steps steps with the device synchronised at both
+ends (``wall_ms``), then profiles the same number of steps and sums, per step:
+
+* ``kernel_ms``: the union of the device's busy intervals (kernels and copies; overlaps counted once);
+* ``kernels``: the number of device activities;
+* ``host_ms``: the time the host took to issue the steps (the loop without the final synchronisation);
+* ``busy``: kernel_ms / wall_ms, the share of the step the device worked: far below 1, the step is
+  bound by launches and host work, not by arithmetic;
+* ``floor_ms``: the step's arithmetic (counted FLOPs at the chip's measured float32 product rate) or its
+  bytes (at the measured copy bandwidth), whichever is larger, and ``floor_fraction`` = floor / wall.
+
+Training paths: ``eager`` (the step by step loop), ``compiled`` (the step's loss under torch.compile,
+CUDA graphs per call), ``captured`` (kgtrace.training.graphed: the whole step one CUDA graph), and
+``captured-tf32``. Ranking: eager and compiled. On a CPU the profiler sees no device activity:
+``kernel_ms`` is null and the script still checks that every path runs (its smoke test).
+
+    python benchmarks/gpu_profile.py --device cuda [--steps 50] [--paths eager,compiled,captured,captured-tf32]
+    python benchmarks/gpu_profile.py --device cpu --scale 0.01 --steps 3   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import device_rates, floor_ms, resolved  # noqa: E402
+
+FB15K237 = {"entities": 14_541, "relations": 237, "train": 272_115}
+PATHS = ("eager", "compiled", "captured", "captured-tf32")
+
+
+def synthetic_train(entities: int, relations: int, n: int, seed: int = 0) -> torch.Tensor:
+    """Distinct uniformly random triples [n', 3] (n' <= n)."""
+    gen = torch.Generator().manual_seed(seed)
+    triples = torch.stack([torch.randint(0, entities, (n,), generator=gen),
+                           torch.randint(0, relations, (n,), generator=gen),
+                           torch.randint(0, entities, (n,), generator=gen)], 1)
+    return torch.unique(triples, dim=0)
+
+
+def busy_ms(events) -> tuple[float | None, int]:
+    """The union of device activity intervals in ms, and their count (None, 0 without device activity)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return None, 0
+    total, (lo, hi) = 0, spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            total, lo = total + hi - lo, start
+        hi = max(hi, end)
+    return (total + hi - lo) / 1000, len(spans)
+
+
+def measure(run_steps, steps: int, device: torch.device) -> dict:
+    """wall_ms, host_ms, kernel_ms and kernels per step of ``run_steps()`` (which runs ``steps`` steps)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    run_steps()
+    issued = time.perf_counter()
+    sync()
+    wall = (time.perf_counter() - start) / steps * 1000
+    host = (issued - start) / steps * 1000
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run_steps()
+        sync()
+    kernel, count = busy_ms(prof.events())
+    return {"wall_ms": wall, "host_ms": host, "kernel_ms": None if kernel is None else kernel / steps,
+            "kernels": count / steps, "busy": None if kernel is None else kernel / steps / wall}
+
+
+def conve_step_cost(batch: int, entities: int, dim: int, params: int, height: int = 10,
+                    channels: int = 32) -> tuple[float, float]:
+    """FLOPs and bytes of one ConvE KvsAll step: forward, backward (twice the forward's products) and Adam.
+
+    Products: the score product B x D x E and the fc layer B x (C * 2h * w) x D, each 2 FLOPs a
+    multiply-add, thrice (forward, two backward products); the 3x3 convolution likewise. Bytes: the
+    scores [B, E] written and read about six times (product, sigmoid-BCE terms, gradient), and Adam
+    reading parameter, gradient and two moments and writing three, float32 each.
+    """
+    width = dim // height
+    conv_out = channels * (2 * height - 2) * (width - 2)
+    flops = 3 * 2 * batch * (dim * entities + conv_out * dim + conv_out * 9)
+    bytes_ = 6 * 4 * batch * entities + 7 * 4 * params
+    return flops, bytes_
+
+
+def distmult_step_cost(batch: int, entities: int, dim: int, params: int) -> tuple[float, float]:
+    """FLOPs and bytes of one DistMult KvsAll step (as conve_step_cost, the score product only)."""
+    return 3 * 2 * batch * dim * entities, 6 * 4 * batch * entities + 7 * 4 * params
+
+
+def training_paths(args: argparse.Namespace, device: torch.device, rates: dict) -> list[dict]:
+    from kgtrace.data.dataset import load_dataset
+    from kgtrace.training.batches import Batches
+
+    if args.dataset:
+        ds = load_dataset(args.dataset)
+        train, entities, relations = ds.train, ds.num_entities, ds.num_relations
+    else:
+        entities, relations = int(FB15K237["entities"] * args.scale), max(2, int(FB15K237["relations"] * args.scale))
+        train = synthetic_train(entities, relations, int(FB15K237["train"] * args.scale))
+    shape = type("Shape", (), {"num_entities": entities, "num_relations": relations})()
+    batches = Batches.build(train, relations, "kvsall")
+    rows = []
+    for model in args.models.split(","):
+        for path in args.paths.split(","):
+            if path.endswith("tf32") and device.type != "cuda":
+                continue
+            rows.append(training_path(args, model, path, batches, shape, device, rates))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def training_path(args: argparse.Namespace, model: str, path: str, batches, shape, device: torch.device,
+                  rates: dict) -> dict:
+    """One row of the table: ``path``'s training step of ``model``, warmed up, timed and profiled."""
+    from kgtrace.config import TrainConfig
+    from kgtrace.precision import matmul_mode
+    from kgtrace.training.graphed import GraphedTraining
+    from kgtrace.training.loop import new_state
+    from kgtrace.training.step import run_epoch
+
+    precision = "tf32" if path.endswith("tf32") else "fp32"
+    config = TrainConfig(dataset="umls", model=model, model_args={"embedding_dim": 200}, batch_size=128,
+                         steps_per_epoch=args.steps, device=device.type, precision=precision,
+                         compile=path == "compiled", captured_step=path.startswith("captured"), eval_every=0)
+    state = new_state(config, shape, device)
+    epoch = GraphedTraining(batches, device) if config.captured_step else run_epoch
+    started = time.perf_counter()
+    with matmul_mode(precision):
+        for _ in range(args.warmup_epochs):  # compilation, captures, warm-up steps
+            epoch(state, batches, config, device, False)
+        warm = time.perf_counter() - started
+        numbers = measure(lambda: epoch(state, batches, config, device, False), args.steps, device)
+    params = sum(p.numel() for p in state.model.parameters())
+    cost = (conve_step_cost if model == "conve" else distmult_step_cost)(128, shape.num_entities, 200, params)
+    floor = floor_ms(*cost, rates)
+    return {"work": "train step", "model": model, "path": path, "batch": 128, "entities": shape.num_entities,
+            "warmup_seconds": warm, **numbers, "floor_ms": floor, "floor_fraction": floor / numbers["wall_ms"],
+            "epoch_seconds_estimate": numbers["wall_ms"] * -(-len(batches) // 128) / 1000}
+
+
+def ranking_paths(args: argparse.Namespace, device: torch.device, rates: dict) -> list[dict]:
+    from kgtrace.data.answers import AnswerIndex, answering
+    from kgtrace.evaluation.compiled import rank_side_compiled
+    from kgtrace.evaluation.sides import query_chunk_size, rank_side, side_queries
+    from kgtrace.models import build_model
+
+    entities, n_train, n_test = int(500_000 * args.scale), int(2_000_000 * args.scale), max(8, int(10_000 * args.scale))
+    triples = synthetic_train(entities, 20, n_train + n_test, seed=1)
+    triples = triples[torch.randperm(len(triples), generator=torch.Generator().manual_seed(1))]
+    test, known = triples[:n_test], triples
+    torch.manual_seed(0)
+    model = build_model("distmult", entities, 20, embedding_dim=200).to(device).eval()
+    index = AnswerIndex.build(answering(known, test, 20), 20)
+    budget = args.rank_budget << 20
+    sides = [side_queries(test, 20, side) for side in ("head", "tail")]
+    rows = []
+    for path, rank in (("eager", rank_side), ("compiled", rank_side_compiled)):
+        if path not in args.rank_paths.split(","):
+            continue
+
+        def both_sides(rank=rank) -> None:
+            for sq in sides:
+                rank(model, sq, index, memory_budget=budget, device=device)
+
+        started = time.perf_counter()
+        both_sides()  # warm-up (compilation)
+        warm = time.perf_counter() - started
+        numbers = measure(both_sides, 1, device)
+        queries = 2 * n_test
+        chunk = query_chunk_size(entities, budget)
+        floor = floor_ms(2 * queries * 200 * entities, 4 * queries * entities * 3, rates)
+        rows.append({"work": "rank both sides", "model": "distmult", "path": path, "entities": entities,
+                     "queries": queries, "chunk": chunk, "memory_budget_mb": args.rank_budget, "warmup_seconds": warm,
+                     **numbers, "floor_ms": floor, "floor_fraction": floor / numbers["wall_ms"]})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'work':<16} {'model':<9} {'path':<14} {'wall ms':>9} {'host ms':>9} {'kernel ms':>9} {'busy':>6} " \
+           f"{'kernels':>8} {'floor ms':>9} {'of floor':>8}"
+    lines = [head]
+    for r in rows:
+        kernel = "-" if r["kernel_ms"] is None else f"{r['kernel_ms']:.3f}"
+        busy = "-" if r["busy"] is None else f"{r['busy']:.2f}"
+        lines.append(f"{r['work']:<16} {r['model']:<9} {r['path']:<14} {r['wall_ms']:>9.3f} {r['host_ms']:>9.3f} "
+                     f"{kernel:>9} {busy:>6} {r['kernels']:>8.0f} {r['floor_ms']:>9.3f} {r['floor_fraction']:>8.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--dataset", help="train on this dataset (registry name or folder) instead of the synthetic")
+    parser.add_argument("--models", default="conve,distmult")
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--rank-paths", default="eager,compiled")
+    parser.add_argument("--steps", type=int, default=50, help="training steps timed and profiled per path")
+    parser.add_argument("--warmup-epochs", type=int, default=1, help="epochs of --steps steps before timing")
+    parser.add_argument("--rank-budget", type=int, default=2048, help="ranking memory budget, MiB")
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink every graph by this factor (smoke runs)")
+    parser.add_argument("--skip", default="", help="comma-separated: train, rank")
+    args = parser.parse_args()
+    device = resolved(args.device)
+    rates = device_rates(device)
+    rows = [] if "train" in args.skip else training_paths(args, device, rates)
+    rows += [] if "rank" in args.skip else ranking_paths(args, device, rates)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(table(rows), file=sys.stderr)
+    print(json.dumps({"benchmark": "gpu_profile", "device": str(device), "device_name": name,
+                      "torch": torch.__version__, "rates": rates, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""The whole training step as one program over examples kept on the device, captured once as a CUDA graph.
+
+A step of :func:`kgtrace.training.step.run_epoch` does host work each time: it slices the epoch's
+order, gathers the batch's queries and answers on the CPU, copies them over, and launches each
+kernel of the forward, the loss, the backward and the optimizer one by one. On a GPU that host work,
+not the arithmetic, sets the pace (a ConvE-200 step on FB15k-237 is ~0.1 ms of arithmetic).
+
+Here every step is one program with no input from the host:
+
+* the examples live on the device (:class:`DeviceExamples`): the queries [N, 2], and KvsAll's
+  positives as the CSR arrays of :class:`~kgtrace.data.answers.AnswerIndex` (offsets [N + 1],
+  answers [P]), or the single answers [N];
+* the epoch's shuffled order is copied to the device once per epoch (the same ``randperm`` of the
+  same generator as the eager loop, so the batches are the eager loop's); a device counter
+  ``cursor`` says where the next batch starts, and the step advances it;
+* the batch's positives are unpacked on the device into a fixed number L of (row, answer) slots
+  (:func:`batch_pairs`), L the most any batch of that size can have, unused slots masked; the loss
+  sums each row's positive scores from those slots, so no [B, E] label mask is built;
+* the loss, its backward, and the optimizer's step (fused Adam, ``capturable``, the learning rate a
+  device tensor that the schedulers fill in place) follow, and the loss is added to a device total
+  read once per epoch.
+
+On CUDA each batch size's program is captured as a ``torch.cuda.CUDAGraph`` after two warm-up steps
+(real steps, run as is on a side stream, as PyTorch's whole-network capture asks), and every later
+step of that size is one ``replay()``: no host synchronisation and no per-kernel launch. An epoch has
+at most two sizes (``batch_size`` and the remainder), so at most two graphs. On a CPU nothing is
+captured and the same program runs step by step: that is how the tests check it against the eager
+loop (tests/test_graphed_train.py), and the same test runs on CUDA, where the graph replays.
+
+What the graph cannot hold is refused by ``TrainConfig.captured_step_problems``: fp16 (its gradient scaler reads
+the gradients' finiteness on the host), Adagrad (torch's Adagrad is not capturable), sparse
+gradients and the entity-chunked loss (its own backward passes); a distributed job (an all-reduce per
+step) takes the step by step loop. Under autocast the cast-weight cache is off: a capture would keep the weights' first
+casts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from kgtrace.config import TrainConfig
+from kgtrace.precision import precision_context
+from kgtrace.system import bar_disable
+from kgtrace.training.batches import Batches
+from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_sampling_rows, smoothed_label_values
+from kgtrace.training.step import TrainState, epoch_batches
+
+__all__ = ["DeviceExamples", "GraphedTraining", "StepProgram", "batch_pairs", "pairs_bound",
+           "plain_optimizer_state"]
+
+WARMUP_STEPS = 2  # real steps of a batch size run before its capture (cuBLAS handles, Adam's state, autograd's streams)
+
+
+@dataclass(frozen=True)
+class DeviceExamples:
+    """An epoch's examples on the device; the same examples as :class:`~kgtrace.training.batches.Batches`.
+
+    queries [N, 2] (anchor, relation in [0, 2R); negative-sampling: (head, relation in [0, R))).
+    offsets [N + 1] and positives [P] (kvsall, kvsall-ce): example i's answers are
+    positives[offsets[i]:offsets[i + 1]]. answers [N] (1vsall, negative-sampling: the tail).
+    """
+
+    mode: str
+    queries: Tensor
+    offsets: Tensor | None
+    positives: Tensor | None
+    answers: Tensor | None
+
+    @classmethod
+    def build(cls, batches: Batches, device: torch.device) -> "DeviceExamples":
+        index = batches.index
+        if index is None:
+            return cls(batches.mode, batches.queries.to(device), None, None, batches.answers.to(device))
+        # Batches' kvsall queries are the index's, in its order: example i is index row i.
+        return cls(batches.mode, batches.queries.to(device), index.offsets.to(device), index.answers.to(device), None)
+
+    def counts(self) -> Tensor:
+        """Positives per example [N] (kvsall modes)."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+def pairs_bound(counts: Tensor, batch_size: int) -> int:
+    """The most positives a batch of ``batch_size`` examples can hold: the sum of the largest counts."""
+    return int(torch.topk(counts.cpu(), min(batch_size, len(counts))).values.sum()) if len(counts) else 0
+
+
+def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The positives of a batch unpacked into ``slots`` fixed places, with no host synchronisation.
+
+    Row b of the batch owns the slots ends[b] - counts[b] .. ends[b] - 1, ends = cumsum(counts); slot
+    j belongs to row searchsorted(ends, j, right=True) and is its (j - first slot)-th positive. Slots
+    past the batch's total are unused (``used`` False) and point at row B - 1's first answer, so
+    every index stays valid.
+
+    :param starts: [B] each row's first place in ``positives``.
+    :param counts: [B] each row's number of positives.
+    :param positives: [P] all examples' answers.
+    :param slots: L, at least counts.sum() (see :func:`pairs_bound`).
+    :return: rows [L], answers [L], used [L] bool, and ends [B].
+    """
+    ends = torch.cumsum(counts, 0)  # [B] one past each row's last slot
+    slot = torch.arange(slots, device=counts.device)  # [L]
+    rows = torch.searchsorted(ends, slot, right=True)  # [L] in [0, B]; B for unused slots
+    used = rows < len(counts)
+    rows = rows.clamp(max=len(counts) - 1)
+    within = torch.where(used, slot - (ends[rows] - counts[rows]), 0)  # [L] the slot's place among its row's
+    answers = positives[starts[rows] + within]  # [L]
+    return rows, answers, used, ends
+
+
+def positive_sums(scores: Tensor, rows: Tensor, answers: Tensor, used: Tensor, ends: Tensor,
+                  counts: Tensor) -> Tensor:
+    """Each row's sum of scores at its positives [B], from :func:`batch_pairs`' slots.
+
+    A float64 running sum over the slots, read at the rows' boundaries (rows own consecutive slots):
+    sum_b = S[ends[b]] - S[ends[b] - counts[b]], S = [0, cumsum(picked)]. Deterministic, unlike a
+    scatter-add's atomics, and exact enough for the float32 loss it feeds.
+    """
+    picked = torch.where(used, scores[rows, answers].double(), 0.0)  # [L]
+    running = F.pad(torch.cumsum(picked, 0), (1, 0))  # [L + 1]
+    return (running[ends] - running[ends - counts]).to(scores.dtype)  # [B]
+
+
+class StepProgram:
+    """One batch size's training step, reading the batch at ``cursor`` of the device ``order``.
+
+    :meth:`run` runs one step: on a CPU the program itself, on CUDA its warm-up steps and then
+    replays of its captured graph (module docstring). The step's loss is added to ``total``.
+    """
+
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, examples: DeviceExamples,
+                 config: TrainConfig, batch_size: int, order: Tensor, cursor: Tensor, total: Tensor,
+                 capture: bool):
+        self.model, self.optimizer, self.examples, self.config = model, optimizer, examples, config
+        self.batch_size, self.order, self.cursor, self.total = batch_size, order, cursor, total
+        self.capture = capture
+        self.within = torch.arange(batch_size, device=order.device)  # [B] places of the batch after cursor
+        self.slots = pairs_bound(examples.counts(), batch_size) if examples.offsets is not None else 0
+        self.loss = LOSSES[config.training]
+        self.runs = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.kept: list[Tensor | None] = []  # the captured step's gradients, kept alive with its graph
+
+    def run(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        elif not self.capture:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step()
+        elif self.runs < WARMUP_STEPS:
+            self._warm_up()
+        else:
+            self._capture()
+            self.graph.replay()
+        self.runs += 1
+
+    def step(self) -> None:
+        """The program: batch assembly, forward and loss, backward, optimizer step; nothing read by the host."""
+        pos = self.order[self.cursor + self.within]  # [B] example positions of this batch
+        with precision_context(self.config.precision, self.order.device, cache=False):
+            loss = self.loss(self, pos)
+        loss.backward()
+        self.optimizer.step()
+        self.total.add_(loss.detach().float())
+        self.cursor.add_(self.batch_size)
+
+    def _warm_up(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _capture(self) -> None:
+        # Gradients None: the captured backward allocates them in the graph's pool and every replay
+        # writes them afresh (no accumulation into another program's gradients).
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step()
+        self.kept = [p.grad for group in self.optimizer.param_groups for p in group["params"]]
+        self.graph = graph
+
+
+def kvsall_loss(program: StepProgram, pos: Tensor) -> Tensor:
+    """KvsAll's BCE mean over B * E (as kvsall_bce): sum softplus(s) - n sum s - (p - n) sum_pos s."""
+    model, ex, config = program.model, program.examples, program.config
+    starts, counts = ex.offsets[pos], ex.offsets[pos + 1] - ex.offsets[pos]  # [B] each
+    rows, answers, used, ends = batch_pairs(starts, counts, ex.positives, program.slots)
+    scores = model.score_t(ex.queries[pos]).float()  # [B, E]
+    p, n = smoothed_label_values(config.label_smoothing, model.num_entities, config.label_smoothing_style)
+    positives = positive_sums(scores, rows, answers, used, ends, counts)  # [B]
+    rows_loss = F.softplus(scores).sum(dim=1) - n * scores.sum(dim=1) - (p - n) * positives  # [B]
+    return rows_loss.sum() / scores.numel()
+
+
+def kvsall_ce_loss(program: StepProgram, pos: Tensor) -> Tensor:
+    """kvsall-ce's mean over B (as kvsall_ce): logsumexp(s) - alpha sum_pos s - beta sum s."""
+    model, ex, config = program.model, program.examples, program.config
+    starts, counts = ex.offsets[pos], ex.offsets[pos + 1] - ex.offsets[pos]  # [B] each
+    rows, answers, used, ends = batch_pairs(starts, counts, ex.positives, program.slots)
+    scores = model.score_t(ex.queries[pos]).float()  # [B, E]
+    alpha, beta = ce_target_weights(config.label_smoothing, scores.shape[1], counts.clamp_min(1),
+                                    config.label_smoothing_style)  # [B] each
+    positives = positive_sums(scores, rows, answers, used, ends, counts)  # [B]
+    targeted = alpha.float() * positives + beta.float() * scores.sum(dim=1)  # [B]
+    return (torch.logsumexp(scores, dim=1) - targeted).mean()
+
+
+def onevsall_loss(program: StepProgram, pos: Tensor) -> Tensor:
+    """1vsall's mean cross-entropy over B (as onevsall_ce): logsumexp(s) - s[answer]."""
+    ex = program.examples
+    scores = program.model.score_t(ex.queries[pos]).float()  # [B, E]
+    true_scores = scores.gather(1, ex.answers[pos].unsqueeze(1)).squeeze(1)  # [B]
+    return (torch.logsumexp(scores, dim=1) - true_scores).mean()
+
+
+def negative_sampling_loss(program: StepProgram, pos: Tensor) -> Tensor:
+    """Negative sampling's mean over the batch's triples, candidates drawn on the device (as the eager step)."""
+    ex, config, model = program.examples, program.config, program.model
+    triples = torch.cat([ex.queries[pos], ex.answers[pos].unsqueeze(1)], dim=1)  # [B, 3]
+    tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head, model.num_entities)
+    valid = torch.ones(len(pos), dtype=torch.bool, device=pos.device)
+    return negative_sampling_rows(model, triples, tails, heads, valid).sum() / len(pos)
+
+
+LOSSES: dict[str, Callable[[StepProgram, Tensor], Tensor]] = {
+    "kvsall": kvsall_loss, "kvsall-ce": kvsall_ce_loss, "1vsall": onevsall_loss,
+    "negative-sampling": negative_sampling_loss}
+
+
+class GraphedTraining:
+    """Epochs of the captured step (the module docstring); called as ``run_epoch`` is.
+
+    :param capture: capture CUDA graphs (default: on CUDA); False runs the same program step by step.
+    """
+
+    def __init__(self, batches: Batches, device: torch.device, capture: bool | None = None):
+        self.examples = DeviceExamples.build(batches, device)
+        self.device = device
+        self.capture = device.type == "cuda" if capture is None else capture
+        self.order = torch.zeros(len(batches), dtype=torch.long, device=device)
+        self.cursor = torch.zeros((), dtype=torch.long, device=device)
+        self.total = torch.zeros((), dtype=torch.float32, device=device)
+        self.programs: dict[int, StepProgram] = {}
+        self.prepared: torch.optim.Optimizer | None = None
+
+    def __call__(self, state: TrainState, batches: Batches, config: TrainConfig, device: torch.device, progress: bool) -> float:
+        """One pass over the shuffled examples, as run_epoch; returns the mean batch loss."""
+        state.model.train()
+        self._prepare(state.optimizer)
+        order = torch.randperm(len(batches), generator=state.shuffle)  # the eager loop's order
+        sizes = [len(b) for b in epoch_batches(order, config, state.model)]
+        self.order.copy_(order)
+        self.cursor.zero_()
+        self.total.zero_()
+        bar = tqdm(sizes, desc=f"epoch {state.epoch + 1}/{config.epochs}", leave=False, disable=bar_disable(progress),
+                   unit="batch")
+        for size in bar:
+            self._program(size, state, config).run()
+            state.step += 1
+        return float(self.total) / max(len(sizes), 1)  # the epoch's one synchronisation
+
+    def _program(self, size: int, state: TrainState, config: TrainConfig) -> StepProgram:
+        if size not in self.programs:
+            self.programs[size] = StepProgram(model=state.model, optimizer=state.optimizer, examples=self.examples,
+                                              config=config, batch_size=size, order=self.order, cursor=self.cursor,
+                                              total=self.total, capture=self.capture)
+        return self.programs[size]
+
+    def _prepare(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make the optimizer capturable once: its learning rate a device tensor (schedulers fill it in place),
+        its step counts on the device."""
+        if not self.capture or self.prepared is optimizer:
+            return
+        for group in optimizer.param_groups:
+            group["capturable"] = True
+            group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+            for p in group["params"]:
+                step = optimizer.state.get(p, {}).get("step")
+                if step is not None:
+                    optimizer.state[p]["step"] = step.to(device=self.device, dtype=torch.float32)
+        self.prepared = optimizer
+
+
+def plain_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state_dict as an uncaptured run has it: learning rates as floats, ``capturable`` off,
+    so that a checkpoint resumes the same on any device and with or without the captured step."""
+    saved = optimizer.state_dict()
+    saved["param_groups"] = [{**g, "lr": float(g["lr"]), **({"capturable": False} if "capturable" in g else {})}
+                             for g in saved["param_groups"]]
+    return saved
