@@ -82,3 +82,24 @@ def floor_ms(flops: float, bytes_: float, rates: dict) -> float:
     """The fewest milliseconds a piece of work can take: its FLOPs at the float32 product rate or its bytes
     at the copy bandwidth, whichever is larger (docs/benchmarks.md: the floor)."""
     return 1000 * max(flops / rates["fp32_flops"], bytes_ / rates["copy_bytes_per_s"])
+
+
+def conve_step_cost(batch: int, entities: int, dim: int, params: int, height: int = 10,
+                    channels: int = 32) -> tuple[float, float]:
+    """FLOPs and bytes of one ConvE KvsAll step: forward, backward (twice the forward's products) and Adam.
+
+    Products: the score product B x D x E and the fc layer B x (C * 2h * w) x D, each 2 FLOPs a
+    multiply-add, thrice (forward, two backward products); the 3x3 convolution likewise. Bytes: the
+    scores [B, E] written and read about six times (product, sigmoid-BCE terms, gradient), and Adam
+    reading parameter, gradient and two moments and writing three, float32 each.
+    """
+    width = dim // height
+    conv_out = channels * (2 * height - 2) * (width - 2)
+    flops = 3 * 2 * batch * (dim * entities + conv_out * dim + conv_out * 9)
+    bytes_ = 6 * 4 * batch * entities + 7 * 4 * params
+    return flops, bytes_
+
+
+def distmult_step_cost(batch: int, entities: int, dim: int, params: int) -> tuple[float, float]:
+    """FLOPs and bytes of one DistMult KvsAll step (as conve_step_cost, the score product only)."""
+    return 3 * 2 * batch * dim * entities, 6 * 4 * batch * entities + 7 * 4 * params

@@ -1,7 +1,8 @@
 """Where a step's time goes: device (kernel) time against host time, per step, under torch.profiler; print JSON.
 
-For each training path of ConvE (and DistMult) on an FB15k-237-shaped graph (14,541 entities, 237
-relations, 149,689 KvsAll queries; or --dataset), and for all-entity ranking on a synthetic graph,
+For each training path of ConvE (and DistMult) on a synthetic FB15k-237-shaped graph (14,541 entities,
+237 relations, 272,115 triples), the 16M-edge graph's (--shape robokop) or a dataset's (--dataset), and
+for all-entity ranking on a synthetic graph of 500,000 entities and 10,000 test triples,
 this script runs a few warm-up steps, then times --steps steps with the device synchronised at both
 ends (``wall_ms``), then profiles the same number of steps and sums, per step:
 
@@ -14,11 +15,15 @@ ends (``wall_ms``), then profiles the same number of steps and sums, per step:
   bytes (at the measured copy bandwidth), whichever is larger, and ``floor_fraction`` = floor / wall.
 
 Training paths: ``eager`` (the step by step loop), ``compiled`` (the step's loss under torch.compile,
-CUDA graphs per call), ``captured`` (kgtrace.training.graphed: the whole step one CUDA graph), and
-``captured-tf32``. Ranking: eager and compiled. On a CPU the profiler sees no device activity:
-``kernel_ms`` is null and the script still checks that every path runs (its smoke test).
+CUDA graphs per call), ``captured`` (kgtrace.training.graphed: the whole step one CUDA graph),
+``captured-compiled`` (the same, its loss's kernels Inductor's) and ``captured-tf32``. Each row also
+lists the device activities that took the most time (``top_kernels``). Ranking: eager and compiled.
+On a CPU the profiler sees no device activity: ``kernel_ms`` is null and the script still checks that
+every path runs (its smoke test).
 
-    python benchmarks/gpu_profile.py --device cuda [--steps 50] [--paths eager,compiled,captured,captured-tf32]
+    python benchmarks/gpu_profile.py --device cuda [--steps 50] [--paths eager,captured,captured-compiled]
+    python benchmarks/gpu_profile.py --device cuda --shape robokop --models conve --paths captured-tf32 \
+        --batches 128,1024 --skip rank   # a step of the 16M-edge graph (epoch_seconds_estimate)
     python benchmarks/gpu_profile.py --device cpu --scale 0.01 --steps 3   # a smoke run
 """
 
@@ -34,10 +39,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import device_rates, floor_ms, resolved  # noqa: E402
+from common import conve_step_cost, device_rates, distmult_step_cost, floor_ms, resolved  # noqa: E402
 
-FB15K237 = {"entities": 14_541, "relations": 237, "train": 272_115}
-PATHS = ("eager", "compiled", "captured", "captured-tf32")
+SHAPES = {  # synthetic graphs of these sizes (uniformly random triples)
+    "fb15k237": {"entities": 14_541, "relations": 237, "train": 272_115},
+    "robokop": {"entities": 1_097_020, "relations": 20, "train": 10_341_769},  # the 16M-edge graph's training split
+}
+PATHS = ("eager", "compiled", "captured", "captured-compiled", "captured-tf32")
 
 
 def synthetic_train(entities: int, relations: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -47,6 +55,18 @@ def synthetic_train(entities: int, relations: int, n: int, seed: int = 0) -> tor
                            torch.randint(0, relations, (n,), generator=gen),
                            torch.randint(0, entities, (n,), generator=gen)], 1)
     return torch.unique(triples, dim=0)
+
+
+def top_kernels(events, steps: int, shown: int = 12) -> list[list]:
+    """The device activities taking the most time: [name, microseconds per step, launches per step]."""
+    totals: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(e.name, [0.0, 0])
+            entry[0] += e.time_range.end - e.time_range.start
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:shown]
+    return [[name[:90], round(us / steps, 2), count / steps] for name, (us, count) in ranked]
 
 
 def busy_ms(events) -> tuple[float | None, int]:
@@ -79,30 +99,11 @@ def measure(run_steps, steps: int, device: torch.device) -> dict:
     with torch.profiler.profile(activities=activities) as prof:
         run_steps()
         sync()
-    kernel, count = busy_ms(prof.events())
+    events = prof.events()
+    kernel, count = busy_ms(events)
     return {"wall_ms": wall, "host_ms": host, "kernel_ms": None if kernel is None else kernel / steps,
-            "kernels": count / steps, "busy": None if kernel is None else kernel / steps / wall}
-
-
-def conve_step_cost(batch: int, entities: int, dim: int, params: int, height: int = 10,
-                    channels: int = 32) -> tuple[float, float]:
-    """FLOPs and bytes of one ConvE KvsAll step: forward, backward (twice the forward's products) and Adam.
-
-    Products: the score product B x D x E and the fc layer B x (C * 2h * w) x D, each 2 FLOPs a
-    multiply-add, thrice (forward, two backward products); the 3x3 convolution likewise. Bytes: the
-    scores [B, E] written and read about six times (product, sigmoid-BCE terms, gradient), and Adam
-    reading parameter, gradient and two moments and writing three, float32 each.
-    """
-    width = dim // height
-    conv_out = channels * (2 * height - 2) * (width - 2)
-    flops = 3 * 2 * batch * (dim * entities + conv_out * dim + conv_out * 9)
-    bytes_ = 6 * 4 * batch * entities + 7 * 4 * params
-    return flops, bytes_
-
-
-def distmult_step_cost(batch: int, entities: int, dim: int, params: int) -> tuple[float, float]:
-    """FLOPs and bytes of one DistMult KvsAll step (as conve_step_cost, the score product only)."""
-    return 3 * 2 * batch * dim * entities, 6 * 4 * batch * entities + 7 * 4 * params
+            "kernels": count / steps, "busy": None if kernel is None else kernel / steps / wall,
+            "top_kernels": top_kernels(events, steps)}
 
 
 def training_paths(args: argparse.Namespace, device: torch.device, rates: dict) -> list[dict]:
@@ -113,22 +114,24 @@ def training_paths(args: argparse.Namespace, device: torch.device, rates: dict) 
         ds = load_dataset(args.dataset)
         train, entities, relations = ds.train, ds.num_entities, ds.num_relations
     else:
-        entities, relations = int(FB15K237["entities"] * args.scale), max(2, int(FB15K237["relations"] * args.scale))
-        train = synthetic_train(entities, relations, int(FB15K237["train"] * args.scale))
+        shape = SHAPES[args.shape]
+        entities, relations = int(shape["entities"] * args.scale), max(2, int(shape["relations"] * args.scale))
+        train = synthetic_train(entities, relations, int(shape["train"] * args.scale))
     shape = type("Shape", (), {"num_entities": entities, "num_relations": relations})()
     batches = Batches.build(train, relations, "kvsall")
     rows = []
-    for model in args.models.split(","):
-        for path in args.paths.split(","):
-            if path.endswith("tf32") and device.type != "cuda":
-                continue
-            rows.append(training_path(args, model, path, batches, shape, device, rates))
-            print(json.dumps(rows[-1]), file=sys.stderr)
+    for batch in map(int, args.batches.split(",")):
+        for model in args.models.split(","):
+            for path in args.paths.split(","):
+                if path.endswith("tf32") and device.type != "cuda":
+                    continue
+                rows.append(training_path(args, model, path, batch, batches, shape, device, rates))
+                print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
 
-def training_path(args: argparse.Namespace, model: str, path: str, batches, shape, device: torch.device,
-                  rates: dict) -> dict:
+def training_path(args: argparse.Namespace, model: str, path: str, batch: int, batches, shape,
+                  device: torch.device, rates: dict) -> dict:
     """One row of the table: ``path``'s training step of ``model``, warmed up, timed and profiled."""
     from kgtrace.config import TrainConfig
     from kgtrace.precision import matmul_mode
@@ -137,9 +140,9 @@ def training_path(args: argparse.Namespace, model: str, path: str, batches, shap
     from kgtrace.training.step import run_epoch
 
     precision = "tf32" if path.endswith("tf32") else "fp32"
-    config = TrainConfig(dataset="umls", model=model, model_args={"embedding_dim": 200}, batch_size=128,
+    config = TrainConfig(dataset="umls", model=model, model_args={"embedding_dim": 200}, batch_size=batch,
                          steps_per_epoch=args.steps, device=device.type, precision=precision,
-                         compile=path == "compiled", captured_step=path.startswith("captured"), eval_every=0)
+                         compile="compiled" in path, captured_step=path.startswith("captured"), eval_every=0)
     state = new_state(config, shape, device)
     epoch = GraphedTraining(batches, device) if config.captured_step else run_epoch
     started = time.perf_counter()
@@ -149,11 +152,12 @@ def training_path(args: argparse.Namespace, model: str, path: str, batches, shap
         warm = time.perf_counter() - started
         numbers = measure(lambda: epoch(state, batches, config, device, False), args.steps, device)
     params = sum(p.numel() for p in state.model.parameters())
-    cost = (conve_step_cost if model == "conve" else distmult_step_cost)(128, shape.num_entities, 200, params)
+    cost = (conve_step_cost if model == "conve" else distmult_step_cost)(batch, shape.num_entities, 200, params)
     floor = floor_ms(*cost, rates)
-    return {"work": "train step", "model": model, "path": path, "batch": 128, "entities": shape.num_entities,
-            "warmup_seconds": warm, **numbers, "floor_ms": floor, "floor_fraction": floor / numbers["wall_ms"],
-            "epoch_seconds_estimate": numbers["wall_ms"] * -(-len(batches) // 128) / 1000}
+    return {"work": "train step", "model": model, "path": path, "batch": batch, "entities": shape.num_entities,
+            "examples": len(batches), "warmup_seconds": warm, **numbers, "floor_ms": floor,
+            "floor_fraction": floor / numbers["wall_ms"],
+            "epoch_seconds_estimate": numbers["wall_ms"] * -(-len(batches) // batch) / 1000}
 
 
 def ranking_paths(args: argparse.Namespace, device: torch.device, rates: dict) -> list[dict]:
@@ -195,13 +199,14 @@ def ranking_paths(args: argparse.Namespace, device: torch.device, rates: dict) -
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'work':<16} {'model':<9} {'path':<14} {'wall ms':>9} {'host ms':>9} {'kernel ms':>9} {'busy':>6} " \
+    head = f"{'work':<16} {'model':<9} {'path':<22} {'batch':>5} {'wall ms':>9} {'host ms':>9} {'kernel ms':>9} {'busy':>6} " \
            f"{'kernels':>8} {'floor ms':>9} {'of floor':>8}"
     lines = [head]
     for r in rows:
         kernel = "-" if r["kernel_ms"] is None else f"{r['kernel_ms']:.3f}"
         busy = "-" if r["busy"] is None else f"{r['busy']:.2f}"
-        lines.append(f"{r['work']:<16} {r['model']:<9} {r['path']:<14} {r['wall_ms']:>9.3f} {r['host_ms']:>9.3f} "
+        lines.append(f"{r['work']:<16} {r['model']:<9} {r['path']:<22} {r.get('batch', '-'):>5} "
+                     f"{r['wall_ms']:>9.3f} {r['host_ms']:>9.3f} "
                      f"{kernel:>9} {busy:>6} {r['kernels']:>8.0f} {r['floor_ms']:>9.3f} {r['floor_fraction']:>8.3f}")
     return "\n".join(lines)
 
@@ -210,6 +215,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--dataset", help="train on this dataset (registry name or folder) instead of the synthetic")
+    parser.add_argument("--shape", default="fb15k237", choices=sorted(SHAPES), help="the synthetic graph's sizes")
+    parser.add_argument("--batches", default="128", help="comma-separated batch sizes")
     parser.add_argument("--models", default="conve,distmult")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--rank-paths", default="eager,compiled")
@@ -224,6 +231,10 @@ def main() -> None:
     rows = [] if "train" in args.skip else training_paths(args, device, rates)
     rows += [] if "rank" in args.skip else ranking_paths(args, device, rates)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    for r in rows:
+        print(f"{r['work']} {r['model']} {r['path']}: " + "; ".join(f"{name} {us} us x{n:g}"
+                                                                   for name, us, n in r["top_kernels"][:8]),
+              file=sys.stderr)
     print(table(rows), file=sys.stderr)
     print(json.dumps({"benchmark": "gpu_profile", "device": str(device), "device_name": name,
                       "torch": torch.__version__, "rates": rates, "rows": rows}, indent=2))

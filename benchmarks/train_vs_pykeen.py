@@ -157,7 +157,9 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str)
         records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     m = metrics.both.realistic
     seconds = [r["seconds"] for r in records]
+    floor = epoch_floor(run.model, ds, next(run.model.parameters()).device)
     return {
+        **floor, "floor_fraction": floor["epoch_floor_seconds"] / min(seconds),
         "seconds_per_epoch": sum(seconds) / epochs, "epoch_seconds": seconds, "train_seconds": sum(seconds),
         "total_seconds": total, "losses": [r["loss"] for r in records], "final_loss": records[-1]["loss"],
         "peak_rss_training_mb": training_rss,
@@ -165,6 +167,19 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str)
         "test_hits_at_10": m.hits_at[10],
         "test_mrr_head": metrics.sides["head"].realistic.mrr, "test_mrr_tail": metrics.sides["tail"].realistic.mrr,
     }
+
+
+def epoch_floor(model, ds, device) -> dict:
+    """The fewest seconds an epoch can take on ``device`` (benchmarks/common.py: floor_ms): its steps' FLOPs at
+    the measured float32 product rate, or their bytes at the measured copy bandwidth."""
+    from common import conve_step_cost, device_rates, floor_ms
+
+    from kgtrace.data.answers import AnswerIndex
+
+    steps = -(-AnswerIndex.build(ds.train, ds.num_relations).num_queries // HYPER["batch_size"])
+    params = sum(p.numel() for p in model.parameters())
+    cost = conve_step_cost(HYPER["batch_size"], ds.num_entities, HYPER["embedding_dim"], params)
+    return {"epoch_floor_seconds": steps * floor_ms(*cost, device_rates(device)) / 1000}
 
 
 def worker(args: argparse.Namespace) -> None:

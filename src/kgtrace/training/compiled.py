@@ -59,8 +59,8 @@ from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_s
 
 from kgtrace.training.batches import Batches
 
-__all__ = ["ROWS", "compiled_batch_loss", "kvsall_ce_rows", "kvsall_rows", "onevsall_rows", "step_inputs", "step_static",
-           "train_call"]
+__all__ = ["ROWS", "compiled_batch_loss", "kvsall_ce_rows", "kvsall_rows", "mean_of_rows", "onevsall_rows", "step_inputs",
+           "step_static", "train_call"]
 
 # model -> {(training mode, batch size, device): CompiledCall}; the calls take the model as an
 # argument (not in a closure), so this cache does not keep the model alive.
@@ -104,11 +104,12 @@ ROWS = {"kvsall": kvsall_rows, "kvsall-ce": kvsall_ce_rows, "1vsall": onevsall_r
 
 
 def train_call(model: nn.Module, training: str, batch_size: int, device: torch.device,
-               negatives: tuple[int, int] = (0, 0)) -> CompiledCall:
+               negatives: tuple[int, int] = (0, 0), mode: str | None = None) -> CompiledCall:
     """The model's compiled loss of ``training`` (a key of ROWS) for this batch size, compiled on first use;
-    negative-sampling's call also per (negatives_tail, negatives_head)."""
+    negative-sampling's call also per (negatives_tail, negatives_head). mode: torch.compile's (None: CUDA
+    graphs on CUDA; the captured step, itself one CUDA graph, asks for "default")."""
     per_model = _CALLS.setdefault(model, {})
-    key = (training, batch_size, str(device), negatives)
+    key = (training, batch_size, str(device), negatives, mode)
     if key not in per_model:
         queries = torch.zeros(1, 2, dtype=torch.long, device=device)
         if training == "negative-sampling":
@@ -120,7 +121,7 @@ def train_call(model: nn.Module, training: str, batch_size: int, device: torch.d
         else:
             example = {"queries": queries, "labels": torch.zeros(1, model.num_entities, dtype=torch.bool, device=device)}
         name = "train_" + training.replace("-", "_")
-        per_model[key] = CompiledCall(name, ROWS[training], batch_size, example, training=True)
+        per_model[key] = CompiledCall(name, ROWS[training], batch_size, example, training=True, mode=mode)
     return per_model[key]
 
 
@@ -153,6 +154,12 @@ def step_static(model: nn.Module, config: TrainConfig) -> tuple:
     return (model,)
 
 
+def mean_of_rows(rows: Tensor, config: TrainConfig, num_entities: int, mean_over: float) -> Tensor:
+    """The batch's loss from its per-row losses [n]: their mean over ``mean_over`` rows (KvsAll's BCE: over
+    rows x entities, as kvsall_bce)."""
+    return rows.sum() / (mean_over * num_entities if config.training == "kvsall" else mean_over)
+
+
 def compiled_batch_loss(model: nn.Module, batches: "Batches", pos: Tensor, config: TrainConfig,
                         device: torch.device, *, batch_rows: float | None = None) -> Tensor:
     """Mean loss of the examples at ``pos``, as ``batch_loss``, through the compiled call of len(pos) rows.
@@ -163,5 +170,4 @@ def compiled_batch_loss(model: nn.Module, batches: "Batches", pos: Tensor, confi
     n = len(pos)
     call = train_call(model, config.training, n, device, (config.negatives_tail, config.negatives_head))
     (rows,) = call(*step_static(model, config), **step_inputs(batches, pos, config, model.num_entities, device))
-    mean_over = n if batch_rows is None else batch_rows
-    return rows.sum() / (mean_over * model.num_entities if config.training == "kvsall" else mean_over)
+    return mean_of_rows(rows, config, model.num_entities, n if batch_rows is None else batch_rows)

@@ -14,11 +14,13 @@ Here every step is one program with no input from the host:
   same generator as the eager loop, so the batches are the eager loop's); a device counter
   ``cursor`` says where the next batch starts, and the step advances it;
 * the batch's positives are unpacked on the device into a fixed number L of (row, answer) slots
-  (:func:`batch_pairs`), L the most any batch of that size can have, unused slots masked; the loss
-  sums each row's positive scores from those slots, so no [B, E] label mask is built;
-* the loss, its backward, and the optimizer's step (fused Adam, ``capturable``, the learning rate a
-  device tensor that the schedulers fill in place) follow, and the loss is added to a device total
-  read once per epoch.
+  (:func:`batch_pairs`), L the most any batch of that size can have, and set in a [B, E] label mask
+  (:func:`label_mask`; unused slots write into a spare column, so no two slots write one place);
+* the per-row loss is the compiled step's (:data:`kgtrace.training.compiled.ROWS`), run as is or,
+  with ``compile``, through torch.compile without its own CUDA graphs (``mode="default"``: Inductor's
+  fused kernels inside this graph); its backward and the optimizer's step (fused Adam,
+  ``capturable``, the learning rate a device tensor that the schedulers fill in place) follow, and
+  the loss is added to a device total read once per epoch.
 
 On CUDA each batch size's program is captured as a ``torch.cuda.CUDAGraph`` after two warm-up steps
 (real steps, run as is on a side stream, as PyTorch's whole-network capture asks), and every later
@@ -36,11 +38,9 @@ casts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -48,10 +48,11 @@ from kgtrace.config import TrainConfig
 from kgtrace.precision import precision_context
 from kgtrace.system import bar_disable
 from kgtrace.training.batches import Batches
-from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_sampling_rows, smoothed_label_values
+from kgtrace.training.compiled import ROWS, mean_of_rows, step_static, train_call
+from kgtrace.training.loss import draw_candidates
 from kgtrace.training.step import TrainState, epoch_batches
 
-__all__ = ["DeviceExamples", "GraphedTraining", "StepProgram", "batch_pairs", "pairs_bound",
+__all__ = ["DeviceExamples", "GraphedTraining", "StepProgram", "batch_pairs", "label_mask", "pairs_bound",
            "plain_optimizer_state"]
 
 WARMUP_STEPS = 2  # real steps of a batch size run before its capture (cuBLAS handles, Adam's state, autograd's streams)
@@ -90,7 +91,7 @@ def pairs_bound(counts: Tensor, batch_size: int) -> int:
     return int(torch.topk(counts.cpu(), min(batch_size, len(counts))).values.sum()) if len(counts) else 0
 
 
-def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
     """The positives of a batch unpacked into ``slots`` fixed places, with no host synchronisation.
 
     Row b of the batch owns the slots ends[b] - counts[b] .. ends[b] - 1, ends = cumsum(counts); slot
@@ -102,7 +103,7 @@ def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -
     :param counts: [B] each row's number of positives.
     :param positives: [P] all examples' answers.
     :param slots: L, at least counts.sum() (see :func:`pairs_bound`).
-    :return: rows [L], answers [L], used [L] bool, and ends [B].
+    :return: rows [L], answers [L] and used [L] bool.
     """
     ends = torch.cumsum(counts, 0)  # [B] one past each row's last slot
     slot = torch.arange(slots, device=counts.device)  # [L]
@@ -111,20 +112,20 @@ def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -
     rows = rows.clamp(max=len(counts) - 1)
     within = torch.where(used, slot - (ends[rows] - counts[rows]), 0)  # [L] the slot's place among its row's
     answers = positives[starts[rows] + within]  # [L]
-    return rows, answers, used, ends
+    return rows, answers, used
 
 
-def positive_sums(scores: Tensor, rows: Tensor, answers: Tensor, used: Tensor, ends: Tensor,
-                  counts: Tensor) -> Tensor:
-    """Each row's sum of scores at its positives [B], from :func:`batch_pairs`' slots.
+def label_mask(rows: Tensor, answers: Tensor, used: Tensor, batch: int, num_entities: int) -> Tensor:
+    """[B, E] bool, True at the batch's positives (:func:`batch_pairs`' used slots).
 
-    A float64 running sum over the slots, read at the rows' boundaries (rows own consecutive slots):
-    sum_b = S[ends[b]] - S[ends[b] - counts[b]], S = [0, cumsum(picked)]. Deterministic, unlike a
-    scatter-add's atomics, and exact enough for the float32 loss it feeds.
+    Unused slots write into a spare column E that is cut off: real slots are distinct places, so
+    the write is a plain one, whichever order the device takes the slots in. (Pointing unused slots
+    at a real place instead would have tens of thousands of them write, or in a backward pass
+    accumulate, into one element: an accumulating index_put takes such a run one by one, 6 ms a step.)
     """
-    picked = torch.where(used, scores[rows, answers].double(), 0.0)  # [L]
-    running = F.pad(torch.cumsum(picked, 0), (1, 0))  # [L + 1]
-    return (running[ends] - running[ends - counts]).to(scores.dtype)  # [B]
+    mask = torch.zeros(batch, num_entities + 1, dtype=torch.bool, device=rows.device)  # [B, E + 1]
+    mask[rows, torch.where(used, answers, num_entities)] = True
+    return mask[:, :num_entities]  # [B, E]
 
 
 class StepProgram:
@@ -142,7 +143,10 @@ class StepProgram:
         self.capture = capture
         self.within = torch.arange(batch_size, device=order.device)  # [B] places of the batch after cursor
         self.slots = pairs_bound(examples.counts(), batch_size) if examples.offsets is not None else 0
-        self.loss = LOSSES[config.training]
+        self.valid = torch.ones(batch_size, dtype=torch.bool, device=order.device)
+        # compile: Inductor's kernels, captured into this program's graph (no CUDA graphs of its own)
+        self.call = train_call(model, config.training, batch_size, order.device,
+                               (config.negatives_tail, config.negatives_head), mode="default") if config.compile else None
         self.runs = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.kept: list[Tensor | None] = []  # the captured step's gradients, kept alive with its graph
@@ -163,12 +167,33 @@ class StepProgram:
     def step(self) -> None:
         """The program: batch assembly, forward and loss, backward, optimizer step; nothing read by the host."""
         pos = self.order[self.cursor + self.within]  # [B] example positions of this batch
+        inputs = self.inputs(pos)
+        static = step_static(self.model, self.config)
         with precision_context(self.config.precision, self.order.device, cache=False):
-            loss = self.loss(self, pos)
+            if self.call is None:
+                rows = ROWS[self.config.training](*static, **inputs, valid=self.valid)  # [B]
+            else:
+                (rows,) = self.call(*static, **inputs)  # [B]
+            loss = mean_of_rows(rows, self.config, self.model.num_entities, self.batch_size)
         loss.backward()
         self.optimizer.step()
         self.total.add_(loss.detach().float())
         self.cursor.add_(self.batch_size)
+
+    def inputs(self, pos: Tensor) -> dict[str, Tensor]:
+        """The per-row loss's inputs for the examples at ``pos`` [B], built on the device (as step_inputs)."""
+        ex, config = self.examples, self.config
+        if config.training == "negative-sampling":
+            triples = torch.cat([ex.queries[pos], ex.answers[pos].unsqueeze(1)], dim=1)  # [B, 3]
+            tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head,
+                                           self.model.num_entities)
+            return {"triples": triples, "tail_candidates": tails, "head_candidates": heads}
+        if ex.offsets is None:
+            return {"queries": ex.queries[pos], "answers": ex.answers[pos]}
+        starts, counts = ex.offsets[pos], ex.offsets[pos + 1] - ex.offsets[pos]  # [B] each
+        rows, answers, used = batch_pairs(starts, counts, ex.positives, self.slots)
+        return {"queries": ex.queries[pos],
+                "labels": label_mask(rows, answers, used, self.batch_size, self.model.num_entities)}
 
     def _warm_up(self) -> None:
         side = torch.cuda.Stream()
@@ -187,53 +212,6 @@ class StepProgram:
             self.step()
         self.kept = [p.grad for group in self.optimizer.param_groups for p in group["params"]]
         self.graph = graph
-
-
-def kvsall_loss(program: StepProgram, pos: Tensor) -> Tensor:
-    """KvsAll's BCE mean over B * E (as kvsall_bce): sum softplus(s) - n sum s - (p - n) sum_pos s."""
-    model, ex, config = program.model, program.examples, program.config
-    starts, counts = ex.offsets[pos], ex.offsets[pos + 1] - ex.offsets[pos]  # [B] each
-    rows, answers, used, ends = batch_pairs(starts, counts, ex.positives, program.slots)
-    scores = model.score_t(ex.queries[pos]).float()  # [B, E]
-    p, n = smoothed_label_values(config.label_smoothing, model.num_entities, config.label_smoothing_style)
-    positives = positive_sums(scores, rows, answers, used, ends, counts)  # [B]
-    rows_loss = F.softplus(scores).sum(dim=1) - n * scores.sum(dim=1) - (p - n) * positives  # [B]
-    return rows_loss.sum() / scores.numel()
-
-
-def kvsall_ce_loss(program: StepProgram, pos: Tensor) -> Tensor:
-    """kvsall-ce's mean over B (as kvsall_ce): logsumexp(s) - alpha sum_pos s - beta sum s."""
-    model, ex, config = program.model, program.examples, program.config
-    starts, counts = ex.offsets[pos], ex.offsets[pos + 1] - ex.offsets[pos]  # [B] each
-    rows, answers, used, ends = batch_pairs(starts, counts, ex.positives, program.slots)
-    scores = model.score_t(ex.queries[pos]).float()  # [B, E]
-    alpha, beta = ce_target_weights(config.label_smoothing, scores.shape[1], counts.clamp_min(1),
-                                    config.label_smoothing_style)  # [B] each
-    positives = positive_sums(scores, rows, answers, used, ends, counts)  # [B]
-    targeted = alpha.float() * positives + beta.float() * scores.sum(dim=1)  # [B]
-    return (torch.logsumexp(scores, dim=1) - targeted).mean()
-
-
-def onevsall_loss(program: StepProgram, pos: Tensor) -> Tensor:
-    """1vsall's mean cross-entropy over B (as onevsall_ce): logsumexp(s) - s[answer]."""
-    ex = program.examples
-    scores = program.model.score_t(ex.queries[pos]).float()  # [B, E]
-    true_scores = scores.gather(1, ex.answers[pos].unsqueeze(1)).squeeze(1)  # [B]
-    return (torch.logsumexp(scores, dim=1) - true_scores).mean()
-
-
-def negative_sampling_loss(program: StepProgram, pos: Tensor) -> Tensor:
-    """Negative sampling's mean over the batch's triples, candidates drawn on the device (as the eager step)."""
-    ex, config, model = program.examples, program.config, program.model
-    triples = torch.cat([ex.queries[pos], ex.answers[pos].unsqueeze(1)], dim=1)  # [B, 3]
-    tails, heads = draw_candidates(triples, config.negatives_tail, config.negatives_head, model.num_entities)
-    valid = torch.ones(len(pos), dtype=torch.bool, device=pos.device)
-    return negative_sampling_rows(model, triples, tails, heads, valid).sum() / len(pos)
-
-
-LOSSES: dict[str, Callable[[StepProgram, Tensor], Tensor]] = {
-    "kvsall": kvsall_loss, "kvsall-ce": kvsall_ce_loss, "1vsall": onevsall_loss,
-    "negative-sampling": negative_sampling_loss}
 
 
 class GraphedTraining:
