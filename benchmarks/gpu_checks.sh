@@ -2,12 +2,18 @@
 # The device checks of a session lent a GPU, as one script: the steps named in STEPS, in order, each with its own
 # time limit, all inside LIMIT seconds.
 #   doctor     kgtrace doctor --device cuda
-#   cudatests  the tests of the captured training step, precision and ranking, on CUDA (each runs there too)
-#   profile    benchmarks/gpu_profile.py: device against host time per step, every training and ranking path
+#   cudatests  the tests named in CUDATESTS (default: the captured training step, precision, ranking) on CUDA
+#   profile    benchmarks/gpu_profile.py on FB15k-237: device against host time per step, every training path, ranking
+#   bigstep    benchmarks/gpu_profile.py on the 16M-edge graph's shape: a ConvE step (tf32) at batch 128 and 1024
+#   train      ConvE on FB15k-237 against PyKEEN, 2 epochs, --device cuda (kgtrace's defaults: the captured step)
+#   rank       filtered ranking, 500,000 entities, 2M train, 10,000 test triples, and 10,000 queries x 80,000 sampled
+#              corruptions, against PyKEEN, --device cuda
+#   precision  ConvE on FB15k-237 in fp32, tf32 and bf16 from one seed: seconds per epoch and MRR
+#   tracin     exact TracIn `last` over 10M training triples x 100 test triples, 4 checkpoints, 1M entities
 #   suite      the test suite on the machine's CPU cores (the CUDA tests run too); each failure's report is
 #              written to failures.txt as it happens, so that a suite cut by its limit still names them
 #   eval       evaluation against PyKEEN on FB15k-237, --device cuda
-#   tracin     TracIn against Captum on FB15k-237, --device cuda (each cell's line in tracin.err as it ends)
+#   tracin-captum  TracIn against Captum on FB15k-237, --device cuda (each cell's line in tracin.err as it ends)
 #   reproduce  the RECIPES at once on the GPU, each paused by its own --hours before the script's end so that it
 #              evaluates its best checkpoint and writes its result
 # Run the suite before or after the timed steps, never beside them: beside nine test processes a ConvE epoch
@@ -28,7 +34,7 @@ set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 LIMIT=${LIMIT:-540}  # seconds for the whole script
-STEPS=${STEPS:-doctor suite eval tracin reproduce}
+STEPS=${STEPS:-doctor suite eval tracin-captum reproduce}
 # The recipes that have not reached their published figure on a CPU (docs/benchmarks.md); fewer at once
 # leave each more of the GPU. The tuned ones: RECIPES='conve-libkge-fb15k237 conve-libkge-wn18rr ...'.
 RECIPES=${RECIPES:-complex-libkge-fb15k237 conve-authors-hd05-fb15k237 distmult-libkge-fb15k237}
@@ -60,16 +66,27 @@ for s in $STEPS; do
     doctor) timeout "$(cap 100)" python3 -m kgtrace doctor --device cuda > "$W/doctor.txt" 2>&1
             echo "rc=$?" >> "$W/doctor.txt" ;;
     cudatests) FAILURES="$W/failures.txt" timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider -p failures_now \
-                 tests/test_graphed_train.py tests/test_precision.py tests/test_compiled_eval.py tests/test_ranks.py \
-                 tests/test_evaluate.py > "$W/cudatests.txt" 2>&1 ;;
-    profile) timeout "$(cap 240)" python3 benchmarks/gpu_profile.py --device cuda ${PROFILE_ARGS:-} \
-               > "$W/gpu-profile.json" 2> "$W/gpu-profile.err" ;;
+                 ${CUDATESTS:-tests/test_graphed_train.py tests/test_precision.py tests/test_ranks.py tests/test_evaluate.py} \
+                 > "$W/cudatests.txt" 2>&1 ;;
+    profile) timeout "$(cap 240)" python3 benchmarks/gpu_profile.py --device cuda --dataset fb15k237 \
+               ${PROFILE_ARGS:-} > "$W/gpu-profile.json" 2> "$W/gpu-profile.err" ;;
+    bigstep) timeout "$(cap 90)" python3 benchmarks/gpu_profile.py --device cuda --shape robokop --models conve \
+               --paths captured-tf32,captured --batches 128,1024 --steps 20 --skip rank \
+               > "$W/gpu-profile-16m.json" 2> "$W/gpu-profile-16m.err" ;;
+    train) timeout "$(cap 150)" python3 benchmarks/train_vs_pykeen.py --datasets fb15k237 --epochs 2 --threads 8 \
+             --device cuda --cell-timeout 70 > "$W/fb15k237-train-vs-pykeen-cuda.json" 2> "$W/train.err" ;;
+    rank) timeout "$(cap 100)" python3 benchmarks/eval_vs_pykeen.py --entities 500000 --train 2000000 --test 10000 \
+            --device cuda --no-compile --threads 8 --cell-timeout 25 > "$W/synthetic-500k-eval-vs-pykeen-cuda.json" 2> "$W/rank.err" ;;
+    precision) timeout "$(cap 80)" python3 benchmarks/precision.py --dataset fb15k237 --epochs 5 --precisions fp32,tf32,bf16 \
+                 --device cuda --no-compile --test > "$W/precision-fb15k237-cuda.json" 2> "$W/precision.err" ;;
+    tracin) timeout "$(cap 200)" python3 benchmarks/tracin_scale.py --sizes 10000000 --entities 1000000 --n-test 100 \
+              --checkpoints 4 --device cuda --threads 8 > "$W/tracin-scale-cuda.json" 2> "$W/tracin.err" ;;
     suite) FAILURES="$W/failures.txt" OMP_NUM_THREADS=1 timeout "$(cap 240)" python3 -m pytest -q -p no:cacheprovider \
              -p failures_now -n 14 --ignore tests/test_workflow.py --ignore tests/test_report_browser.py \
              --ignore tests/test_layers.py > "$W/pytest.txt" 2>&1 ;;
     eval) timeout "$(cap 100)" python3 benchmarks/eval_vs_pykeen.py --dataset fb15k237 --device cuda --cell-timeout 45 \
             --no-compile > "$W/fb15k237-eval-vs-pykeen-cuda.json" 2> "$W/eval.err" ;;
-    tracin) timeout "$(cap 240)" python3 benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 \
+    tracin-captum) timeout "$(cap 240)" python3 benchmarks/tracin_vs_captum.py --dataset fb15k237 --epochs 2 \
               --checkpoint-every 1 --n-test 1,100 --repeats 1 --device cuda --cell-timeout 60 \
               > "$W/fb15k237-tracin-vs-captum-cuda.json" 2> "$W/tracin.err" ;;
     reproduce) B=$(( $(left) - 20 ))
@@ -83,7 +100,8 @@ done
 say done
 tar -czf /tmp/checks.tar.gz -C "$W" . && mv /tmp/checks.tar.gz "$OUT/checks.tar.gz"
 grep "^===" "$W/failures.txt" 2>/dev/null; tail -2 "$W/pytest.txt" "$W/cudatests.txt" 2>/dev/null
-tail -3 "$W/doctor.txt" 2>/dev/null; grep -A 20 "^work " "$W/gpu-profile.err" 2>/dev/null
+tail -3 "$W/doctor.txt" 2>/dev/null; grep -h -A 20 "^work " "$W"/gpu-profile*.err 2>/dev/null
+for f in "$W"/*.err; do echo "== $f"; grep -v Warning "$f" | tail -3; done
 python3 -c "import json, sys, pathlib
 for p in sorted(pathlib.Path(sys.argv[1]).glob('*.json')):
     d = json.loads(p.read_text()); print(p.stem, d['epochs'], 'epochs, best', d['best_epoch'], 'test MRR', d['target'])" "$W/repro"
