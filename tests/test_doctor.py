@@ -9,6 +9,7 @@ from kgtrace.compile import CompiledCall
 from kgtrace.doctor import (
     Check,
     Probe,
+    captured_step_check,
     cuda_graph_problems,
     format_table,
     near_candidates,
@@ -17,6 +18,8 @@ from kgtrace.doctor import (
     relative_error,
     run_probes,
 )
+from kgtrace.run import load_run
+from kgtrace.training import graphed
 
 BATCH = 4
 
@@ -187,7 +190,23 @@ def test_doctor_passes_the_default_run(compiled_runs, capsys):
     assert main(["doctor", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     for entry in ("rank_side", "train_kvsall", "tracin_conve_band_head", "tracin_conve_band_pair",
-                  "tracin_conve_band_relation"):
+                  "tracin_conve_band_relation", "captured_step"):
         assert entry in out
-    assert "6 of 6 entry points passed" in out
+    assert "7 of 7 entry points passed" in out
     assert "FAILED" not in out
+
+
+def test_captured_step_check_passes_and_catches_a_wrong_step(compiled_runs, monkeypatch):
+    runs, _ = compiled_runs
+    run = load_run(runs[False], device="cpu")  # trained without compile: the captured step runs its loss as is
+    check = captured_step_check(run, torch.device("cpu"))
+    assert check.ok, check.problems
+    assert check.entry_point == "captured_step" and check.calls == 12 and check.sizes == [128]
+    assert check.max_error < 1e-5 and check.gradient_error < 1e-2
+
+    def no_positives(rows, answers, used, batch, num_entities):  # a step that loses the labels
+        return torch.zeros(batch, num_entities, dtype=torch.bool)
+
+    monkeypatch.setattr(graphed, "label_mask", no_positives)
+    wrong = captured_step_check(run, torch.device("cpu"))
+    assert not wrong.ok and "an epoch's loss differs from the step by step loop's" in wrong.problems[0]

@@ -153,8 +153,9 @@ def test_captured_run_resumes_as_one_run(tmp_path):
     from kgtrace.checkpoint import load_checkpoint
     from kgtrace.training.loop import resume, train
 
+    # validation every epoch, compiled (CUDA graph trees of its own) between the captured steps' replays
     config = TrainConfig(dataset="umls", model="distmult", model_args={"embedding_dim": 16}, epochs=2, lr_decay=0.5,
-                         checkpoint_every=1, eval_every=0, device="cuda", captured_step=True)
+                         checkpoint_every=1, eval_every=1, device="cuda", captured_step=True, compile=True)
     train(config, tmp_path / "whole", progress=False, log=lambda *_: None)
     train(config.__class__(**{**config.to_dict(), "epochs": 1}), tmp_path / "half", progress=False,
           log=lambda *_: None)

@@ -10,7 +10,14 @@ trained for one epoch on the bundled UMLS in a temporary folder:
 * ``train_kvsall`` / ``train_1vsall``: the training step (``train --compile``) at the run's
   batch size and at the epoch's remainder, which gets its own call (training never pads:
   :mod:`kgtrace.training.compiled`);
-* TracIn's gradient functions for the run's model (``explain --compile``, path auto, params last).
+* TracIn's gradient functions for the run's model (``explain --compile``, path auto, params last);
+* ``captured_step``: the whole training step captured as a CUDA graph (:mod:`kgtrace.training.graphed`,
+  ``train --captured-step``, with the run's ``compile``): CAPTURED_EPOCHS epochs of CAPTURED_STEPS
+  steps from the run's weights, against the step by step loop from the same weights and random
+  state; it fails when an epoch's loss differs by more than 1e-4 relative, the parameters after them
+  by more than PARAMETER_TOLERANCE (norm of the difference over the norm), its compiled loss
+  recompiled, or (on CUDA) a step after the warm-ups ran without its graph. On a CPU the same program
+  runs uncaptured.
 
 Each is called again and again with fresh values: the row-independent ones with a full
 batch, a padded last chunk (1 and batch - 1 rows) and more than a batch; the training calls
@@ -60,15 +67,21 @@ from kgtrace.run import load_run
 from kgtrace.system import resolve_device
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import ROWS, step_inputs, step_static, train_call
-from kgtrace.training.loop import train
+from kgtrace.training.graphed import GraphedTraining
+from kgtrace.training.loop import new_state, train
+from kgtrace.training.step import run_epoch
 
-__all__ = ["Check", "Probe", "RankParity", "cuda_graph_problems", "doctor", "format_table", "near_candidates",
-           "rank_parity", "run_probes"]
+__all__ = ["Check", "Probe", "RankParity", "captured_step_check", "cuda_graph_problems", "doctor", "format_table",
+           "near_candidates", "rank_parity", "run_probes"]
 
 TOLERANCE = 1e-4  # relative to the largest eager value of an output; for ranks, the width of the rounding band
 RANK_OUTPUTS = ("greater", "equal", "num_candidates", "nonfinite")  # rank_chunk's outputs, in order
 BANDED = ("greater", "equal")  # the rank outputs that rounding of the scores can move
 GRADIENT_TOLERANCE = 1e-3  # norm of the difference over the norm of the eager gradient
+# Adam turns rounding differences of gradients near zero into steps of up to lr, which later steps carry on:
+# after a dozen steps the parameters drift apart by about 1e-3 of their norm (tests/test_graphed_train.py).
+PARAMETER_TOLERANCE = 2e-2
+CAPTURED_EPOCHS, CAPTURED_STEPS = 2, 6
 TINY_CONVE = {"embedding_dim": 32, "embedding_height": 4, "output_channels": 8}
 
 
@@ -101,7 +114,8 @@ class Check:
     graph_breaks: int
     compile_seconds: float
     problems: list[str] = field(default_factory=list)
-    gradient_error: float | None = None  # largest norm-relative gradient difference (training steps)
+    gradient_error: float | None = None  # largest norm-relative gradient difference (training steps); captured_step:
+    # the parameters' after its epochs
     rounding_rows: int | None = None  # rows whose greater/equal differed within the rounding band; None: no ranking
 
     @property
@@ -416,6 +430,42 @@ def _tracin_probe(tracin, model: nn.Module, name: str, gen: torch.Generator) -> 
                  _row_sizes(call.batch_size), torch.no_grad)
 
 
+def captured_step_check(run, device: torch.device) -> Check:
+    """The captured training step against the step by step loop (module docstring: ``captured_step``)."""
+    config = TrainConfig(**{**run.config.to_dict(), "device": device.type, "steps_per_epoch": CAPTURED_STEPS,
+                            "captured_step": True, "eval_every": 0, "entity_chunk": 0})
+    ds = run.dataset
+    batches = Batches.build(ds.train, ds.num_relations, config.training)
+    losses, models, drivers = {}, {}, {}
+    for captured in (False, True):
+        state = new_state(TrainConfig(**{**config.to_dict(), "compile": captured and config.compile}), ds, device)
+        state.model.load_state_dict(run.model.state_dict())
+        epoch = GraphedTraining(batches, device) if captured else run_epoch
+        torch.manual_seed(0)  # both draw the same dropout masks
+        losses[captured] = [epoch(state, batches, config, device, False) for _ in range(CAPTURED_EPOCHS)]
+        models[captured], drivers[captured] = state.model, epoch
+    programs = list(drivers[True].programs.values())
+    calls = [p.call for p in programs if p.call is not None]
+    error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[True], losses[False]))
+    flat = [torch.cat([p.detach().reshape(-1) for p in models[c].parameters()]) for c in (True, False)]
+    drift = norm_error(*flat)
+    problems = []
+    if error > TOLERANCE:
+        problems.append(f"an epoch's loss differs from the step by step loop's: relative error {error:.3g} > {TOLERANCE:g}")
+    if drift > PARAMETER_TOLERANCE:
+        problems.append(f"parameters differ from the step by step loop's: relative norm {drift:.3g} > "
+                        f"{PARAMETER_TOLERANCE:g}")
+    recompilations = sum(c.stats.recompilations for c in calls)
+    if recompilations:
+        problems.append(f"{recompilations} recompilation(s) of the compiled loss (run with TORCH_LOGS=recompiles)")
+    if device.type == "cuda" and not all(p.graph is not None for p in programs if p.runs > 2):
+        problems.append("a step after the warm-ups ran without its captured CUDA graph")
+    steps = sum(p.runs for p in programs)
+    return Check("captured_step", config.batch_size, steps, sorted(p.batch_size for p in programs), error,
+                 recompilations, sum(c.stats.graph_breaks for c in calls), sum(c.stats.compile_seconds for c in calls),
+                 problems, gradient_error=drift)
+
+
 def _row_sizes(batch: int) -> tuple[int, ...]:
     """Warm-up, then a full batch, padded last chunks of 1 and batch - 1 rows, two batches and one more."""
     return tuple(n for n in (batch, batch, 1, batch - 1, 2 * batch + 1, batch) if n > 0)
@@ -434,7 +484,10 @@ def doctor(run_dir: str | Path | None = None, device: str = "auto", log=print) -
         log(f"compiling each entry point of {run_dir} ({type(run.model).__name__}, {where}); this takes a while")
         probes = [rank_probe(run, where, parse_size(run.config.memory_budget), gen), *train_probes(run, where, gen),
                   *tracin_probes(run, where, gen)]
-        return run_probes(probes)
+        checks = run_probes(probes)
+        if not run.config.captured_step_problems():
+            checks.append(captured_step_check(run, where))
+        return checks
 
 
 def tiny_run(out: Path, device: torch.device, log) -> Path:
