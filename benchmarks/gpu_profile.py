@@ -57,22 +57,27 @@ def synthetic_train(entities: int, relations: int, n: int, seed: int = 0) -> tor
     return torch.unique(triples, dim=0)
 
 
+def device_activities(events) -> list:
+    """The profiler's device events: kernels, copies and sets, without the ranges torch annotates on the device's
+    timeline (``Optimizer.step#Adam.step`` spans a step's launches, gaps included)."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False) and "#" not in e.name]
+
+
 def top_kernels(events, steps: int, shown: int = 12) -> list[list]:
     """The device activities taking the most time: [name, microseconds per step, launches per step]."""
     totals: dict[str, list[float]] = {}
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(e.name, [0.0, 0])
-            entry[0] += e.time_range.end - e.time_range.start
-            entry[1] += 1
+    for e in device_activities(events):
+        entry = totals.setdefault(e.name, [0.0, 0])
+        entry[0] += e.time_range.end - e.time_range.start
+        entry[1] += 1
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:shown]
     return [[name[:90], round(us / steps, 2), count / steps] for name, (us, count) in ranked]
 
 
 def busy_ms(events) -> tuple[float | None, int]:
     """The union of device activity intervals in ms, and their count (None, 0 without device activity)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in device_activities(events))
     if not spans:
         return None, 0
     total, (lo, hi) = 0, spans[0]

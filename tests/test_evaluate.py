@@ -67,6 +67,18 @@ def test_only_the_answers_of_the_ranked_queries_are_indexed():
     assert evaluate(scorer, triples, known=known).both.realistic.mr == evaluate(scorer, triples, known=whole).both.realistic.mr
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_member_is_isin_and_answering_is_the_same_on_every_device(device):
+    from kgtrace.data.answers import answering, member
+
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randint(0, 50, (1000,), generator=gen)
+    for targets in (torch.randint(0, 50, (7,), generator=gen), torch.tensor([49, 0, 0]), values[:0]):
+        assert torch.equal(member(values.to(device), targets.to(device)).cpu(), torch.isin(values, targets))
+    known = torch.randint(0, 30, (500, 3), generator=gen) % torch.tensor([30, 4, 30])
+    assert torch.equal(answering(known, known[:9], 4, device), answering(known, known[:9], 4))
+
+
 def test_metrics_to_dict_is_the_json_shape_written_before():
     # The shape kgtrace evaluate --out has always written: sides in the order ranked, then both, then the
     # three counts; each side's tie policies in one order, each policy's metrics in one order.

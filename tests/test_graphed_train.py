@@ -164,3 +164,28 @@ def test_captured_run_resumes_as_one_run(tmp_path):
     b = load_checkpoint(tmp_path / "half" / "checkpoints" / "epoch-0002.pt")["model_state"]
     for name in a:
         assert norm_error(b[name].float(), a[name].float()) < 1e-5, name
+
+
+def test_a_step_that_cannot_be_captured_says_so_and_names_the_fix(monkeypatch):
+    from contextlib import contextmanager
+
+    from kgtrace.errors import KgtraceError
+    from kgtrace.training.graphed import WARMUP_STEPS
+
+    dataset = load_dataset("umls")
+    batches = Batches.build(dataset.train, dataset.num_relations, "kvsall")
+    config = TrainConfig(dataset="umls", model="distmult", model_args={"embedding_dim": 8}, device="cpu",
+                         eval_every=0)
+    state = new_state(config, dataset, torch.device("cpu"))
+    program = GraphedTraining(batches, torch.device("cpu"))._program(128, state, config)
+    program.capture, program.runs = True, WARMUP_STEPS  # as on CUDA, past the warm-ups
+
+    @contextmanager
+    def refusing(graph):
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", refusing)
+    with pytest.raises(KgtraceError, match=r"could not be captured as a CUDA graph \(Cannot copy .*--no-captured-step"):
+        program.run()

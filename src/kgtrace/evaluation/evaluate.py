@@ -88,7 +88,7 @@ def ranking_inputs(model: Scorer, triples: Tensor, known: Tensor | AnswerIndex |
     triples given as a tensor, only those that answer a query of ``triples`` are indexed (:func:`answering`)."""
     device = model_device(model) if device is None else torch.device(device)
     if not isinstance(known, AnswerIndex):
-        known = triples[:0] if known is None else answering(known, triples, model.num_relations)
+        known = triples[:0] if known is None else answering(known, triples, model.num_relations, device)
         known = AnswerIndex.build(known, model.num_relations)
     return device, known
 

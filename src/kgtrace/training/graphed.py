@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from kgtrace.config import TrainConfig
+from kgtrace.errors import KgtraceError
 from kgtrace.precision import precision_context
 from kgtrace.system import bar_disable
 from kgtrace.training.batches import Batches
@@ -124,7 +125,8 @@ def label_mask(rows: Tensor, answers: Tensor, used: Tensor, batch: int, num_enti
     accumulate, into one element: an accumulating index_put takes such a run one by one, 6 ms a step.)
     """
     mask = torch.zeros(batch, num_entities + 1, dtype=torch.bool, device=rows.device)  # [B, E + 1]
-    mask[rows, torch.where(used, answers, num_entities)] = True
+    # index_put_ of a device tensor: a Python True would be copied from the host, which a capture refuses
+    mask.index_put_((rows, torch.where(used, answers, num_entities)), used.new_ones(()))
     return mask[:, :num_entities]  # [B, E]
 
 
@@ -208,8 +210,14 @@ class StepProgram:
         # writes them afresh (no accumulation into another program's gradients).
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.step()
+        try:
+            with torch.cuda.graph(graph):
+                self.step()
+        except RuntimeError as error:  # an operation a capture refuses; never a silent fallback to the plain loop
+            cause = (str(error).strip().splitlines() or [""])[0]
+            raise KgtraceError(f"the captured training step could not be captured as a CUDA graph ({cause}). Fix: "
+                               "train with --no-captured-step (the plain loop, same results), and report the "
+                               "error") from error
         self.kept = [p.grad for group in self.optimizer.param_groups for p in group["params"]]
         self.graph = graph
 
