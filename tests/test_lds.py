@@ -18,7 +18,7 @@ from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import build_parser, main
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.attribution.methods import ATTRIBUTIONS, METHOD_INPUTS, AttributionInputs, choose_method
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attributions, choose_method
 from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
                                       summarize_lds)
 from kgtrace.models import build_model
@@ -272,14 +272,14 @@ def test_grad_cos_is_the_cosine_of_loss_gradients_at_the_final_weights(tiny_dist
     expected_dot = g_test @ g_train.T
     expected_cos = expected_dot / g_test.norm(dim=1, keepdim=True) / g_train.norm(dim=1)
     inputs = AttributionInputs()
-    assert torch.allclose(ATTRIBUTIONS["grad-dot"](run, test, inputs), expected_dot, rtol=1e-4, atol=1e-6)
-    assert torch.allclose(ATTRIBUTIONS["grad-cos"](run, test, inputs), expected_cos, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(METHOD_SPECS["grad-dot"].compute(run, test, inputs), expected_dot, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(METHOD_SPECS["grad-cos"].compute(run, test, inputs), expected_cos, rtol=1e-4, atol=1e-6)
 
 
 def test_neighbourhood_marks_triples_sharing_an_entity(tiny_distmult):
     run = load_run(tiny_distmult)
     test = run.dataset.test[:2]
-    got = ATTRIBUTIONS["neighbourhood"](run, test, AttributionInputs())
+    got = METHOD_SPECS["neighbourhood"].compute(run, test, AttributionInputs())
     for i, (h, _, t) in enumerate(test.tolist()):
         for j, (a, _, b) in enumerate(run.dataset.train.tolist()):
             assert got[i, j] == float(bool({a, b} & {h, t}))
@@ -504,7 +504,7 @@ def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
 
     run = load_run(tiny_distmult)
     test = run.dataset.test[:2]
-    matrix = ATTRIBUTIONS["grad-cos"](run, test, AttributionInputs())
+    matrix = METHOD_SPECS["grad-cos"].compute(run, test, AttributionInputs())
     removed = METHODS["grad-cos"](run, test, 4, MethodInputs())
     for row, chosen in zip(matrix, removed):  # by value: of (nearly) tied attributions either triple is the largest
         torch.testing.assert_close(row[chosen], torch.sort(row, descending=True).values[:4])
@@ -537,14 +537,14 @@ def test_the_trak_ridge_defaults_to_the_models_everywhere(tiny_distmult, capsys)
 
 
 def test_each_method_depends_only_on_the_inputs_it_declares(tiny_distmult):
-    """METHOD_INPUTS decides when a saved matrix is reused: every other input must leave a method's values alone."""
+    """A spec's ``reads`` decides when a saved matrix is reused: every other input must leave a method's values alone."""
     run = load_run(tiny_distmult)
     test = run.dataset.test[:2]
     base = AttributionInputs(trak_dim=16)
     other = AttributionInputs(seed=7, damping=0.05, trak_dim=8, trak_ridge=0.01)
-    assert set(METHOD_INPUTS) == set(ATTRIBUTIONS)
-    for method, attribution in ATTRIBUTIONS.items():
-        changed = dataclasses_replace(other, **{k: getattr(base, k) for k in METHOD_INPUTS[method]})
+    for method, attribution in attributions().items():
+        reads = METHOD_SPECS[method].reads
+        changed = dataclasses_replace(other, **{k: getattr(base, k) for k in reads})
         assert torch.equal(attribution(run, test, base), attribution(run, test, changed)), method
-        if METHOD_INPUTS[method]:  # and the declared ones do change them
+        if reads:  # and the declared ones do change them
             assert not torch.equal(attribution(run, test, base), attribution(run, test, other)), method

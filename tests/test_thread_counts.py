@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kgtrace.attribution.influence import InfluenceFunction
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs
 from kgtrace.attribution.trak import trak
 from kgtrace.config import TrainConfig
 from kgtrace.evaluation.evaluate import evaluate
@@ -93,7 +93,7 @@ def test_the_lds_attribution_methods_are_equal(runs, method, torch_threads):
     run = runs["conve"] if method == "influence-fisher" else runs["distmult"]
     test = run.dataset.test[:4]
     assert_same_attributions(on_threads(torch_threads,
-                                        lambda: ATTRIBUTIONS[method](run, test, AttributionInputs()).double()))
+                                        lambda: METHOD_SPECS[method].compute(run, test, AttributionInputs()).double()))
 
 
 def test_the_prover_scores_are_equal(torch_threads):

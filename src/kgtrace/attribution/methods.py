@@ -1,4 +1,6 @@
-"""Attribution methods scored by the LDS: each gives every training triple's attribution to each prediction.
+"""Attribution methods: each gives every training triple's attribution to each prediction, and declares itself
+once, in a :class:`MethodSpec` (:data:`METHOD_SPECS`), from which explain, faithfulness, the LDS and the report
+take what they offer and say.
 
 A method maps (run, predictions [N, 3], inputs) to a matrix [N, n_train]: entry (i, j) says
 how much training triple j raises prediction i's score (positive: a proponent). Methods:
@@ -25,8 +27,10 @@ how much training triple j raises prediction i's score (positive: a proponent). 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -36,22 +40,38 @@ from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import TrakCost, default_ridge, trak
+from kgtrace.config import MAX_SEED
+from kgtrace.errors import ConfigError
 from kgtrace.run import Run
 
-__all__ = ["ATTRIBUTIONS", "AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_INPUTS", "METHOD_NOTES",
-           "METHOD_REVISIONS", "MethodChoice", "attribution_signature", "checkpoints_used", "choose_method",
-           "matrix_top_k", "shares_an_entity"]
+__all__ = ["AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_SPECS", "MethodChoice", "MethodSpec",
+           "attribution_signature", "attributions", "choose_method", "explain_methods", "lds_methods", "matrix_top_k",
+           "method_note", "register", "removal_tops", "shares_an_entity"]
 
 
 @dataclass(frozen=True)
 class AttributionInputs:
-    """What a method may need besides the run and the predictions."""
+    """What a method may need besides the run and the predictions; cannot be built invalid (every problem at once)."""
 
     seed: int = 0  # random: the draw; trak: the projections
     progress: bool = False
     damping: float = 1e-3  # influence: the first damping tried
     trak_dim: int | None = None  # trak: the projection dimension; None: the exact gradients
     trak_ridge: float | None = None  # trak: the ridge, a fraction of its kernel's mean nonzero eigenvalue; None: the model's
+
+    def __post_init__(self) -> None:
+        problems = []
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"seed={self.seed!r}: must be an integer from 0 to 2**63 - 1")
+        if not (isinstance(self.damping, (int, float)) and 0 < self.damping < math.inf):
+            problems.append(f"damping={self.damping!r}: must be a positive finite number, e.g. 0.001")
+        if self.trak_dim is not None and (not isinstance(self.trak_dim, int) or self.trak_dim < 1):
+            problems.append(f"trak_dim={self.trak_dim!r}: must be at least 1 (or unset: the exact gradients)")
+        if self.trak_ridge is not None and not (isinstance(self.trak_ridge, (int, float))
+                                                and 0 < self.trak_ridge < math.inf):
+            problems.append(f"trak_ridge={self.trak_ridge!r}: must be a positive finite number (or unset: the model's)")
+        if problems:
+            raise ConfigError(problems)
 
 
 Attribution = Callable[[Run, Tensor, AttributionInputs], Tensor]
@@ -118,32 +138,113 @@ def neighbourhood_scores(run: Run, predictions: Tensor, inputs: AttributionInput
     return torch.stack(rows) if rows else torch.zeros(0, len(train), dtype=torch.float64)
 
 
-#: Attribution methods by name (module doc).
-ATTRIBUTIONS: dict[str, Attribution] = {
-    "tracin-last": _tracin("last", final_only=False),
-    "tracin-all": _tracin("all", final_only=False),
-    "tracin-last-final": _tracin("last", final_only=True),
-    "tracin-all-final": _tracin("all", final_only=True),
-    "grad-dot": grad_dot,
-    "grad-cos": grad_cos,
-    "influence": _influence("all"),
-    "influence-last": _influence("last"),
-    "influence-fisher": _fisher("all"),
-    "trak": trak_method,
-    "random": random_scores,
-    "neighbourhood": neighbourhood_scores,
-}
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything kgtrace knows of one attribution method, declared once beside its code (as ``ModelSpec`` is
+    for a model). explain, faithfulness, the LDS and the report derive what they offer and say from these.
 
-#: The AttributionInputs fields each method's values depend on (a saved matrix is reused while they are the same).
-METHOD_INPUTS: dict[str, tuple[str, ...]] = {
-    **{name: () for name in ATTRIBUTIONS},
-    "influence": ("damping",), "influence-last": ("damping",), "influence-fisher": ("damping",),
-    "trak": ("seed", "trak_dim", "trak_ridge"),
-    "random": ("seed",),
-}
-#: Methods whose formula changed: results saved under an earlier revision are recomputed (absent: the first).
-# trak 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid; 3: lambda from trace / min(n, k), not trace / k.
-METHOD_REVISIONS: dict[str, int] = {"trak": 3}
+    compute: (run, predictions [N, 3], inputs) -> [N, n_train] attributions; None for a method that only
+    streams its top-k (``streaming``, TracIn's own pass in ``kgtrace explain``).
+    """
+
+    name: str
+    compute: Attribution | None
+    title: str  # the name of its values, as the console and the report print it beside them
+    meaning: str  # what its values are, in words
+    reads: tuple[str, ...] = ()  # the AttributionInputs fields its values depend on (a saved matrix is reused
+    # while they are the same)
+    checkpoints: Literal["all", "last", "none"] = "last"  # the checkpoints whose weights it differentiates
+    revision: int = 1  # raised when its formula changes: results saved under an earlier one are recomputed
+    explain: bool = False  # offered by ``kgtrace explain --method``
+    streaming: bool = False  # explain's streaming top-k over any number of training triples (TracIn)
+    lds: bool = False  # scored by ``kgtrace faithfulness lds`` unless --methods says otherwise
+    removal: bool = False  # its top proponents are a removal method of ``kgtrace faithfulness``
+
+    def used_checkpoints(self, run: Run) -> list[int]:
+        """The epochs of the checkpoints whose weights it differentiates (none for the baselines)."""
+        if self.checkpoints == "none":
+            return []
+        if self.checkpoints == "all":
+            return [c.epoch for c in run.checkpoints]
+        return [run.checkpoints[-1].epoch]
+
+
+#: Every attribution method, by name, in the order they are offered (:func:`register` adds one).
+METHOD_SPECS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add an attribution method: from then on explain, faithfulness and the LDS offer it as its spec says."""
+    if spec.name in METHOD_SPECS:
+        raise ValueError(f"attribution method {spec.name!r} is registered already")
+    if spec.compute is None and not spec.streaming:
+        raise ValueError(f"attribution method {spec.name!r}: needs compute, or streaming (explain's own pass)")
+    METHOD_SPECS[spec.name] = spec
+    return spec
+
+
+def attributions() -> dict[str, Attribution]:
+    """The methods that give a whole matrix, by name."""
+    return {name: spec.compute for name, spec in METHOD_SPECS.items() if spec.compute is not None}
+
+
+def explain_methods() -> tuple[str, ...]:
+    """``kgtrace explain --method``'s choices besides auto."""
+    return tuple(name for name, spec in METHOD_SPECS.items() if spec.explain)
+
+
+def lds_methods() -> tuple[str, ...]:
+    """The methods ``kgtrace faithfulness lds`` scores by default."""
+    return tuple(name for name, spec in METHOD_SPECS.items() if spec.lds)
+
+
+def removal_tops() -> tuple[str, ...]:
+    """The methods whose top proponents ``kgtrace faithfulness`` removes."""
+    return tuple(name for name, spec in METHOD_SPECS.items() if spec.removal)
+
+
+def method_note(name: str) -> tuple[str, str]:
+    """(the name of a method's values, what they are); a name no spec declares (an older file's) says so."""
+    spec = METHOD_SPECS.get(name)
+    return (spec.title, spec.meaning) if spec is not None else (name, "see the method's documentation")
+
+
+_TRACIN = ("TracIn influence", "the sum over the saved checkpoints of the learning rate times the dot product of the "
+                               "two triples' loss gradients")
+_TRACIN_FINAL = ("TracIn influence (last checkpoint)", "the last checkpoint's learning rate times the dot product of "
+                                                       "the two triples' loss gradients")
+_INFLUENCE = "the prediction's loss gradient through the inverse of the damped training Hessian (exact) onto the " \
+             "training triple's, at the final weights"
+for _spec in (
+    MethodSpec("tracin", None, *_TRACIN, checkpoints="all", explain=True, streaming=True),
+    MethodSpec("tracin-last", _tracin("last", final_only=False), *_TRACIN, checkpoints="all", lds=True),
+    MethodSpec("tracin-all", _tracin("all", final_only=False), *_TRACIN, checkpoints="all", lds=True),
+    MethodSpec("tracin-last-final", _tracin("last", final_only=True), *_TRACIN_FINAL, lds=True),
+    MethodSpec("tracin-all-final", _tracin("all", final_only=True), *_TRACIN_FINAL),
+    MethodSpec("grad-dot", grad_dot, "Gradient similarity",
+               "the dot product of the two triples' loss gradients at the final weights", explain=True, lds=True),
+    MethodSpec("grad-cos", grad_cos, "Gradient cosine", "the cosine of the two triples' loss gradients at the final "
+               "weights", explain=True, lds=True, removal=True),
+    MethodSpec("influence", _influence("all"), "Influence (influence function)", _INFLUENCE, reads=("damping",),
+               explain=True, lds=True, removal=True),
+    MethodSpec("influence-last", _influence("last"), "Influence (influence function, last layer)", _INFLUENCE,
+               reads=("damping",), explain=True),
+    MethodSpec("influence-fisher", _fisher("all"), "Influence (influence function, block-diagonal Fisher)",
+               "the prediction's loss gradient through the inverse of the training triples' damped Fisher, kept "
+               "block-diagonal, onto the training triple's, at the final weights", reads=("damping",), explain=True,
+               lds=True, removal=True),
+    # revision 2: q_j from the run's objective (KvsAll: 1), not 1 - sigmoid; 3: lambda from trace / min(n, k)
+    MethodSpec("trak", trak_method, "TRAK attribution", "the prediction's score gradient (projected with --trak-dim) "
+               "against the training triple's, through the inverse of the training triples' kernel, times the "
+               "training triple's weight under the run's objective (KvsAll: 1), averaged over the checkpoints",
+               reads=("seed", "trak_dim", "trak_ridge"), checkpoints="all", revision=3, explain=True, lds=True,
+               removal=True),
+    MethodSpec("random", random_scores, "Random score", "independent standard normal draws, seeded (a baseline: LDS "
+               "near 0)", reads=("seed",), checkpoints="none", lds=True),
+    MethodSpec("neighbourhood", neighbourhood_scores, "Shares an entity", "1 for a training triple that shares the "
+               "prediction's head or tail, else 0 (a baseline)", checkpoints="none", lds=True),
+):
+    register(_spec)
 
 
 def attribution_signature(method: str, inputs: AttributionInputs, run: Run) -> dict:
@@ -152,19 +253,11 @@ def attribution_signature(method: str, inputs: AttributionInputs, run: Run) -> d
     and its revision (a method's first revision adds nothing, so results saved before revisions stay valid)."""
     if inputs.trak_ridge is None:
         inputs = dataclasses.replace(inputs, trak_ridge=default_ridge(run.model))
-    signature: dict = {"inputs": {k: getattr(inputs, k) for k in METHOD_INPUTS[method]}}
-    if method in METHOD_REVISIONS:
-        signature["revision"] = METHOD_REVISIONS[method]
+    spec = METHOD_SPECS[method]
+    signature: dict = {"inputs": {k: getattr(inputs, k) for k in spec.reads}}
+    if spec.revision > 1:
+        signature["revision"] = spec.revision
     return signature
-
-
-def checkpoints_used(method: str, run: Run) -> list[int]:
-    """The epochs of the checkpoints whose weights ``method`` differentiates (none for the baselines)."""
-    if method in ("random", "neighbourhood"):
-        return []
-    if method in ("tracin-last", "tracin-all", "trak"):
-        return [c.epoch for c in run.checkpoints]
-    return [run.checkpoints[-1].epoch]
 
 
 #: ``choose_method`` picks TRAK up to this many floating-point operations in its kernels (TrakCost.flops): about
@@ -209,24 +302,3 @@ def matrix_top_k(matrix: Tensor, test: Tensor, k: int) -> list[TopK]:
     test = test.long().reshape(-1, 3)
     return [TopK(test[i], best.indices[i], best.values[i], best.values[i].unsqueeze(1),
                  worst.indices[i], worst.values[i], worst.values[i].unsqueeze(1)) for i in range(len(test))]
-
-
-#: Each method's name for its values and what they are (explain's console and the report say it beside them).
-METHOD_NOTES = {
-    "tracin": ("TracIn influence", "the sum over the saved checkpoints of the learning rate times the dot product "
-                                   "of the two triples' loss gradients"),
-    "trak": ("TRAK attribution", "the prediction's score gradient (projected with --trak-dim) against the training "
-                                 "triple's, through the inverse of the training triples' kernel, times the training "
-                                 "triple's weight under the run's objective (KvsAll: 1), averaged over the checkpoints"),
-    "influence": ("Influence (influence function)", "the prediction's loss gradient through the inverse of the "
-                                                    "damped training Hessian (exact) onto the training triple's, at "
-                                                    "the final weights"),
-    "influence-last": ("Influence (influence function, last layer)", "the prediction's loss gradient through the "
-                                                                     "inverse of the damped training Hessian (exact) "
-                                                                     "onto the training triple's, at the final weights"),
-    "influence-fisher": ("Influence (influence function, block-diagonal Fisher)", "the prediction's loss gradient "
-                         "through the inverse of the training triples' damped Fisher, kept block-diagonal, onto the "
-                         "training triple's, at the final weights"),
-    "grad-dot": ("Gradient similarity", "the dot product of the two triples' loss gradients at the final weights"),
-    "grad-cos": ("Gradient cosine", "the cosine of the two triples' loss gradients at the final weights"),
-}

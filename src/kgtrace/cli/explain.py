@@ -7,11 +7,13 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, matrix_top_k, method_note
 from kgtrace.cli.common import (check_run_outputs, compile_stats_path, indexed_outputs, memory_budget, named_output,
                                 output_lock, parse_list, write_json)
 from kgtrace.config import PRECISIONS
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out
+from kgtrace.registry import DEFAULT_TRAK_RIDGE, model_names, spec_named
 from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
@@ -20,8 +22,11 @@ if TYPE_CHECKING:
     from kgtrace.attribution.methods import MethodChoice
 
 
-#: explain's methods: TracIn's streaming top-k, or a method of kgtrace.attribution.methods (every triple at once).
-EXPLAIN_METHODS = ("tracin", "trak", "influence-fisher", "influence", "influence-last", "grad-cos", "grad-dot")
+def trak_ridges() -> str:
+    """The registered models' TRAK ridges for --trak-ridge's help: "0.3; conve 1" (the default, then the others)."""
+    specs = [spec_named(name) for name in model_names()]
+    others = [f"{spec.name} {spec.trak_ridge:g}" for spec in specs if spec.trak_ridge != DEFAULT_TRAK_RIDGE]
+    return "; ".join([f"{DEFAULT_TRAK_RIDGE:g}", *others])
 
 
 def add_explain_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +44,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-n", type=int, default=10, help="with --predict: how many new tails to explain")
     p.add_argument("--top-k", type=int, default=10,
                    help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
-    p.add_argument("--method", default="auto", choices=("auto", *EXPLAIN_METHODS),
+    p.add_argument("--method", default="auto", choices=("auto", *explain_methods()),
                    help="auto (default): trak, the best method by LDS, where its exact gradients fit and cost at most "
                         "about 3 CPU minutes, else tracin; the output says which and why. tracin: streaming, any size "
                         "(--params, --checkpoints, --precision, --compile, --chunk-size, --index and --self apply, and "
@@ -50,7 +55,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                         "gradients; a projection is needed where training triples x parameters x 8 bytes exceed 2 GiB)")
     p.add_argument("--trak-ridge", type=float, default=None,
                    help="--method trak: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues "
-                        "(default: the model's, 0.3; ConvE 1)")
+                        f"(default: the model's, {trak_ridges()})")
     p.add_argument("--damping", type=float, default=1e-3, help="--method influence*: the first damping tried")
     p.add_argument("--params", default=None,
                    help="TracIn's parameters whose gradients are compared: last (the model's last layer; default), "
@@ -115,7 +120,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         Path(args.out_dir) / "triple-0000.json" if args.out_dir else out, "--out-dir" if args.out_dir else "--out"),
         reads=(args.triples,))
     choice = explain_method(args, run)
-    if choice.method != "tracin" and device.type != "cpu":
+    if not METHOD_SPECS[choice.method].streaming and device.type != "cpu":
         device = resolve_device("cpu")
         run = dataclasses.replace(run, model=run.model.to(device))
     options["compile"] = compile_default(device, args.compile)
@@ -213,13 +218,12 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     test = explain_targets(args, run)
     if args.method == "auto" and args.world.is_main:
         print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")
-    if choice.method != "tracin":
-        from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, checkpoints_used, matrix_top_k
-
+    spec = METHOD_SPECS[choice.method]
+    if not spec.streaming:
         inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
                                    trak_ridge=args.trak_ridge)
-        matrix = ATTRIBUTIONS[choice.method](run, test, inputs)
-        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), checkpoints_used(choice.method, run)
+        matrix = spec.compute(run, test, inputs)
+        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), spec.used_checkpoints(run)
     elif args.index:
         from kgtrace.attribution.index import ProjectedIndex
 
@@ -322,10 +326,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> None:
     """Per test triple (the first ``triples``): names, score and ranks, then the strongest proponents and opponents."""
-    from kgtrace.attribution.methods import METHOD_NOTES
-
     if items:
-        name, what = METHOD_NOTES[items[0]["method"]]
+        name, what = method_note(items[0]["method"])
         print(f"{name} (--method {items[0]['method']}): {what}; positive: raised the prediction's score")
     if len(items) > triples:
         print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")

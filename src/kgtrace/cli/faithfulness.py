@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kgtrace.attribution.methods import attributions, lds_methods
 from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.faithfulness.methods import removal_methods
 
 
 FAITHFULNESS_EPILOG = """\
@@ -31,9 +33,6 @@ lds-predictions.tsv.
 
 
 def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
-    from kgtrace.faithfulness.lds import DEFAULT_METHODS
-    from kgtrace.faithfulness.methods import METHODS
-
     p.epilog = FAITHFULNESS_EPILOG
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by kgtrace train (with epoch checkpoints)")
     what = p.add_mutually_exclusive_group()
@@ -43,9 +42,9 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
                                                               "random; unset: all of them")
     p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
     p.add_argument("--methods", default=None,
-                   help=f"removal methods, comma-separated: {', '.join(METHODS)} (proof needs --prover-run); "
-                        "default tracin-last,tracin-all,random,neighbourhood. With --lds, attribution methods; "
-                        f"default {','.join(DEFAULT_METHODS)}")
+                   help=f"removal methods, comma-separated: {', '.join(removal_methods())} (proof needs "
+                        "--prover-run); default tracin-last,tracin-all,random,neighbourhood. With --lds, attribution "
+                        f"methods: {', '.join(attributions())}; default {','.join(lds_methods())}")
     p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
                                                        "method removes the facts of its proof of each prediction")
     p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
@@ -105,9 +104,9 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
 
 
 def cmd_lds(args: argparse.Namespace) -> int:
-    from kgtrace.faithfulness.lds import DEFAULT_METHODS, LdsSettings, check_lds
+    from kgtrace.faithfulness.lds import LdsSettings, check_lds
 
-    settings = LdsSettings(subsets=args.subsets, fraction=args.fraction, methods=_methods(args.methods, DEFAULT_METHODS),
+    settings = LdsSettings(subsets=args.subsets, fraction=args.fraction, methods=_methods(args.methods, lds_methods()),
                            sample=args.sample, seed=args.seed, bootstrap=args.bootstrap, jobs=args.jobs,
                            threads=args.threads, device=args.device, damping=args.damping, trak_dim=args.trak_dim,
                            trak_ridge=args.trak_ridge)

@@ -43,7 +43,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
-from kgtrace.models.base import Scorer, forward_triples
+from kgtrace.models.base import QueryScorer, Scorer, forward_triples
 
 __all__ = [
     "CandidateRestriction",
@@ -461,7 +461,7 @@ def _plan(model: Scorer, memory_budget: int) -> _Plan:
     tile = max(MIN_TILE, min(MAX_TILE, memory_budget // 4 // BYTES_PER_WALK))
     rest = memory_budget - tile * BYTES_PER_WALK
     per_scored_query = num_entities * (BYTES_PER_SCORE + 1)  # float scores with headroom, bool eligibility
-    by_score_t = hasattr(model, "score_t") and rest >= per_scored_query
+    by_score_t = isinstance(model, QueryScorer) and rest >= per_scored_query
     if by_score_t:
         queries = rest // per_scored_query
     else:
@@ -559,7 +559,7 @@ def _triples(model: Scorer, queries: Tensor, entities: Tensor) -> Tensor:
     one without it takes (h, r, t), r in [0, R) only.
     """
     triples = torch.cat([queries, entities.unsqueeze(1)], 1)
-    return triples if hasattr(model, "score_t") else forward_triples(triples, model.num_relations)
+    return triples if isinstance(model, QueryScorer) else forward_triples(triples, model.num_relations)
 
 
 def _check_sampled_finite(bad: Tensor, rows: Tensor, sq: SideQueries, start: int) -> None:

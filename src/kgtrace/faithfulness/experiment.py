@@ -40,7 +40,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.system import threads_problems
 from kgtrace.faithfulness import metrics
-from kgtrace.faithfulness.methods import METHODS, MethodInputs, method_signature
+from kgtrace.faithfulness.methods import MethodInputs, method_signature, removal_methods
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
@@ -79,10 +79,11 @@ class FaithfulnessSettings:
         problems = []
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
             problems.append(f"k={','.join(map(str, self.ks))}: each k must be a whole number of at least 1, e.g. 1,5,10")
-        unknown = [m for m in self.methods if m not in METHODS]
+        known = removal_methods()
+        unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             problems.append(f"methods={','.join(self.methods)}: unknown method {', '.join(unknown) or '(none given)'}; "
-                            f"choose from {', '.join(METHODS)}")
+                            f"choose from {', '.join(known)}")
         if self.mode not in MODES:
             problems.append(f"mode={self.mode!r}: must be one of {', '.join(MODES)}")
         problems += [f"{key}={getattr(self, key)}: must be at least 1" for key in ("jobs", "threads")
@@ -226,7 +227,7 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
                 if row["k"] >= k and row.get("signature") == signature}  # computed for k or more
         missing = [i for i, key in enumerate(keys) if key not in have]
         if missing:
-            found = METHODS[name](run, predictions[missing], k, inputs)
+            found = removal_methods()[name](run, predictions[missing], k, inputs)
             have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row], "signature": signature}
                      for i, row in zip(missing, found)}
         methods[name] = {**methods.get(name, {}), **have}

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, attribution_signature
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribution_signature, lds_methods
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
@@ -58,8 +58,6 @@ __all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "dra
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
 
 OUTPUTS = ("score", "log_prob")
-DEFAULT_METHODS = ("tracin-last", "tracin-all", "tracin-last-final", "grad-dot", "grad-cos", "influence", "influence-fisher",
-                   "trak", "random", "neighbourhood")
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class LdsSettings:
 
     subsets: int = 50
     fraction: float = 0.5
-    methods: tuple[str, ...] = DEFAULT_METHODS
+    methods: tuple[str, ...] = field(default_factory=lds_methods)  # the methods whose specs say lds
     sample: int | None = None  # explain this many of the rank-first test triples, drawn at random
     seed: int = 0  # of the subsets, the sample and the random methods
     bootstrap: int = 1000  # resamples of the predictions for the interval
@@ -88,10 +86,11 @@ class LdsSettings:
             problems.append(f"subsets={self.subsets}: must be at least 3 (a rank correlation over fewer says nothing)")
         if not 0 < self.fraction < 1:
             problems.append(f"fraction={self.fraction}: must lie strictly between 0 and 1, e.g. 0.5")
-        unknown = [m for m in self.methods if m not in ATTRIBUTIONS]
+        known = [name for name, spec in METHOD_SPECS.items() if spec.compute is not None]
+        unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             problems.append(f"methods={','.join(self.methods)}: unknown method {', '.join(unknown) or '(none given)'}; "
-                            f"choose from {', '.join(ATTRIBUTIONS)}")
+                            f"choose from {', '.join(known)}")
         problems += [f"{key}={getattr(self, key)}: must be at least 1" for key in ("jobs", "threads", "bootstrap",
                                                                                     "trak_dim")
                      if getattr(self, key) is not None and getattr(self, key) < 1]
@@ -283,7 +282,7 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
         if saved["signature"] == json.dumps(signature):
             return saved["matrix"].detach(), float(saved["seconds"])
     start = time.perf_counter()
-    matrix = ATTRIBUTIONS[method](run, predictions, extra).detach().double()
+    matrix = METHOD_SPECS[method].compute(run, predictions, extra).detach().double()
     seconds = time.perf_counter() - start
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

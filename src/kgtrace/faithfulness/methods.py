@@ -16,9 +16,9 @@ smaller k takes the first k of that list, so the removed sets are nested across 
   too). A prediction with fewer than k neighbours loses all of them. (GradRollback's code
   also counts triples that merely share the relation r; the issue asks for shared entities.)
 
-* ``trak``, ``influence``, ``influence-fisher``, ``grad-cos``: the k training triples with the
-  largest attributions by that method of :mod:`kgtrace.attribution.methods` (the LDS's methods),
-  largest first.
+* ``trak``, ``influence``, ``influence-fisher``, ``grad-cos`` (every attribution method whose spec says
+  ``removal``): the k training triples with the largest attributions by that method of
+  :mod:`kgtrace.attribution.methods`, largest first.
 
 * ``proof``: the facts (training triples) of the proof a prover run (``kgtrace prove``) finds
   for the prediction, in the order the proof uses them: the best proof within its depth for a
@@ -38,14 +38,15 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
-from kgtrace.attribution.methods import ATTRIBUTIONS, AttributionInputs, attribution_signature, shares_an_entity
+from kgtrace.attribution.methods import (METHOD_SPECS, AttributionInputs, attribution_signature, removal_tops,
+                                        shares_an_entity)
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
 from kgtrace.prover.run import load_prover_run
 from kgtrace.run import Run
 
-__all__ = ["METHODS", "Method", "MethodInputs", "method_signature"]
+__all__ = ["METHODS", "Method", "MethodInputs", "method_signature", "removal_methods"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def _tracin(run: Run, predictions: Tensor, k: int, params: str, progress: bool) 
 
 def _attribution_top(name: str) -> Method:
     def method(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
-        matrix = ATTRIBUTIONS[name](run, predictions, attribution_inputs(inputs))
+        matrix = METHOD_SPECS[name].compute(run, predictions, attribution_inputs(inputs))
         return [row.topk(min(k, len(row))).indices for row in matrix]  # [k] each, largest first
     return method
 
@@ -88,7 +89,7 @@ def attribution_inputs(inputs: MethodInputs) -> AttributionInputs:
 def method_signature(name: str, inputs: MethodInputs, run: Run) -> str | None:
     """What a method's saved removals on ``run`` depend on besides the run and the prediction (None: the removal
     methods' own, whose formulas have not changed), as a string to compare."""
-    if name not in ATTRIBUTION_TOPS:
+    if name not in removal_tops():
         return None
     return json.dumps(attribution_signature(name, attribution_inputs(inputs), run), sort_keys=True)
 
@@ -154,15 +155,17 @@ def _generator(seed: int, salt: str, triple: Tensor) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1)
 
 
-#: The removal methods that take the top of an attribution method's matrix.
-ATTRIBUTION_TOPS = ("trak", "influence", "influence-fisher", "grad-cos")
-
-#: Removal methods by name (module doc).
+#: The removal methods of this module by name (module doc); :func:`removal_methods` adds the attribution methods'.
 METHODS: dict[str, Method] = {
     "tracin-last": tracin_last,
     "tracin-all": tracin_all,
     "random": random_triples,
     "neighbourhood": neighbourhood,
     "proof": proof_facts,
-    **{name: _attribution_top(name) for name in ATTRIBUTION_TOPS},
 }
+
+
+def removal_methods() -> dict[str, Method]:
+    """Every removal method by name: this module's, then the top of each attribution method whose spec says
+    ``removal`` (so a method registered later is offered too)."""
+    return {**METHODS, **{name: _attribution_top(name) for name in removal_tops()}}

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["FactorisedScorer", "Scorer", "forward_triples", "inverse_queries"]
+__all__ = ["FactorisedScorer", "QueryScorer", "Scorer", "forward_triples", "inverse_queries"]
 
 
 @runtime_checkable
@@ -61,6 +61,17 @@ class Scorer(Protocol):
         :param rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
         :return: scores [B, E]; equals ``score_t`` of ``(t, r + R)``.
         """
+        ...
+
+
+@runtime_checkable
+class QueryScorer(Protocol):
+    """What scores every entity as the answer of a query: ``score_t`` (every :class:`Scorer`; a scorer of
+    whole triples alone, ``score_hrt`` only, is not one). Paths that can take a query's [E] scores at once
+    ask ``isinstance(model, QueryScorer)``."""
+
+    def score_t(self, hr: Tensor) -> Tensor:
+        """As :meth:`Scorer.score_t`: hr [B, 2] (anchor, relation in [0, 2R)) -> scores [B, E]."""
         ...
 
 

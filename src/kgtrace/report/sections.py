@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from kgtrace.attribution.methods import METHOD_NOTES
+from kgtrace.attribution.methods import method_note
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.layout import RunLayout
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
@@ -232,7 +232,7 @@ SIGN_NOTE = ("Positive: training on that triple raised the prediction's score; n
 
 def influence_note(method: str) -> str:
     """What the influence column means for ``method`` (files written before methods were recorded: TracIn)."""
-    name, what = METHOD_NOTES.get(method, (method, "see the method's documentation"))
+    name, what = method_note(method)
     return f"{esc(name)} of a training triple on a prediction (<code>{esc(method)}</code>): {esc(what)}. {SIGN_NOTE}"
 LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PRO, "", "proponent"), (OPP, "", "opponent"))
 
