@@ -118,6 +118,7 @@ def test_train_then_evaluate(tmp_path):
     assert "\r" not in result.stderr and "batch/s" not in result.stderr  # no progress bar into a pipe
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert metrics["num_queries"] == 201 and 0 < metrics["both"]["realistic"]["mrr"] <= 1
+    assert len((out / "test_ranks.tsv").read_text().splitlines()) == 1 + 2 * 201  # a header, then both sides
     again = run_cli("evaluate", str(out), "--out", str(tmp_path / "m.json"))
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "m.json").read_text()) == metrics

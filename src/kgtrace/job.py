@@ -14,7 +14,6 @@ starts the run afresh. Outputs, beside what training writes:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,11 +25,9 @@ from kgtrace.attribution import TracIn, report
 from kgtrace.checkpoint import latest_checkpoint
 from kgtrace.config import TrainConfig, read_yaml
 from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.evaluate import metrics_of, rank_queries
-from kgtrace.evaluation.output import query_table, write_query_table
-from kgtrace.io import atomic_write_text
+from kgtrace.evaluation.run import write_test_metrics
 from kgtrace.layout import RunLayout
-from kgtrace.owned import contents, folder_lock, read_mark, retire
+from kgtrace.owned import contents, folder_lock, read_mark
 from kgtrace.report import write_report
 from kgtrace.run import load_run
 from kgtrace.system import resolve_device
@@ -136,16 +133,10 @@ def _evaluate_step(run, redo: bool, log) -> bool:
     """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
 
     layout = RunLayout(run.path)
-    metrics_path, ranks_path = layout.test_metrics, layout.test_ranks
-    if not redo and metrics_path.is_file() and ranks_path.is_file():
+    if not redo and layout.test_metrics.is_file() and layout.test_ranks.is_file():
         log("evaluate: reusing test_metrics.json and test_ranks.tsv")
         return False
-    ds = run.dataset
-    ranks = rank_queries(run.model, ds.test, known=ds.known_triples("test"))
-    metrics = metrics_of(ranks)
-    retire(metrics_path)  # first: an old JSON is never read beside new ranks
-    write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), ranks_path)
-    atomic_write_text(metrics_path, json.dumps(metrics.to_dict(), indent=2) + "\n")  # last: says the step finished
+    metrics = write_test_metrics(run)
     m = metrics.both.realistic
     log(f"evaluate: test MRR {m.mrr:.4f}, Hits@1 {m.hits_at[1]:.4f}, Hits@10 {m.hits_at[10]:.4f} (realistic)")
     return True

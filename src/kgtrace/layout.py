@@ -11,7 +11,7 @@
     training_curve.png        loss and validation MRR per epoch
     compile_stats.json        the compile counters of a compiled run
     test_metrics.json         filtered test metrics of the best checkpoint (kgtrace train, kgtrace run)
-    test_ranks.tsv            each test query's ranks and true score (kgtrace run)
+    test_ranks.tsv            each test query's ranks and true score (kgtrace train, kgtrace run)
     explain/                  test.json and predicted.json, each with its TSV (kgtrace run)
     report.html               the run on one page (kgtrace run, kgtrace report)
 """

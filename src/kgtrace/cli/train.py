@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 
-from kgtrace.cli.common import model_args, print_metrics, train_help, write_json
+from kgtrace.cli.common import model_args, print_metrics, train_help
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
 
@@ -115,7 +115,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from kgtrace.config import from_sources, read_yaml
-    from kgtrace.evaluation.run import evaluate_run
+    from kgtrace.evaluation.run import write_test_metrics
+    from kgtrace.run import load_run
     from kgtrace.training.loop import resume, train
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
@@ -138,9 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
               + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
                  if result.best_epoch else ""))
-        metrics = evaluate_run(result.run_dir, "test", world=args.world)
-        if args.world.is_main:
-            write_json(metrics.to_dict(), Path(result.run_dir) / "test_metrics.json")
+        metrics = write_test_metrics(load_run(result.run_dir), world=args.world)
     print_metrics(metrics, "test")
     return 0
 

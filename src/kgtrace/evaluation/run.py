@@ -1,15 +1,20 @@
-"""The metrics of a run folder: what kgtrace train reports after training, for the Python API too."""
+"""The metrics of a run folder: what kgtrace train reports and writes after training, for the Python API too."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kgtrace.distributed import ONE, World
-from kgtrace.evaluation.evaluate import Metrics
-from kgtrace.evaluation.sharded import evaluate_sharded
-from kgtrace.run import load_run
+from kgtrace.evaluation.evaluate import Metrics, metrics_of
+from kgtrace.evaluation.output import query_table, write_query_table
+from kgtrace.evaluation.sharded import evaluate_sharded, rank_queries_sharded
+from kgtrace.io import atomic_write_text
+from kgtrace.layout import RunLayout
+from kgtrace.owned import retire
+from kgtrace.run import Run, load_run
 
-__all__ = ["evaluate_run"]
+__all__ = ["evaluate_run", "write_test_metrics"]
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30,
@@ -22,3 +27,22 @@ def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 
     ds = run.dataset
     return evaluate_sharded(run.model, getattr(ds, split), world=world, known=ds.known_triples(split),
                             memory_budget=memory_budget)
+
+
+def write_test_metrics(run: Run, *, world: World = ONE, memory_budget: int = 2 << 30) -> Metrics:
+    """Rank the loaded run's test split (filtered by train + valid + test, all entities, eager) and write its
+    ranks and metrics into the run folder: test_ranks.tsv (each query's ranks and true score), then, last,
+    test_metrics.json, which says the step finished (an earlier one is removed first, so it is never read
+    beside new ranks). What kgtrace train and kgtrace run leave after training.
+
+    world: a distributed job's processes share the ranking; rank 0 writes. Returns the metrics.
+    """
+    layout, ds = RunLayout(run.path), run.dataset
+    ranks = rank_queries_sharded(run.model, ds.test, world=world, known=ds.known_triples("test"),
+                                 memory_budget=memory_budget)
+    metrics = metrics_of(ranks)
+    if world.is_main:
+        retire(layout.test_metrics)
+        write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), layout.test_ranks)
+        atomic_write_text(layout.test_metrics, json.dumps(metrics.to_dict(), indent=2) + "\n")
+    return metrics
