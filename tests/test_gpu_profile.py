@@ -28,11 +28,11 @@ def test_busy_time_is_the_union_of_device_activities_and_annotations_are_left_ou
 
 def test_every_path_runs_on_a_cpu():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_profile.py"), "--device", "cpu", "--scale", "0.004",
-                           "--steps", "2", "--paths", "eager,captured", "--models", "distmult"],
+                           "--steps", "2", "--paths", "eager,captured", "--models", "distmult", "--rank-paths", "eager"],
                           capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)["rows"]
     assert [(r["work"], r["path"]) for r in rows] == [("train step", "eager"), ("train step", "captured"),
-                                                     ("rank both sides", "eager"), ("rank both sides", "compiled")]
+                                                     ("rank both sides", "eager")]
     for r in rows:
         assert r["wall_ms"] > 0 and r["kernel_ms"] is None and r["floor_ms"] > 0 and 0 < r["floor_fraction"]

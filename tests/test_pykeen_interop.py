@@ -186,7 +186,7 @@ def test_conve_explain_runs_on_the_import(conve_run, umls, tmp_path):
     head, relation, tail = labels(umls, umls.test[:1])[0]
     out = tmp_path / "explain.json"
     assert main(["explain", str(conve_run), "--triple", head, relation, tail, "--top-k", "3", "--device", "cpu",
-                 "--no-progress", "--out", str(out)]) == 0
+                 "--method", "tracin", "--no-progress", "--out", str(out)]) == 0
     assert len(json.loads(out.read_text())["explanations"][0]["proponents"]) == 3
 
 
