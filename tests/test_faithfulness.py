@@ -14,7 +14,8 @@ from kgtrace.cli import main
 from kgtrace.config import TrainConfig
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, DataWarning, KgtraceError
-from kgtrace.faithfulness import METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness
+from kgtrace.faithfulness import (METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness,
+                                  removal_methods)
 from kgtrace.faithfulness import summarize as summarize_measures
 from kgtrace.faithfulness.experiment import removals
 from kgtrace.faithfulness.methods import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
@@ -122,8 +123,8 @@ def test_measure_scores_probabilities_and_filtered_ranks_by_hand():
 
 
 def test_method_registry_and_settings_errors():
-    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof", "trak", "influence",
-                             "influence-fisher", "grad-cos"]
+    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof"]
+    assert list(removal_methods()) == [*METHODS, "grad-cos", "influence", "influence-fisher", "trak"]
     with pytest.raises(ConfigError, match="unknown method proofs; choose from tracin-last, tracin-all, random"):
         FaithfulnessSettings(methods=("tracin-last", "proofs")).validate()
     with pytest.raises(ConfigError, match="methods=proof: needs the prover run"):

@@ -500,12 +500,12 @@ def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):
 
 
 def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
-    from kgtrace.faithfulness.methods import METHODS, MethodInputs
+    from kgtrace.faithfulness.methods import MethodInputs, removal_methods
 
     run = load_run(tiny_distmult)
     test = run.dataset.test[:2]
     matrix = METHOD_SPECS["grad-cos"].compute(run, test, AttributionInputs())
-    removed = METHODS["grad-cos"](run, test, 4, MethodInputs())
+    removed = removal_methods()["grad-cos"](run, test, 4, MethodInputs())
     for row, chosen in zip(matrix, removed):  # by value: of (nearly) tied attributions either triple is the largest
         torch.testing.assert_close(row[chosen], torch.sort(row, descending=True).values[:4])
 
@@ -522,7 +522,7 @@ def test_the_trak_ridge_defaults_to_the_models_everywhere(tiny_distmult, capsys)
     explain = parser.parse_args(["explain", "RUN", "--test", "1"])
     lds = parser.parse_args(["faithfulness", "RUN", "--lds"])
     assert explain.trak_ridge is lds.trak_ridge is AttributionInputs().trak_ridge is LdsSettings().trak_ridge is None
-    # --help names the models' ridges as literals (torch is not imported to print it): they must be the specs'
+    # --help names the models' ridges, from their specs
     assert {name: spec_named(name).trak_ridge for name in model_names()} == {"conve": 1.0, "distmult": 0.3,
                                                                               "complex": 0.3}
     for command in ("explain", "faithfulness"):

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 def trak_ridges() -> str:
-    """The registered models' TRAK ridges for --trak-ridge's help: "0.3; conve 1" (the default, then the others)."""
+    """The registered models' TRAK ridges for --trak-ridge's help: "0.3; ConvE 1" (the default, then the others)."""
     specs = [spec_named(name) for name in model_names()]
-    others = [f"{spec.name} {spec.trak_ridge:g}" for spec in specs if spec.trak_ridge != DEFAULT_TRAK_RIDGE]
+    others = [f"{spec.model_class.__name__} {spec.trak_ridge:g}" for spec in specs
+              if spec.trak_ridge != DEFAULT_TRAK_RIDGE]
     return "; ".join([f"{DEFAULT_TRAK_RIDGE:g}", *others])
 
 
