@@ -10,7 +10,7 @@ over the median of --repeats timings, at each of --threads; ``ratio`` is the rat
 path (``onednn=True``, whatever the processor) over ``@``'s, and ``max_rel_diff`` the largest
 |linear - @| / max |@|. ``kgtrace_takes_onednn`` says which kgtrace itself takes on this processor.
 
-    python benchmarks/matmul.py [--device auto|cpu|cuda] [--threads 1,2] [--repeats 5]
+    python benchmarks/matmul.py [--device auto|cpu|cuda] [--threads 1,2] [--repeats 5] [--calls 16]
 
 On a GPU both are the same ``@`` (linear takes oneDNN on a CPU only): the ratio is 1 there.
 """
@@ -61,12 +61,12 @@ def onednn_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return linear(x, w, onednn=True)
 
 
-def measure(device: torch.device, threads: int, repeats: int) -> list[dict]:
+def measure(device: torch.device, threads: int, repeats: int, calls: int = 16) -> list[dict]:
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     rows = []
     for name, m, k, n in SHAPES:
-        counts = torch.randint(m // 2, m * 3 // 2 + 1, (16,), generator=g).tolist()  # row counts vary, as in a pass
+        counts = torch.randint(m // 2, m * 3 // 2 + 1, (calls,), generator=g).tolist()  # row counts vary, as in a pass
         xs = [torch.randn(c, k, generator=g).to(device) for c in counts]
         w = torch.randn(n, k, generator=g).to(device)
         plain = rate(lambda x, w: x @ w.T, xs, w, device, repeats)
@@ -83,9 +83,10 @@ def main() -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calls", type=int, default=16, help="products per shape and pass, each its own row count")
     args = p.parse_args()
     device = resolved(args.device)
-    results = [row for t in (int(x) for x in args.threads.split(",")) for row in measure(device, t, args.repeats)]
+    results = [row for t in (int(x) for x in args.threads.split(",")) for row in measure(device, t, args.repeats, args.calls)]
     print(json.dumps({"device": str(device), "processor": processor_name(),
                       "vendor": cpu_vendor(), "torch": torch.__version__, "onednn": onednn_available(),
                       "kgtrace_takes_onednn": prefers_onednn(), "results": results}, indent=1))

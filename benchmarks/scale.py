@@ -478,6 +478,8 @@ def main() -> None:
                         help="mine: seconds after which mining with chains is stopped (and reported so)")
     parser.add_argument("--index-dim", type=int, default=128, help="index: numbers per training gradient and checkpoint")
     parser.add_argument("--redo", action="store_true", help="run the named steps again even if done")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="the result file to read and extend (default: benchmarks/results/scale-DEVICE.json)")
     parser.add_argument("--table", action="store_true", help="print the Markdown table of the result file and stop")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -489,7 +491,7 @@ def main() -> None:
     from kgtrace.io import atomic_write_text
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    out = HERE / "results" / f"scale-{device}.json"
+    out = args.results or HERE / "results" / f"scale-{device}.json"
     results = json.loads(out.read_text()) if out.is_file() else {}
     if args.table:
         print(table(results) + "\n\n" + plan(results))

@@ -1,0 +1,12 @@
+"""The training, attribution and prover benchmarks at a smoke size (tests/benchmark_smoke.py)."""
+
+import pytest
+from benchmark_smoke import run_smoke
+
+SCRIPTS = ["compile_speedup", "faithfulness", "lds", "precision", "prover", "tracin_index", "train_vs_pykeen"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_script_runs_at_a_smoke_size(script, tmp_path):
+    assert run_smoke(script, tmp_path)
