@@ -7,7 +7,7 @@ rounding (DistMult, so that no batch statistics or dropout differ). Ratios are s
 one process.
 
     python benchmarks/distributed_scaling.py [--procs 1,2,4] [--dataset kinships] [--device cpu|cuda]
-        [--threads 1] [--memory-budget 256KB] [--explain 50] [--epochs 5]
+        [--threads 1] [--memory-budget 256KB] [--explain 50] [--epochs 5] [--base-epochs 4]
 
 On CPUs each process gets --threads threads: give N processes N times fewer than one would get.
 --memory-budget sets the evaluation chunk: the processes share whole chunks, so a budget that
@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--memory-budget", default="256KB", help="evaluation budget (sets the chunk)")
     parser.add_argument("--explain", type=int, default=50, help="test triples explained")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of the timed DistMult training")
+    parser.add_argument("--base-epochs", type=int, default=4, help="epochs of the ConvE run evaluated and explained")
     args = parser.parse_args()
     procs = [int(p) for p in args.procs.split(",")]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -57,9 +58,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run = tmp / "run"
-        kgtrace(1, ["train", "--dataset", args.dataset, "--model", "conve", "--epochs", "4", "--checkpoint-every", "1",
-                    "--eval-every", "0", "--threads", str(args.threads), "--no-progress", "--out", str(run), *common],
-                env)
+        kgtrace(1, ["train", "--dataset", args.dataset, "--model", "conve", "--epochs", str(args.base_epochs),
+                    "--checkpoint-every", "1", "--eval-every", "0", "--threads", str(args.threads), "--no-progress",
+                    "--out", str(run), *common], env)
         rows = []
         for n in procs:
             row = {"processes": n}

@@ -24,7 +24,8 @@ ROBOKOP = [sys.executable, str(BENCHMARKS / "make_graph.py"), "robokop", "--out"
 #: script -> (commands making its input, its arguments at a smoke size)
 SMOKE: dict[str, tuple[list[list[str]], list[str]]] = {
     "compile_speedup": ([], ["--repeats", "1", "--steps", "2", "--evals", "1", "--threads", "1", "--parts", "train_step"]),
-    "distributed_scaling": ([], ["--procs", "1", "--dataset", "nations", "--epochs", "1", "--explain", "2"]),
+    "distributed_scaling": ([], ["--procs", "1", "--dataset", "nations", "--epochs", "1", "--base-epochs", "1",
+                                 "--explain", "2"]),
     "eval_vs_pykeen": ([], ["--entities", "1000", "--train", "8000", "--test", "50", "--models", "distmult",
                             "--sampled-queries", "20", "--corruptions", "400", "--no-compile"]),
     "faithfulness": ([], ["--datasets", "nations", "--models", "distmult", "--predictions", "2", "--retrain", "1",

@@ -85,3 +85,17 @@ def test_attribution_inputs_cannot_be_built_invalid():
     with pytest.raises(ConfigError) as error:
         AttributionInputs(seed=-1, damping=0.0, trak_dim=0, trak_ridge=float("inf"))
     assert len(error.value.problems) == 4
+
+
+def test_the_docs_table_of_methods_is_the_specs():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tracin.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")
+            and line.split("|")[1].strip().strip("`") in METHOD_SPECS]
+    expected = []
+    for name, spec in METHOD_SPECS.items():
+        offered = ", ".join(k for k, v in (("explain", spec.explain), ("LDS", spec.lds), ("removal", spec.removal)) if v)
+        expected.append(f"| `{name}` | {spec.title} | {spec.checkpoints} | {', '.join(spec.reads) or '-'} | "
+                        f"{offered or '-'} |")
+    assert rows == expected
