@@ -94,7 +94,7 @@ class TrainConfig:
                                               "device, captured once as a CUDA graph and replayed (no host work per "
                                               "step; same results as the step by step loop); on a CPU the same "
                                               "program runs uncaptured; unset: on CUDA where the settings allow it "
-                                              "(adam, fp32 or bf16, not sparse, no entity_chunk)")
+                                              "(adam, not fp16, not sparse, no entity_chunk)")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, str) and self.model not in model_names() and model_named(self.model):

@@ -114,7 +114,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         "self_influence.json" if args.self_influence else "explain.json")
     check_json_out(out)
     # The methods other than TracIn compute on the CPU: their run is loaded there.
-    device = resolve_device(args.device if args.method in ("tracin", "auto") else "cpu")
+    device = resolve_device(args.device if may_stream(args.method) else "cpu")
     run = load_run(args.run_dir, args.checkpoint, device=device)
     # --out-dir: its first file stands for the folder (where it lies, whether its folder can be written)
     check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(
@@ -147,6 +147,12 @@ def explain_method(args: argparse.Namespace, run) -> MethodChoice:
     return choose_method(run)
 
 
+def may_stream(method: str) -> bool:
+    """Whether --method may run explain's streaming pass (TracIn's; auto may choose it), which alone takes --index,
+    --self, torchrun and a GPU."""
+    return method == "auto" or METHOD_SPECS[method].streaming
+
+
 def tracin_only_options(args: argparse.Namespace) -> list[str]:
     """The options given that only TracIn reads (torchrun counts as one)."""
     tracin_only = {"--self": args.self_influence, "--index": args.index, "--params": args.params,
@@ -163,7 +169,7 @@ def check_explain_options(args: argparse.Namespace) -> None:
         problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
     if args.out_dir and (args.self_influence or args.out):
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
-    if args.method not in ("tracin", "auto"):
+    if not may_stream(args.method):
         problems += [f"--{name} with --method {args.method}: {why}" for name, given, why in (
             ("index", args.index, "the index holds TracIn's projected gradients; fix: drop --index or use --method tracin"),
             ("self", args.self_influence, "self-influence is TracIn's; fix: use --method tracin"),

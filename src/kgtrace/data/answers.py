@@ -29,7 +29,7 @@ def reciprocal_queries(triples: Tensor, num_relations: int) -> tuple[Tensor, Ten
 
 def answering(known: Tensor, triples: Tensor, num_relations: int, device: torch.device | str | None = None) -> Tensor:
     """The rows of ``known`` [N, 3] that answer a query of ``triples`` [n, 3]: those with a triple's head
-    and relation (its tail query) or its relation and tail (its head query); on the CPU.
+    and relation (its tail query) or its relation and tail (its head query), returned on the CPU.
 
     Filtered ranks of ``triples`` read only these, so an index of them ranks ``triples`` exactly as an
     index of all of ``known`` does, and costs memory in the queries' answers rather than in N (a few
