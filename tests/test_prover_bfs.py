@@ -10,10 +10,12 @@ import shutil
 import pytest
 import torch
 
+import kgtrace
 from kgtrace.cli import main
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import Candidates, evaluate, rank_queries
+from kgtrace.layout import RunLayout
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
@@ -146,6 +148,8 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     metrics = json.loads(out.read_text())
     assert metrics["prover"]["overflow"] == {"states": 0, "atoms": 0, "facts": 0}
     loaded = load_prover_run(run)
+    # kgtrace.load_run loads either kind of run: the folder says which
+    assert RunLayout(run).kind == "prover" and isinstance(kgtrace.load_run(run), kgtrace.ProverRun)
     known = AnswerIndex.build(ds.all_triples(), ds.num_relations)
     direct = evaluate(loaded.model, ds.test, known=known, candidates=Candidates(3))
     assert metrics["both"]["realistic"]["mrr"] == pytest.approx(direct.both.realistic.mrr)

@@ -3,7 +3,8 @@
 The public API, re-exported from the packages that own it::
 
     kgtrace.TrainConfig, kgtrace.train, kgtrace.resume    training into a run folder
-    kgtrace.load_run                                      model + dataset + checkpoints of a run
+    kgtrace.load_run                                      any run folder: an embedding run's Run (model, dataset,
+                                                          checkpoints), a prover run's ProverRun
     kgtrace.evaluate                                      filtered rank metrics of any scorer
     kgtrace.predict, kgtrace.score_triples                a run's best candidates; scores and ranks of triples
     kgtrace.TracIn                                        training triples' influence on predictions
@@ -11,6 +12,7 @@ The public API, re-exported from the packages that own it::
     kgtrace.MODELS, kgtrace.build_model                   the model registry
 """
 
+from kgtrace.any_run import load_any_run as load_run
 from kgtrace.attribution import TracIn
 from kgtrace.config import TrainConfig
 from kgtrace.data.dataset import Dataset, load_dataset
@@ -19,12 +21,13 @@ from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.evaluation.predict import predict, score_triples
 from kgtrace.models import MODELS, build_model
-from kgtrace.run import Run, load_run
+from kgtrace.prover.run import ProverRun
+from kgtrace.run import Run
 from kgtrace.training.loop import resume, train
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "Run", "TrainConfig", "TracIn", "build_model",
+    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "ProverRun", "Run", "TrainConfig", "TracIn", "build_model",
     "evaluate", "load_dataset", "load_run", "predict", "prepare", "resume", "score_triples", "train",
 ]

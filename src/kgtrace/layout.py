@@ -51,6 +51,13 @@ class RunLayout:
         return self.root / PROVER_CONFIG
 
     @property
+    def kind(self) -> str | None:
+        """"prover" (its prover.yaml), "embedding" (its config.yaml), or None: the folder holds no run."""
+        if self.prover_config.is_file():
+            return "prover"
+        return "embedding" if self.config.is_file() else None
+
+    @property
     def rules(self) -> Path:
         return self.root / RULES
 

@@ -99,11 +99,11 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.attribution import TracIn
     from kgtrace.compile import compile_default, logged_compilation
-    from kgtrace.prover.run import is_prover_run
+    from kgtrace.layout import RunLayout
     from kgtrace.run import load_run
     from kgtrace.system import resolve_device
 
-    if is_prover_run(args.run_dir):
+    if RunLayout(args.run_dir).kind == "prover":
         if args.world.distributed:
             raise KgtraceError(f"{args.run_dir}: a prover run's proofs are found in one process. "
                                "Fix: run this command without torchrun")
