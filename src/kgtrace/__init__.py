@@ -2,6 +2,7 @@
 
 The public API, re-exported from the packages that own it::
 
+    kgtrace.pipeline                                      train, then rank the test split: one call (PyKEEN's)
     kgtrace.TrainConfig, kgtrace.train, kgtrace.resume    training into a run folder
     kgtrace.load_run                                      any run folder: an embedding run's Run (model, dataset,
                                                           checkpoints), a prover run's ProverRun
@@ -21,6 +22,7 @@ from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.evaluation.predict import predict, score_triples
 from kgtrace.models import MODELS, build_model
+from kgtrace.pipelines import PipelineResult, pipeline
 from kgtrace.prover.run import ProverRun
 from kgtrace.run import Run
 from kgtrace.training.loop import resume, train
@@ -28,6 +30,7 @@ from kgtrace.training.loop import resume, train
 __version__ = "0.1.0"
 
 __all__ = [
-    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "ProverRun", "Run", "TrainConfig", "TracIn", "build_model",
-    "evaluate", "load_dataset", "load_run", "predict", "prepare", "resume", "score_triples", "train",
+    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "PipelineResult", "ProverRun", "Run", "TrainConfig",
+    "TracIn", "build_model", "evaluate", "load_dataset", "load_run", "pipeline", "predict", "prepare", "resume",
+    "score_triples", "train",
 ]

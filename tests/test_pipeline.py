@@ -1,0 +1,27 @@
+"""kgtrace.pipeline: one call trains, ranks the test split and returns the run, the losses and the metrics."""
+
+import json
+
+import pytest
+
+import kgtrace
+from kgtrace.errors import ConfigError
+
+
+def test_pipeline_trains_ranks_and_returns_frames(tmp_path):
+    result = kgtrace.pipeline(dataset="Nations", model="DistMult", epochs=2, model_args={"embedding_dim": 8},
+                              eval_every=1, threads=1, device="cpu", out=tmp_path / "run", log=lambda *_: None)
+    assert result.run_dir == tmp_path / "run" and result.training.epochs_completed == 2
+    saved = json.loads((tmp_path / "run" / "test_metrics.json").read_text())
+    assert saved == result.metrics.to_dict() and (tmp_path / "run" / "test_ranks.tsv").is_file()
+    epochs = result.training.to_df()
+    assert epochs["epoch"].to_list() == [1, 2] and epochs["valid_mrr"].null_count() == 0
+    frame = result.to_df()
+    assert len(frame) > 0 and "test MRR" in repr(result)
+    assert isinstance(kgtrace.load_run(result.run_dir), kgtrace.Run)  # the run serves everything else
+
+
+def test_an_unknown_setting_is_refused_with_the_settings_names(tmp_path):
+    with pytest.raises(ConfigError, match="learning_rate: not a setting of TrainConfig .*lr"):
+        kgtrace.pipeline(dataset="nations", learning_rate=0.01, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
