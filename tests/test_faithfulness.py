@@ -379,3 +379,10 @@ def test_saved_removals_are_reused_only_under_the_same_formula_and_inputs(toy_ru
     again = removals(run, predictions, settings, cache, progress=False)
     assert again["grad-cos"] == fresh["grad-cos"] != [[0, 1, 2]] * 2  # recomputed
     assert again["random"] == [[0, 1, 2]] * 2  # reused: no revision, and the file's seed covers its draw
+
+
+def test_method_inputs_cannot_be_built_invalid():
+    with pytest.raises(ConfigError) as error:
+        MethodInputs(seed=-3, progress="yes", prover_run=7)
+    assert len(error.value.problems) == 3
+    assert MethodInputs(seed=5, prover_run="runs/prover").seed == 5

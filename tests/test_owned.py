@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kgtrace.errors import KgtraceError
+from kgtrace.errors import KgtraceError, command_line
 from kgtrace.io import atomic_write_text
 from kgtrace.owned import (LOCK, MANIFEST, MARKER, check_out_folder, claim_out_folder, file_digest, file_lock,
                            folder_lock, kept_note, read_mark, replace_problem, retire, write_index, write_mark)
@@ -15,7 +15,12 @@ def test_claim_creates_marks_and_replaces_only_its_own_kind(tmp_path):
     assert claim_out_folder(out, kind="run", overwrite=False) == []
     assert read_mark(out).kind == "run"
     atomic_write_text(out / "checkpoints" / "epoch-0001.pt", "x")  # kgtrace's: listed in its manifest
-    with pytest.raises(KgtraceError, match="not empty .*checkpoints.*pass --overwrite"):
+    with command_line(), pytest.raises(KgtraceError, match=r"^--out .*/run: folder is not empty .*checkpoints.*Fix: "
+                                                          "choose another --out or pass --overwrite"):
+        check_out_folder(out, kind="run", overwrite=False)
+    # the same refusal to a Python caller names its arguments
+    with pytest.raises(KgtraceError, match=r"^out='.*/run': folder is not empty .*Fix: choose another out or pass "
+                                           "overwrite=True"):
         check_out_folder(out, kind="run", overwrite=False)
     assert claim_out_folder(out, kind="run", overwrite=True) == []
     assert sorted(p.name for p in out.iterdir()) == [MARKER, MANIFEST]

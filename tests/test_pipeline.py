@@ -19,6 +19,10 @@ def test_pipeline_trains_ranks_and_returns_frames(tmp_path):
     frame = result.to_df()
     assert len(frame) > 0 and "test MRR" in repr(result)
     assert isinstance(kgtrace.load_run(result.run_dir), kgtrace.Run)  # the run serves everything else
+    # a re-run cell is refused in Python's terms, not the command line's
+    with pytest.raises(kgtrace.KgtraceError, match=r"out='.*run': folder is not empty .*call kgtrace\.resume\(out\) "
+                                                   r"to continue that run or pass overwrite=True"):
+        kgtrace.pipeline(dataset="nations", model="distmult", epochs=1, out=tmp_path / "run", log=lambda *_: None)
 
 
 def test_an_unknown_setting_is_refused_with_the_settings_names(tmp_path):

@@ -8,7 +8,36 @@ and line, the offending value, and the fix.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from os import PathLike
+
+#: Who reads the messages: "python" (a script or notebook, the default) or "cli" (``kgtrace ...``, set by its main).
+_READER: ContextVar[str] = ContextVar("kgtrace_reader", default="python")
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """Messages raised inside the block speak to a command line (``--overwrite``), not to Python (``overwrite=True``)."""
+    token = _READER.set("cli")
+    try:
+        yield
+    finally:
+        _READER.reset(token)
+
+
+def option(flag: str, value: object = True) -> str:
+    """An option as its reader gives it: ``flag`` (``--overwrite``, ``--out x``) on the command line, the keyword
+    argument (``overwrite=True``, ``out='x'``) from Python. value True: a switch."""
+    if _READER.get() == "cli":
+        return flag if value is True else f"{flag} {value}"
+    return f"{flag.lstrip('-').replace('-', '_')}={value!r}"
+
+
+def option_name(flag: str) -> str:
+    """The option's name as its reader writes it: ``--out`` on the command line, ``out`` from Python."""
+    return flag if _READER.get() == "cli" else flag.lstrip("-").replace("-", "_")
 
 
 class KgtraceError(Exception):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from kgtrace.errors import KgtraceError
+from kgtrace.errors import KgtraceError, option_name
+from kgtrace.errors import option as spoken
 from kgtrace.io import LOCK, MANIFEST, MARKER, atomic_write_text, foreign_files, remove_written, written_files
 
 KINDS = {"run": "a run folder", "dataset": "a dataset folder", "prover-run": "a prover run folder",
@@ -107,22 +108,24 @@ def check_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
     hints: other ways out of a non-empty folder, e.g. "pass --resume to continue that run".
     """
     out = Path(out)
+    given, other = spoken(option, str(out)), f"choose another {option_name(option)}"
     if out.exists() and not out.is_dir():
-        raise KgtraceError(f"{option} {out}: is a file, not a folder. Fix: choose another {option}")
+        raise KgtraceError(f"{given}: is a file, not a folder. Fix: {other}")
     existing = contents(out)
     if not existing:
         return
     listing = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
     if not overwrite:
-        ways = [f"choose another {option}", *hints]
+        ways = [other, *hints]
         if replace_problem(out, kind, inputs) is None:
-            ways.append("pass --overwrite to replace it")
-        raise KgtraceError(f"{option} {out}: folder is not empty ({listing}). Fix: {' or '.join(ways)}")
+            ways.append(f"pass {spoken('--overwrite')} to replace it")
+        raise KgtraceError(f"{given}: folder is not empty ({listing}). Fix: {' or '.join(ways)}")
     problem = replace_problem(out, kind, inputs)
     if problem:
-        raise KgtraceError(f"{option} {out}: --overwrite only replaces {KINDS.get(kind, kind)} that kgtrace wrote, "
-                           f"and this folder {problem}; it holds {listing}. Nothing was deleted. Fix: choose another "
-                           f"{option} (or delete the folder yourself if you are sure)")
+        raise KgtraceError(f"{given}: {spoken('--overwrite')} only replaces {KINDS.get(kind, kind)} that "
+                           f"kgtrace wrote, and this folder {problem}; it holds {listing}. Nothing was deleted. Fix: "
+                           f"{other} (or delete the folder yourself if you are sure)")
+
 
 
 def claim_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
@@ -148,7 +151,7 @@ def kept_note(out: str | os.PathLike, kept: list[str]) -> str | None:
     if not kept:
         return None
     listing = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
-    return f"--overwrite {out}: kept {len(kept)} file{'s' * (len(kept) > 1)} kgtrace did not write there: {listing}"
+    return f"{spoken('--overwrite')} {out}: kept {len(kept)} file{'s' * (len(kept) > 1)} kgtrace did not write there: {listing}"
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -29,7 +29,7 @@ from kgtrace import __version__
 from kgtrace.cli import datasets, evaluate, explain, faithfulness, interop, prove, report, train
 from kgtrace.cli.common import HelpFormatter, RawHelpFormatter
 from kgtrace.distributed import StoppedByPeer, session
-from kgtrace.errors import DataWarning, KgtraceError, os_fault
+from kgtrace.errors import DataWarning, KgtraceError, command_line, os_fault
 
 __all__ = ["HelpFormatter", "RawHelpFormatter", "build_parser", "main"]
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     where = ""  # " [rank R/N]" in a distributed job
     try:
-        with session(args.subcommand) as world:
+        with command_line(), session(args.subcommand) as world:
             where = f" [{world.label()}]" if world.distributed else ""
             args.world = world
             if not world.is_main and hasattr(args, "progress"):

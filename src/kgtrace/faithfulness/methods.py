@@ -33,6 +33,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -40,6 +41,7 @@ from torch import Tensor
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.methods import (METHOD_SPECS, AttributionInputs, attribution_signature, removal_tops,
                                         shares_an_entity)
+from kgtrace.config import MAX_SEED
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
@@ -51,11 +53,22 @@ __all__ = ["METHODS", "Method", "MethodInputs", "method_signature", "removal_met
 
 @dataclass(frozen=True)
 class MethodInputs:
-    """What a method may need besides the run and the predictions."""
+    """What a method may need besides the run and the predictions; cannot be built invalid (every problem at once)."""
 
     seed: int = 0  # of the random draws (random, neighbourhood)
     progress: bool = False  # show TracIn's progress bar
     prover_run: str | None = None  # the prover run folder (proof)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"seed={self.seed!r}: must be an integer from 0 to 2**63 - 1")
+        if not isinstance(self.progress, bool):
+            problems.append(f"progress={self.progress!r}: must be true or false")
+        if self.prover_run is not None and not isinstance(self.prover_run, (str, Path)):
+            problems.append(f"prover_run={self.prover_run!r}: must be a prover run folder (kgtrace prove --out)")
+        if problems:
+            raise ConfigError(problems)
 
 
 Method = Callable[[Run, Tensor, int, MethodInputs], list[Tensor]]

@@ -32,7 +32,7 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.registry import DATASETS, registered_name
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError, DataError, KgtraceError
+from kgtrace.errors import ConfigError, DataError, KgtraceError, option_name
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.frames import FrameKind, as_frame
@@ -156,7 +156,11 @@ def restore_state(state: TrainState, saved: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- run folder
 
 
-RESUME_HINT = ("pass --resume to continue that run",)
+def resume_hints() -> tuple[str, ...]:
+    """How to continue a run found in the output folder, as its reader does it."""
+    if option_name("--resume") == "--resume":
+        return ("pass --resume to continue that run",)
+    return ("call kgtrace.resume(out) to continue that run",)
 
 
 def check_resumable(out: Path) -> None:
@@ -272,7 +276,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
     inputs = (*dataset_inputs(config.dataset), *inputs)
-    hints = RESUME_HINT if RunLayout(out).config.is_file() else ()
+    hints = resume_hints() if RunLayout(out).config.is_file() else ()
     world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=hints))
     device = setup_device(config, world)
     if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, and sparse
