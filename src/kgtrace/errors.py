@@ -2,7 +2,9 @@
 
 Every error a user can fix is a :class:`KgtraceError`; the CLI prints its message
 and exits with status 2, without a traceback. Messages name the key or the file
-and line, the offending value, and the fix.
+and line, the offending value, and the fix, in their reader's terms where it matters:
+:func:`option` spells an option ``--overwrite`` under the command line (its main runs inside
+:func:`command_line`) and ``overwrite=True`` for a Python caller.
 """
 
 from __future__ import annotations
