@@ -189,3 +189,18 @@ def test_a_step_that_cannot_be_captured_says_so_and_names_the_fix(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", refusing)
     with pytest.raises(KgtraceError, match=r"could not be captured as a CUDA graph \(Cannot copy .*--no-captured-step"):
         program.run()
+
+
+def test_a_new_runs_captured_step_and_compile_are_decided_by_device_and_settings():
+    from kgtrace.training.loop import decided
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # devices as names: nothing runs on them here
+    on_cuda = decided(TrainConfig(), cuda)
+    assert (on_cuda.captured_step, on_cuda.compile) == (True, False)  # the step is one graph; its loss eager
+    asked = decided(TrainConfig(compile=True), cuda)
+    assert (asked.captured_step, asked.compile) == (True, True)
+    adagrad = decided(TrainConfig(optimizer="adagrad"), cuda)
+    assert (adagrad.captured_step, adagrad.compile) == (False, True)  # not capturable: the compiled plain loop
+    plain = decided(TrainConfig(), cpu)
+    assert (plain.captured_step, plain.compile) == (False, False)
+    assert decided(TrainConfig(captured_step=True), cpu).captured_step is True  # asked: the program runs uncaptured

@@ -89,7 +89,8 @@ class TrainConfig:
     memory_budget: str = option("2GB", "memory for ranking during validation, e.g. 2GB")
     compile: bool | None = option(None, "run the training step and validation ranking through torch.compile (same "
                                         "results as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs "
-                                        "eagerly; unset: on CUDA yes, on a CPU no (kgtrace.compile.compile_default)")
+                                        "eagerly; unset: on CUDA yes, unless the captured step runs (then no), on a "
+                                        "CPU no (kgtrace.compile.compile_default)")
     captured_step: bool | None = option(None, "run each training step as one program over examples kept on the "
                                               "device, captured once as a CUDA graph and replayed (no host work per "
                                               "step; same results as the step by step loop); on a CPU the same "

@@ -279,11 +279,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
     hints = resume_hints() if RunLayout(out).config.is_file() else ()
     world.on_main(lambda: check_out_folder(out, kind="run", overwrite=overwrite, inputs=inputs, hints=hints))
     device = setup_device(config, world)
-    if config.compile is None:  # the one rule (compile_default); the chunked loss runs its own backward, and sparse
-        # gradients are not compiled: both run eagerly
-        config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk
-                                     and not config.sparse)
-    config = with_captured_step(config, device, world)
+    config = decided(config, device, world)
     dataset = load_dataset(config.dataset)
     check_splits(dataset, config)
     state = new_state(config, dataset, device)  # before the folder: a model that cannot be built leaves none
@@ -336,6 +332,20 @@ def setup_device(config: TrainConfig, world: World = ONE) -> torch.device:
     if device.type == "cpu":
         keep_freed_memory()
     return device
+
+
+def decided(config: TrainConfig, device: torch.device, world: World = ONE) -> TrainConfig:
+    """A new run's captured_step and compile, decided for ``device`` where unset (a run records them).
+
+    compile follows the one rule (compile_default), except that the chunked loss runs its own backward and
+    sparse gradients are not compiled (both run eagerly), and that the captured step, one CUDA graph
+    already, compiles its loss inside only when asked: its eager kernels are what was measured on a GPU.
+    """
+    config = with_captured_step(config, device, world)
+    if config.compile is None:
+        config = dataclasses.replace(config, compile=compile_default(device, None) and not config.entity_chunk
+                                     and not config.sparse and not config.captured_step)
+    return config
 
 
 def with_captured_step(config: TrainConfig, device: torch.device, world: World = ONE) -> TrainConfig:
