@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -122,7 +123,7 @@ def training_paths(args: argparse.Namespace, device: torch.device, rates: dict) 
         shape = SHAPES[args.shape]
         entities, relations = int(shape["entities"] * args.scale), max(2, int(shape["relations"] * args.scale))
         train = synthetic_train(entities, relations, int(shape["train"] * args.scale))
-    shape = type("Shape", (), {"num_entities": entities, "num_relations": relations})()
+    shape = SimpleNamespace(num_entities=entities, num_relations=relations)  # what new_state reads of a dataset
     batches = Batches.build(train, relations, "kvsall")
     rows = []
     for batch in map(int, args.batches.split(",")):

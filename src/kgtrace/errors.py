@@ -29,17 +29,22 @@ def command_line() -> Iterator[None]:
         _READER.reset(token)
 
 
+def on_command_line() -> bool:
+    """Whether messages raised now speak to a command line (inside :func:`command_line`)."""
+    return _READER.get() == "cli"
+
+
 def option(flag: str, value: object = True) -> str:
     """An option as its reader gives it: ``flag`` (``--overwrite``, ``--out x``) on the command line, the keyword
     argument (``overwrite=True``, ``out='x'``) from Python. value True: a switch."""
-    if _READER.get() == "cli":
+    if on_command_line():
         return flag if value is True else f"{flag} {value}"
     return f"{flag.lstrip('-').replace('-', '_')}={value!r}"
 
 
 def option_name(flag: str) -> str:
     """The option's name as its reader writes it: ``--out`` on the command line, ``out`` from Python."""
-    return flag if _READER.get() == "cli" else flag.lstrip("-").replace("-", "_")
+    return flag if on_command_line() else flag.lstrip("-").replace("-", "_")
 
 
 class KgtraceError(Exception):

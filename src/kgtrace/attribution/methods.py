@@ -188,19 +188,24 @@ def attributions() -> dict[str, Attribution]:
     return {name: spec.compute for name, spec in METHOD_SPECS.items() if spec.compute is not None}
 
 
+def _offered_by(trait: str) -> tuple[str, ...]:
+    """The methods whose spec sets ``trait`` (explain, lds, removal), in registration order."""
+    return tuple(name for name, spec in METHOD_SPECS.items() if getattr(spec, trait))
+
+
 def explain_methods() -> tuple[str, ...]:
     """``kgtrace explain --method``'s choices besides auto."""
-    return tuple(name for name, spec in METHOD_SPECS.items() if spec.explain)
+    return _offered_by("explain")
 
 
 def lds_methods() -> tuple[str, ...]:
     """The methods ``kgtrace faithfulness lds`` scores by default."""
-    return tuple(name for name, spec in METHOD_SPECS.items() if spec.lds)
+    return _offered_by("lds")
 
 
 def removal_tops() -> tuple[str, ...]:
     """The methods whose top proponents ``kgtrace faithfulness`` removes."""
-    return tuple(name for name, spec in METHOD_SPECS.items() if spec.removal)
+    return _offered_by("removal")
 
 
 def method_note(name: str) -> tuple[str, str]:

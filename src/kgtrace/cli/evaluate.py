@@ -85,19 +85,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.evaluation.candidates import restriction_of
     from kgtrace.evaluation.evaluate import Candidates
     from kgtrace.any_run import load_any_run
-    from kgtrace.prover.run import ProverRun
     from kgtrace.system import resolve_device
 
     options = evaluate_options(args)
     sides, ks, budget = options.sides, options.ks, options.memory_budget
     device = resolve_device(args.device)
-    if RunLayout(args.run_dir).kind == "prover" and args.world.distributed:
+    prover = RunLayout(args.run_dir).kind == "prover"
+    if prover and args.world.distributed:
         raise KgtraceError(f"{args.run_dir}: a prover run is evaluated in one process (its overflow counts are "
                            "per process). Fix: run this command without torchrun")
     # A prover run compiles its engine's step and its policy's beam search (--compile, or its own setting);
     # ranking itself runs eagerly.
     run = load_any_run(args.run_dir, args.checkpoint, device, compile=args.compile)
-    prover = isinstance(run, ProverRun)
     ds = run.dataset
     layout = RunLayout(args.run_dir)
     check_run_outputs(args.run_dir, run.config.dataset, [*named_output(args.out, "--out"),

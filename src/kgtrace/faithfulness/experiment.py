@@ -221,13 +221,14 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
         methods.pop("proof", None)
     inputs = MethodInputs(settings.seed, progress, settings.prover_run)
     keys = [",".join(map(str, row)) for row in as_rows(predictions)]
+    removers = removal_methods()
     for name in settings.methods:
         signature = method_signature(name, inputs, run)  # rows of an earlier formula or other inputs are not reused
         have = {key: row for key, row in methods.get(name, {}).items()
                 if row["k"] >= k and row.get("signature") == signature}  # computed for k or more
         missing = [i for i, key in enumerate(keys) if key not in have]
         if missing:
-            found = removal_methods()[name](run, predictions[missing], k, inputs)
+            found = removers[name](run, predictions[missing], k, inputs)
             have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row], "signature": signature}
                      for i, row in zip(missing, found)}
         methods[name] = {**methods.get(name, {}), **have}

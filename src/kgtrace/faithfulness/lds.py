@@ -46,6 +46,7 @@ from torch import Tensor
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribution_signature, lds_methods
+from kgtrace.attribution.methods import attributions as matrix_methods  # lds.attributions is this module's own
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
@@ -86,7 +87,7 @@ class LdsSettings:
             problems.append(f"subsets={self.subsets}: must be at least 3 (a rank correlation over fewer says nothing)")
         if not 0 < self.fraction < 1:
             problems.append(f"fraction={self.fraction}: must lie strictly between 0 and 1, e.g. 0.5")
-        known = [name for name, spec in METHOD_SPECS.items() if spec.compute is not None]
+        known = matrix_methods()
         unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             problems.append(f"methods={','.join(self.methods)}: unknown method {', '.join(unknown) or '(none given)'}; "

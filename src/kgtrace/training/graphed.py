@@ -68,7 +68,6 @@ class DeviceExamples:
     positives[offsets[i]:offsets[i + 1]]. answers [N] (1vsall, negative-sampling: the tail).
     """
 
-    mode: str
     queries: Tensor
     offsets: Tensor | None
     positives: Tensor | None
@@ -78,9 +77,9 @@ class DeviceExamples:
     def build(cls, batches: Batches, device: torch.device) -> "DeviceExamples":
         index = batches.index
         if index is None:
-            return cls(batches.mode, batches.queries.to(device), None, None, batches.answers.to(device))
+            return cls(batches.queries.to(device), None, None, batches.answers.to(device))
         # Batches' kvsall queries are the index's, in its order: example i is index row i.
-        return cls(batches.mode, batches.queries.to(device), index.offsets.to(device), index.answers.to(device), None)
+        return cls(batches.queries.to(device), index.offsets.to(device), index.answers.to(device), None)
 
     def counts(self) -> Tensor:
         """Positives per example [N] (kvsall modes)."""
@@ -146,6 +145,7 @@ class StepProgram:
         self.within = torch.arange(batch_size, device=order.device)  # [B] places of the batch after cursor
         self.slots = pairs_bound(examples.counts(), batch_size) if examples.offsets is not None else 0
         self.valid = torch.ones(batch_size, dtype=torch.bool, device=order.device)
+        self.static = step_static(model, config)  # the loss's leading arguments: the model, its label values
         # compile: Inductor's kernels, captured into this program's graph (no CUDA graphs of its own)
         self.call = train_call(model, config.training, batch_size, order.device,
                                (config.negatives_tail, config.negatives_head), mode="default") if config.compile else None
@@ -170,12 +170,11 @@ class StepProgram:
         """The program: batch assembly, forward and loss, backward, optimizer step; nothing read by the host."""
         pos = self.order[self.cursor + self.within]  # [B] example positions of this batch
         inputs = self.inputs(pos)
-        static = step_static(self.model, self.config)
         with precision_context(self.config.precision, self.order.device, cache=False):
             if self.call is None:
-                rows = ROWS[self.config.training](*static, **inputs, valid=self.valid)  # [B]
+                rows = ROWS[self.config.training](*self.static, **inputs, valid=self.valid)  # [B]
             else:
-                (rows,) = self.call(*static, **inputs)  # [B]
+                (rows,) = self.call(*self.static, **inputs)  # [B]
             loss = mean_of_rows(rows, self.config, self.model.num_entities, self.batch_size)
         loss.backward()
         self.optimizer.step()

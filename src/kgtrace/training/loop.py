@@ -32,7 +32,7 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.registry import DATASETS, registered_name
 from kgtrace.data.vocab import write_vocab
 from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError, DataError, KgtraceError, option_name
+from kgtrace.errors import ConfigError, DataError, KgtraceError, on_command_line
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
 from kgtrace.frames import FrameKind, as_frame
@@ -158,7 +158,7 @@ def restore_state(state: TrainState, saved: dict[str, Any]) -> None:
 
 def resume_hints() -> tuple[str, ...]:
     """How to continue a run found in the output folder, as its reader does it."""
-    if option_name("--resume") == "--resume":
+    if on_command_line():
         return ("pass --resume to continue that run",)
     return ("call kgtrace.resume(out) to continue that run",)
 
