@@ -157,7 +157,7 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str)
         records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     m = metrics.both.realistic
     seconds = [r["seconds"] for r in records]
-    floor = epoch_floor(run.model, ds, next(run.model.parameters()).device)
+    floor = epoch_floor(run.model, ds, next(run.model.parameters()).device, steps=records[0]["step"])
     return {
         **floor, "floor_fraction": floor["epoch_floor_seconds"] / min(seconds),
         "seconds_per_epoch": sum(seconds) / epochs, "epoch_seconds": seconds, "train_seconds": sum(seconds),
@@ -169,14 +169,12 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str)
     }
 
 
-def epoch_floor(model, ds, device) -> dict:
+def epoch_floor(model, ds, device, steps: int) -> dict:
     """The fewest seconds an epoch can take on ``device`` (benchmarks/common.py: floor_ms): its steps' FLOPs at
-    the measured float32 product rate, or their bytes at the measured copy bandwidth."""
+    the measured float32 product rate, or their bytes at the measured copy bandwidth. steps: an epoch's
+    optimizer steps, as the run's first metrics record counts them."""
     from common import conve_step_cost, device_rates, floor_ms
 
-    from kgtrace.data.answers import AnswerIndex
-
-    steps = -(-AnswerIndex.build(ds.train, ds.num_relations).num_queries // HYPER["batch_size"])
     params = sum(p.numel() for p in model.parameters())
     cost = conve_step_cost(HYPER["batch_size"], ds.num_entities, HYPER["embedding_dim"], params)
     return {"epoch_floor_seconds": steps * floor_ms(*cost, device_rates(device)) / 1000}
