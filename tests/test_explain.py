@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kgtrace.attribution import TracIn
+from kgtrace.attribution.results import Influencer
 from kgtrace.cli import main
 from kgtrace.cli.explain import sign_note
 from kgtrace.data.lookup import parse_triple
@@ -104,7 +105,7 @@ def test_a_training_triple_says_so(run_dir, run, tmp_path, capsys):
 
 def test_a_list_that_runs_past_its_sign_says_how_many_triples_have_it():
     def entries(*values):
-        return [{"influence": v} for v in values]
+        return [Influencer.from_dict({"head": "h", "relation": "r", "tail": "t", "influence": v}) for v in values]
 
     assert sign_note("proponents", entries(3.0, 1.0, 0.5)) == ""
     assert sign_note("opponents", entries(-3.0, -1.0)) == ""

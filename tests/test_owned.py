@@ -114,7 +114,7 @@ def test_index_written_last_names_its_companions(tmp_path):
 
 def test_a_failed_table_write_leaves_no_stale_json(tmp_path, monkeypatch):
     """A kill (here: an error) between the table and the JSON leaves no JSON at all, never the old one."""
-    from kgtrace.attribution import report
+    from kgtrace.attribution import results
 
     out = tmp_path / "e.json"
     out.write_text('{"explanations": []}\n')
@@ -123,9 +123,9 @@ def test_a_failed_table_write_leaves_no_stale_json(tmp_path, monkeypatch):
     def fail(*_args, **_kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report, "write_index", fail)
+    monkeypatch.setattr(results, "write_index", fail)
     with pytest.raises(OSError):
-        report.write_explanations([], out)
+        results.Explanations(()).write(out)
     assert not out.exists()
 
 

@@ -18,6 +18,8 @@ from kgtrace.evaluation.evaluate import Candidates, evaluate, rank_queries
 from kgtrace.layout import RunLayout
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.logic import EngineShapes, query_state
+from kgtrace.prover.explain import explain_proofs
+from kgtrace.prover.proofs import Proofs
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import load_prover_run
@@ -165,6 +167,12 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     item = json.loads((tmp_path / "why.json").read_text())["proofs"][0]
     assert item["proved"] and item["confidence"] == pytest.approx(float(scores[int(torch.nonzero(scores > 0)[0])]))
     assert item["steps"][0]["kind"] == "rule" and item["steps"][-1]["goals_after"] == "(proved)"
+    # The same proofs, typed: read back from the file, as a table, from Python.
+    found = explain_proofs(loaded, proved.view(1, 3))
+    assert Proofs.read(tmp_path / "why.json") == found and json.loads(json.dumps(found.to_dict()))["proofs"][0] == item
+    table = found.to_df()
+    assert table.height == len(item["steps"]) and table["step"].to_list() == list(range(1, table.height + 1))
+    assert table["resolved_with"][0].startswith("rule ") and found.lines()[0] == printed.splitlines()[0]
 
 
 def test_hybrid_prover_run_adds_the_embedding_runs_logit(tmp_path, capsys, nations):

@@ -9,6 +9,7 @@ import pytest
 from kgtrace.cli import main
 from kgtrace.errors import KgtraceError
 from kgtrace.report import build_html, write_report
+from kgtrace.attribution.results import Explanation
 from kgtrace.report.drawing import UNIT, layout, subgraph_svg
 from kgtrace.report.sections import label
 
@@ -137,12 +138,17 @@ def crowded_item(n=6):
     """An explanation whose influencers all touch the test triple's two entities, with long snake_case names."""
     entry = {"relation": "experimental_model_of_disease", "influence": 0.5}
     names = [f"entity_with_a_rather_long_name_{i}" for i in range(n)]
-    return {"test": {"head": "h", "relation": "location_of", "tail": "t", "head_name": "acquired_abnormality",
+    return drawn({"test": {"head": "h", "relation": "location_of", "tail": "t", "head_name": "acquired_abnormality",
                      "tail_name": "experimental_model_of_disease"},
             "proponents": [{**entry, "head": "h", "tail": names[i], "influence": 1.0 / (i + 1)} for i in range(n)]
             + [{**entry, "head": "h", "tail": "t", "relation": "co-occurs_with"}],
             "opponents": [{**entry, "head": f"other_{name}", "tail": "t", "influence": -0.1 * (i + 1)}
-                          for i, name in enumerate(names)]}
+                          for i, name in enumerate(names)]})
+
+
+def drawn(record):
+    """An explanation as a written file holds it; the drawing reads no score."""
+    return Explanation.from_dict({"score": 0.0, **record})
 
 
 def test_drawing_keeps_labels_apart_and_the_test_edge_readable():
@@ -168,12 +174,12 @@ def test_drawing_keeps_labels_apart_and_the_test_edge_readable():
 
 def test_drawing_survives_odd_graphs():
     entry = {"relation": "r", "influence": 0.5}
-    item = {"test": {"head": "a", "relation": "r", "tail": "a", "head_name": "$x$", "tail_name": "$x$"},
-            "proponents": [{**entry, "head": "a", "tail": "a"}, {**entry, "head": "a", "tail": "b"},
-                           {**entry, "head": "a", "tail": "b", "tail_name": "$\\frac{"}],
-            "opponents": [{**entry, "head": "b", "tail": "a", "influence": 0.0}]}
+    item = drawn({"test": {"head": "a", "relation": "r", "tail": "a", "head_name": "$x$", "tail_name": "$x$"},
+                  "proponents": [{**entry, "head": "a", "tail": "a"}, {**entry, "head": "a", "tail": "b"},
+                                 {**entry, "head": "a", "tail": "b", "tail_name": "$\\frac{"}],
+                  "opponents": [{**entry, "head": "b", "tail": "a", "influence": 0.0}]})
     svg = subgraph_svg(item)
     assert svg.startswith('<svg class="subgraph"') and svg == subgraph_svg(item)
     assert overlapping(rects(svg, "node-label") + rects(svg, "edge-label")) == []
-    lonely = subgraph_svg({"test": {"head": "a", "relation": "r", "tail": "b"}, "proponents": [], "opponents": []})
+    lonely = subgraph_svg(drawn({"test": {"head": "a", "relation": "r", "tail": "b"}, "proponents": [], "opponents": []}))
     assert len(rects(lonely, "node-label")) == 2 and len(rects(lonely, "test-label")) == 1

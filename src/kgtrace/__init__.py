@@ -8,6 +8,8 @@ The public API, re-exported from the packages that own it::
                                                           checkpoints), a prover run's ProverRun
     kgtrace.evaluate                                      filtered rank metrics of any scorer
     kgtrace.predict, kgtrace.score_triples                a run's best candidates; scores and ranks of triples
+    kgtrace.explain                                       which training triples drove a prediction, in names
+                                                          (any attribution method; typed Explanations)
     kgtrace.TracIn                                        training triples' influence on predictions
     kgtrace.load_dataset, kgtrace.prepare                 datasets
     kgtrace.MODELS, kgtrace.build_model                   the model registry
@@ -15,6 +17,8 @@ The public API, re-exported from the packages that own it::
 
 from kgtrace.any_run import load_any_run as load_run
 from kgtrace.attribution import TracIn
+from kgtrace.attribution.explanations import explain
+from kgtrace.attribution.results import Explanations
 from kgtrace.config import TrainConfig
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.prepare import prepare
@@ -30,7 +34,7 @@ from kgtrace.training.loop import resume, train
 __version__ = "0.1.0"
 
 __all__ = [
-    "MODELS", "ConfigError", "DataError", "Dataset", "KgtraceError", "PipelineResult", "ProverRun", "Run", "TrainConfig",
-    "TracIn", "build_model", "evaluate", "load_dataset", "load_run", "pipeline", "predict", "prepare", "resume",
-    "score_triples", "train",
+    "MODELS", "ConfigError", "DataError", "Dataset", "Explanations", "KgtraceError", "PipelineResult", "ProverRun",
+    "Run", "TrainConfig", "TracIn", "build_model", "evaluate", "explain", "load_dataset", "load_run", "pipeline",
+    "predict", "prepare", "resume", "score_triples", "train",
 ]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from kgtrace.attribution import TracIn, report
+from kgtrace.attribution import TracIn
+from kgtrace.attribution.explanations import explain_triples, predicted_triples
 from kgtrace.checkpoint import latest_checkpoint
 from kgtrace.config import TrainConfig, read_yaml
 from kgtrace.errors import ConfigError, KgtraceError
@@ -152,11 +153,11 @@ def _explain_step(run, settings: JobSettings, redo: bool, progress: bool, log) -
     tracin = TracIn(run, params="last", device=next(run.model.parameters()).device)
     chosen = _well_predicted(run, settings.explain_triples)
     queries = chosen[: settings.predict_queries]
-    predicted = torch.cat([report.predicted_triples(run, int(h), int(r), settings.top_n) for h, r, _ in queries.tolist()])
+    predicted = torch.cat([predicted_triples(run, int(h), int(r), settings.top_n) for h, r, _ in queries.tolist()])
     epochs = [c.epoch for c in tracin.checkpoints]
     for triples, path in ((chosen, test_path), (predicted, predicted_path)):
         found = tracin.top_k(triples, settings.top_k, progress=progress)
-        report.write_explanations(report.explain_triples(run, triples, found, epochs), path)
+        explain_triples(run, triples, found, epochs).write(path)
     log(f"explain: {len(chosen)} test triples and {len(predicted)} new predictions, {len(epochs)} checkpoints")
     return True
 

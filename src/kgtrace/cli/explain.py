@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, matrix_top_k, method_note
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, method_note
+from kgtrace.attribution.results import Explanations, Influencer, SelfInfluence
 from kgtrace.cli.common import (check_run_outputs, compile_stats_path, indexed_outputs, memory_budget, named_output,
                                 output_lock, parse_list, write_json)
 from kgtrace.config import PRECISIONS
@@ -121,9 +122,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
         Path(args.out_dir) / "triple-0000.json" if args.out_dir else out, "--out-dir" if args.out_dir else "--out"),
         reads=(args.triples,))
     choice = explain_method(args, run)
-    if not METHOD_SPECS[choice.method].streaming and device.type != "cpu":
-        device = resolve_device("cpu")
-        run = dataclasses.replace(run, model=run.model.to(device))
     options["compile"] = compile_default(device, args.compile)
     compiled = logged_compilation(Path(args.out_dir) / "compile_stats.json" if args.out_dir
                                   else compile_stats_path(out, out), options["compile"] and args.world.is_main)
@@ -206,59 +204,46 @@ def explain_state(args: argparse.Namespace, out: Path) -> Path:
 
 
 def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out: Path) -> int:
-    from kgtrace.attribution import report
+    from kgtrace.attribution.explanations import self_influence_ranking
 
     with compiled:
-        ranking = report.self_influence_ranking(run, tracin, args.top_k, progress=args.progress,
-                                                state=explain_state(args, out), save_every=args.save_every)
+        ranking = self_influence_ranking(run, tracin, args.top_k, progress=args.progress,
+                                         state=explain_state(args, out), save_every=args.save_every)
     if not args.world.is_main:
         return 0
     print_self_influence(ranking)
-    print(f"wrote {out} and {report.write_self_influence(ranking, out)}")
+    print(f"wrote {out} and {ranking.write(out)}")
     return 0
 
 
 def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, device, options: dict, compiled,
                          out: Path) -> int:
-    from kgtrace.attribution import TracIn, report
+    from kgtrace.attribution.explanations import explain
 
     test = explain_targets(args, run)
     if args.method == "auto" and args.world.is_main:
         print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")
-    spec = METHOD_SPECS[choice.method]
-    if not spec.streaming:
-        inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
-                                   trak_ridge=args.trak_ridge)
-        matrix = spec.compute(run, test, inputs)
-        found, epochs = matrix_top_k(matrix.detach(), test, args.top_k), spec.used_checkpoints(run)
-    elif args.index:
-        from kgtrace.attribution.index import ProjectedIndex
-
-        finder = ProjectedIndex(args.index, run, device=device)
-        found, epochs = finder.top_k(test, args.top_k), [c["epoch"] for c in finder.meta.checkpoints]
-    else:
-        tracin = TracIn(run, device=device, **options)
-        with compiled:
-            found = tracin.top_k(test, args.top_k, progress=args.progress, state=explain_state(args, out),
-                                 save_every=args.save_every)
-        epochs = [c.epoch for c in tracin.checkpoints]
+    inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
+                               trak_ridge=args.trak_ridge)
+    with compiled:
+        items = explain(run, test, method=choice, top_k=args.top_k, inputs=inputs, tracin=options, index=args.index,
+                        progress=args.progress, state=explain_state(args, out), save_every=args.save_every,
+                        memory_budget=options["memory_budget"], device=device)
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
-    items = report.explain_triples(run, test, found, epochs, memory_budget=options["memory_budget"],
-                                   method=choice.method, method_reason=choice.reason)
     print_explanations(items)
     if args.out_dir:
-        for i, item in enumerate(items):
-            report.write_explanations([item], Path(args.out_dir) / f"triple-{i:04d}.json")
+        for i in range(len(items)):
+            items[i:i + 1].write(Path(args.out_dir) / f"triple-{i:04d}.json")
         print(f"wrote {len(items)} explanations (JSON + TSV each) into {args.out_dir}")
     else:
-        print(f"wrote {out} and {report.write_explanations(items, out)}")
+        print(f"wrote {out} and {items.write(out)}")
     return 0
 
 
 def explain_prover_run(args: argparse.Namespace) -> int:
     """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
-    from kgtrace.prover.explain import explain_proofs, proof_lines
+    from kgtrace.prover.explain import explain_proofs
     from kgtrace.prover.run import load_prover_run
     from kgtrace.system import resolve_device
 
@@ -269,23 +254,23 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     check_json_out(out)
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
     check_run_outputs(args.run_dir, run.config.dataset, named_output(out, "--out"), reads=(args.triples,))
-    items = explain_proofs(run, explain_targets(args, run))
-    for line in proof_lines(items):
+    proofs = explain_proofs(run, explain_targets(args, run))
+    for line in proofs.lines():
         print(line)
-    write_json({"proofs": items}, out)
+    write_json(proofs.to_dict(), out)
     print(f"wrote {out}")
     return 0
 
 
 def explain_targets(args: argparse.Namespace, run) -> Tensor:
     """The test triples [n, 3] that --triple, --triples, --test or --predict name."""
-    from kgtrace.attribution import report
+    from kgtrace.attribution.explanations import predicted_triples
     from kgtrace.data.lookup import parse_triple
 
     if args.triple:
         return parse_triple(run.dataset, *args.triple).view(1, 3)
     if args.predict:
-        return report.predicted_triples(run, *args.predict, args.top_n)
+        return predicted_triples(run, *args.predict, args.top_n)
     if args.test is not None:
         if args.test < 1 or not len(run.dataset.test):
             raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])
@@ -331,33 +316,30 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 
-def print_explanations(items: list[dict], shown: int = 5, triples: int = 20) -> None:
+def print_explanations(items: Explanations, shown: int = 5, triples: int = 20) -> None:
     """Per test triple (the first ``triples``): names, score and ranks, then the strongest proponents and opponents."""
-    if items:
-        name, what = method_note(items[0]["method"])
-        print(f"{name} (--method {items[0]['method']}): {what}; positive: raised the prediction's score")
+    if len(items):
+        name, what = method_note(items[0].method)
+        print(f"{name} (--method {items[0].method}): {what}; positive: raised the prediction's score")
     if len(items) > triples:
         print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
     for item in items[:triples]:
-        t, rank = item["test"], item["rank"]
-        print(f"{t['head_name']} --{t['relation_name']}--> {t['tail_name']}   score {item['score']:.4f} "
-              f"(probability {item['probability']:.3f})   filtered rank: tail {rank_text(rank['tail'])}, "
-              f"head {rank_text(rank['head'])}")
-        if item.get("split") == "train":
+        print(f"{item.triple.text()}   score {item.score:.4f} (probability {item.probability:.3f})   filtered rank: "
+              f"tail {rank_text(item.rank_tail)}, head {rank_text(item.rank_head)}")
+        if item.split == "train":
             print("  (a training triple: its strongest proponent is itself)")
-        for kind in ("proponents", "opponents"):
-            print(f"  {kind} (top {min(shown, len(item[kind]))} of {len(item[kind])}{sign_note(kind, item[kind][:shown])}):"
+        for kind, entries in (("proponents", item.proponents), ("opponents", item.opponents)):
+            print(f"  {kind} (top {min(shown, len(entries))} of {len(entries)}{sign_note(kind, entries[:shown])}):"
                   "  influence, training row (train_index), entities shared with the triple above, training triple")
-            for e in item[kind][:shown]:
-                print(f"    {e['influence']:+.4e}  row {e['train_index']:<7} shares {e['shares']:<7}  {e['head_name']} "
-                      f"--{e['relation_name']}--> {e['tail_name']}")
+            for e in entries[:shown]:
+                print(f"    {e.influence:+.4e}  row {e.train_index:<7} shares {e.shares:<7}  {e.triple.text()}")
 
 
-def sign_note(kind: str, entries: list[dict]) -> str:
+def sign_note(kind: str, entries: Sequence[Influencer]) -> str:
     """Where a list runs past its sign: proponents are the highest influences and opponents the lowest, so when fewer
     training triples raised (lowered) the score than the list shows, it goes on with ones that did not."""
     raised = kind == "proponents"
-    of_its_sign = [e["influence"] > 0 if raised else e["influence"] < 0 for e in entries]
+    of_its_sign = [e.influence > 0 if raised else e.influence < 0 for e in entries]
     if all(of_its_sign):
         return ""
     count = of_its_sign.index(False)  # the list is sorted: every triple of its sign comes first
@@ -367,11 +349,10 @@ def sign_note(kind: str, entries: list[dict]) -> str:
     return f"; only {count} training triple{'s' if count > 1 else ''} {verb} the score"
 
 
-def print_self_influence(ranking: dict) -> None:
-    print(f"most self-influential training triples (of {len(ranking['all'])}; all of them in the TSV): "
+def print_self_influence(ranking: SelfInfluence) -> None:
+    print(f"most self-influential training triples (of {ranking.ranked.height}; all of them in the TSV): "
           "rank, self-influence, training row (train_index), triple")
-    for rank, e in enumerate(ranking["top"], 1):
-        print(f"  {rank:>3}. {e['self_influence']:.4e}  row {e['train_index']:<7} {e['head_name']} "
-              f"--{e['relation_name']}--> {e['tail_name']}")
+    for rank, e in enumerate(ranking.top, 1):
+        print(f"  {rank:>3}. {e.influence:.4e}  row {e.train_index:<7} {e.triple.text()}")
 
 

@@ -26,6 +26,7 @@ import networkx as nx
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import TextToPath
 
+from kgtrace.attribution.results import Explanation
 from kgtrace.report.html import esc
 
 PRO, OPP, TEST = "#1a7f4b", "#c0392b", "#2b6cb0"
@@ -102,25 +103,25 @@ def layout(test_head: str, test_tail: str, edges: list[tuple[str, str]]) -> dict
     return {node: (UNIT * float(x), -UNIT * float(y)) for node, (x, y) in spread.items()}
 
 
-def _edges(item: dict, names: dict[str, str]) -> list[tuple[str, str, str, str, float, str]]:
+def _edges(item: Explanation, names: dict[str, str]) -> list[tuple[str, str, str, str, float, str]]:
     """(head, tail, relation name, colour, |influence|, hover text) of the DRAWN strongest proponents and opponents."""
     edges = []
-    for kind, colour in (("proponents", PRO), ("opponents", OPP)):
-        for e in sorted(item.get(kind, []), key=lambda e: -abs(e["influence"]))[:DRAWN]:
-            relation = e.get("relation_name", e["relation"])
-            hover = (f"{kind[:-1]}: {names[e['head']]} \u2014{relation}\u2192 {names[e['tail']]} "
-                     f"(influence {e['influence']:+.3e})")
-            edges.append((e["head"], e["tail"], relation, colour, abs(e["influence"]), hover))
+    for kind, entries, colour in (("proponent", item.proponents, PRO), ("opponent", item.opponents, OPP)):
+        for e in sorted(entries, key=lambda e: -abs(e.influence))[:DRAWN]:
+            t = e.triple
+            hover = (f"{kind}: {names[t.head]} \u2014{t.relation_name}\u2192 {names[t.tail]} "
+                     f"(influence {e.influence:+.3e})")
+            edges.append((t.head, t.tail, t.relation_name, colour, abs(e.influence), hover))
     return edges
 
 
-def _names(item: dict) -> dict[str, str]:
+def _names(item: Explanation) -> dict[str, str]:
     """Entity label -> readable name, from the test triple and its influencers."""
     names = {}
-    for entry in [item["test"], *item.get("proponents", []), *item.get("opponents", [])]:
-        for side in ("head", "tail"):
-            if entry.get(f"{side}_name") or entry[side] not in names:  # a bare label never hides a name
-                names[entry[side]] = entry.get(f"{side}_name") or entry[side]
+    for t in [item.triple, *(e.triple for e in item.proponents), *(e.triple for e in item.opponents)]:
+        for label, name in ((t.head, t.head_name), (t.tail, t.tail_name)):
+            if name != label or label not in names:  # a bare label never hides a name
+                names[label] = name
     return names
 
 
@@ -219,15 +220,16 @@ def _draw_influencers(canvas: _Canvas, edges: list, test_pair: frozenset) -> lis
     return anchors
 
 
-def subgraph_svg(item: dict) -> str:
-    """The drawing of one explanation item (as ``kgtrace explain`` writes it), as an inline ``<svg>`` element."""
-    test, names = item["test"], _names(item)
-    head, tail = test["head"], test["tail"]
+def subgraph_svg(item: Explanation) -> str:
+    """The drawing of one explained triple, as an inline ``<svg>`` element."""
+    names = _names(item)
+    head, tail = item.triple.head, item.triple.tail
     edges = _edges(item, names)
     pos = layout(head, tail, [(h, t) for h, t, *_ in edges])
+    test = {"ids": list(item.ids), **item.triple.to_dict()}
     uid = hashlib.sha1(json.dumps(test, sort_keys=True).encode()).hexdigest()[:10]  # marker ids, unique per page
     canvas = _Canvas(pos, {n: TEST_R if n in (head, tail) else NODE_R for n in pos}, uid)
-    relation = test.get("relation_name", test["relation"])
+    relation = item.triple.relation_name
     title = f"explained triple: {names[head]} \u2014{relation}\u2192 {names[tail]}"
     if head != tail:  # the test edge and its label first: every other label keeps clear of it
         middle = canvas.edge(head, tail, 0.0, TEST, 3.0, title, "test", ' stroke-dasharray="7 4"')

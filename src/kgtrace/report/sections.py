@@ -7,7 +7,6 @@ that cannot be parsed gives a notice with the parser's message. Neither stops th
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,10 @@ import polars as pl
 import yaml
 
 from kgtrace.attribution.methods import method_note
+from kgtrace.attribution.results import Explanation, Explanations, Influencer
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.layout import RunLayout
+from kgtrace.prover.proofs import Proofs, TripleProof
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.report.drawing import DRAWN, OPP, PRO, TEST, subgraph_svg
 from kgtrace.report.html import esc, image, missing, number, rank_text, table
@@ -165,9 +166,8 @@ def label(text: object) -> str:
     return f'<span class="label">{esc(text)}</span>'
 
 
-def _entity(entry: dict, side: str) -> str:
+def _entity(key: str, name: str) -> str:
     """The readable name of an entity, with its label in small print when they differ."""
-    key, name = entry[side], entry.get(f"{side}_name") or entry[side]
     return label(name) if name == key else f'{label(name)} <span class="rel">({label(key)})</span>'
 
 
@@ -175,52 +175,45 @@ SHARES = {"head": "its head", "tail": "its tail", "both": "both", "neither": "ne
 INFLUENCE_HEADER = ("#", "training row", "head", "relation", "tail", "shares with the triple", "influence")
 
 
-def _influence_rows(entries: list[dict], kind: str, largest: float) -> list[list[str]]:
+def _influence_rows(entries: tuple[Influencer, ...], kind: str, largest: float) -> list[list[str]]:
     bar = "pro" if kind == "proponents" else "opp"
     rows = []
     for i, e in enumerate(entries, 1):
-        width = round(60 * abs(e["influence"]) / largest) if largest else 0
-        rows.append([str(i), esc(e["train_index"]), _entity(e, "head"),
-                     f'<span class="rel">{label(e.get("relation_name", e["relation"]))}</span>', _entity(e, "tail"),
-                     esc(SHARES.get(e.get("shares"), e.get("shares", "?"))),
-                     f'<span class="bar {bar}" style="width:{width}px"></span>{number(e["influence"], 5)}'])
+        t, width = e.triple, round(60 * abs(e.influence) / largest) if largest else 0
+        rows.append([str(i), esc(e.train_index), _entity(t.head, t.head_name),
+                     f'<span class="rel">{label(t.relation_name)}</span>', _entity(t.tail, t.tail_name),
+                     esc(SHARES.get(e.shares, e.shares)),
+                     f'<span class="bar {bar}" style="width:{width}px"></span>{number(e.influence, 5)}'])
     return rows
 
 
-def influence_tables(item: dict) -> str:
+def influence_tables(item: Explanation) -> str:
     """Proponents and opponents of one item, with readable names and bars scaled to the largest |influence|."""
-    entries = item.get("proponents", []) + item.get("opponents", [])
-    largest = max((abs(e["influence"]) for e in entries), default=0.0)
+    largest = max((abs(e.influence) for e in item.proponents + item.opponents), default=0.0)
     parts = []
-    for kind, cls in (("proponents", "kind-pro"), ("opponents", "kind-opp")):
-        if item.get(kind):
-            rows = _influence_rows(item[kind], kind, largest)
+    for kind, entries, cls in (("proponents", item.proponents, "kind-pro"), ("opponents", item.opponents, "kind-opp")):
+        if entries:
+            rows = _influence_rows(entries, kind, largest)
             parts.append(f'<div><h3 class="{cls}">{kind.title()}</h3><div class="scroll">'
                          + table(INFLUENCE_HEADER, rows, numeric=(True, True, False, False, False, False, True))
                          + "</div></div>")
     return "".join(parts) or "<p>No influential training triple was recorded.</p>"
 
 
-def proof_steps(item: dict) -> str:
+def proof_steps(item: TripleProof) -> str:
     """A prover's proof of one triple (``kgtrace explain PROVER_RUN``): its steps as a table, or why there is none."""
-    if not item.get("proved"):
-        return (f"<p>The {esc(item.get('method', ''))} prover found no proof within "
-                f"{esc(item.get('depth_limit', '?'))} steps.</p>")
-    rows = [[str(i), esc(step["goal"]),
-             f"fact {esc(step['fact'])}" if step["kind"] == "fact" else f"rule {esc(step['rule'])}",
-             esc(step["goals_after"])] for i, step in enumerate(item["steps"], 1)]
-    return (f'<p class="facts">proved in {len(rows)} steps, confidence <b>{number(item.get("confidence"))}</b> '
-            f'({esc(item.get("method", ""))} prover)</p>'
+    if not item.proved:
+        return f"<p>The {esc(item.method)} prover found no proof within {esc(item.depth_limit)} steps.</p>"
+    rows = [[str(i), esc(step.goal), esc(step.resolved_with()), esc(step.goals_after)]
+            for i, step in enumerate(item.steps, 1)]
+    return (f'<p class="facts">proved in {len(rows)} steps, confidence <b>{number(item.confidence)}</b> '
+            f'({esc(item.method)} prover)</p>'
             + table(("#", "goal", "resolved with", "goals left"), rows, numeric=(True, False, False, False)))
-
-
-def proof_key(item: dict) -> tuple[str, str, str]:
-    return item["head"], item["relation"], item["tail"]
 
 
 SPLIT_NOTES = {"train": "a training triple: its strongest proponent is itself",
                "valid": "a validation triple", "test": "a test triple (never trained on)",
-               None: "a new prediction (in no split)"}
+               None: "a new prediction (in no split)"}  # '': a file that did not record it, no note
 SIGN_NOTE = ("Positive: training on that triple raised the prediction's score; negative: it lowered it. "
              "<i>Proponents</i> are the training triples of highest influence, <i>opponents</i> those of lowest: "
              "where fewer triples lowered the score than the list holds, opponents go on with those that raised "
@@ -244,56 +237,52 @@ def _legend() -> str:
             "hover a name for all of it</p>")
 
 
-def explanation(item: dict, proofs: dict | None = None) -> str:
+def explanation(item: Explanation, proofs: dict[tuple[str, str, str], TripleProof] | None = None) -> str:
     """One explained triple: title, probability and ranks, the drawing, the influence tables (and its proof, if any)."""
-    test = item["test"]
-    title = (f"{_entity(test, 'head')} <span class=\"rel\">\u2014 {label(test.get('relation_name', test['relation']))}"
-             f" \u2192</span> {_entity(test, 'tail')}")
-    rank, score = item.get("rank", {}), item.get("score")
-    probability = item.get("probability")
-    if probability is None and isinstance(score, int | float):  # files written before it was recorded
-        probability = 1 / (1 + math.exp(-score))
-    facts = (f"probability <b>{number(probability, 3)}</b> (score {number(score)}, a logit: probability = "
-             f"sigmoid(score)) &middot; filtered rank (realistic): tail <b>{rank_text(rank.get('tail', '?'))}</b>, "
-             f"head <b>{rank_text(rank.get('head', '?'))}</b>"
-             f" &middot; checkpoints {esc(', '.join(map(str, item.get('checkpoints', []))))}")
-    if "split" in item:
-        facts += f" &middot; {esc(SPLIT_NOTES.get(item['split'], item['split']))}"
-    proof = (proofs or {}).get((test["head"], test["relation"], test["tail"]))
+    t = item.triple
+    title = (f"{_entity(t.head, t.head_name)} <span class=\"rel\">\u2014 {label(t.relation_name)}"
+             f" \u2192</span> {_entity(t.tail, t.tail_name)}")
+    facts = (f"probability <b>{number(item.probability, 3)}</b> (score {number(item.score)}, a logit: probability = "
+             f"sigmoid(score)) &middot; filtered rank (realistic): tail <b>{rank_text(item.rank_tail)}</b>, "
+             f"head <b>{rank_text(item.rank_head)}</b>"
+             f" &middot; checkpoints {esc(', '.join(map(str, item.checkpoints)))}")
+    if item.split != "":
+        facts += f" &middot; {esc(SPLIT_NOTES.get(item.split, item.split))}"
+    proof = (proofs or {}).get((t.head, t.relation, t.tail))
     proved = f'<h3>Proof</h3>{proof_steps(proof)}' if proof else ""
     return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
             f'<figure class="drawing">{subgraph_svg(item)}</figure>{_legend()}'
             f'<div class="influencers">{influence_tables(item)}</div>{proved}</div>')
 
 
-def proofs_in(files: list[Path]) -> dict:
-    """(head, relation, tail) -> proof item, from every explain file a prover run wrote ({"proofs": [...]})."""
+def proofs_in(files: list[Path]) -> dict[tuple[str, str, str], TripleProof]:
+    """(head, relation, tail) -> proof, from every explain file a prover run wrote ({"proofs": [...]})."""
     found = {}
     for path in files:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+            proofs = Proofs.from_dict(data) if isinstance(data, dict) and "proofs" in data else Proofs(())
         except READ_ERRORS:  # the file's own section says what is wrong with it
             continue
-        for item in data.get("proofs", []) if isinstance(data, dict) else []:
-            found[proof_key(item)] = item
+        found.update((item.key(), item) for item in proofs)
     return found
 
 
-def explain_section(path: Path, proofs: dict | None = None) -> str:
+def explain_section(path: Path, proofs: dict[tuple[str, str, str], TripleProof] | None = None) -> str:
     """Every explained triple of one ``kgtrace explain --out FILE.json``: TracIn explanations (each beside its
     proof when ``proofs`` holds one), or a prover run's proofs."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if "proofs" in data:
-        items = data["proofs"]
-        return f'<p class="facts">{len(items)} proof(s) from <code>{esc(path.name)}</code></p>' + "".join(
-            f'<div class="triple"><h3>{label(item["relation"])}({label(item["head"])}, '
-            f'{label(item["tail"])})</h3>{proof_steps(item)}</div>' for item in items)
-    items = data["explanations"]
-    if not items:
+        found = Proofs.from_dict(data)
+        return f'<p class="facts">{len(found)} proof(s) from <code>{esc(path.name)}</code></p>' + "".join(
+            f'<div class="triple"><h3>{label(item.relation)}({label(item.head)}, '
+            f'{label(item.tail)})</h3>{proof_steps(item)}</div>' for item in found)
+    items = Explanations.from_dict(data)
+    if not len(items):
         return "<p>The file lists no explained triple.</p>"
-    note = influence_note(items[0].get("method", "tracin"))
-    if items[0].get("method_reason"):  # explain --method auto says why it chose the method
-        note += f" Method chosen: {esc(items[0]['method_reason'])}."
+    note = influence_note(items[0].method)
+    if items[0].method_reason:  # explain --method auto says why it chose the method
+        note += f" Method chosen: {esc(items[0].method_reason)}."
     return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {note}</p>'
             + "".join(explanation(item, proofs) for item in items))
 
