@@ -222,11 +222,11 @@ def test_check_with_the_proof_method_retrains_without_the_proof(toy_run, toy_pro
     settings = small(methods=("proof", "random"), prover_run=str(toy_prover))
     summary = check_faithfulness(toy_run, tmp_path / "check", settings, triples=ids(run, ("b", "s", "d")),
                                  progress=False, log=quiet)
-    removed = {(c["method"], c["k"]): c["removed"] for c in summary["cells"]}
-    proof = [TRAIN.index("b\tr\tc"), TRAIN.index("c\ts\td")]
-    assert removed[("proof", 2)] == " ".join(map(str, proof))
-    assert summary["settings"]["prover_run"] == str(toy_prover)
-    assert {r["method"] for r in summary["table"]} == {"none", "proof", "random"}
+    removed = {(c.method, c.k): c.removed for c in summary.cells}
+    proof = (TRAIN.index("b\tr\tc"), TRAIN.index("c\ts\td"))
+    assert removed[("proof", 2)] == proof
+    assert summary.settings.prover_run == str(toy_prover)
+    assert {r.method for r in summary.table} == {"none", "proof", "random"}
 
 
 # ----------------------------------------------------------------------------- retraining
@@ -243,17 +243,16 @@ def test_retrained_runs_lack_the_removed_triples(toy_run, tmp_path):
     # a removal may leave a valid entity without training triples: the reduced data's valid split is unused
     assert not [w for w in caught if issubclass(w.category, DataWarning)]
     train_rows = {tuple(t) for t in run.dataset.train.tolist()}
-    for cell in summary["cells"]:
-        removed = [int(i) for i in cell["removed"].split()]
-        assert len(removed) == cell["k"]
-        trained = load_run(out / "runs" / "retrain" / job_key(tuple(sorted(removed))) / "run", "last")
+    for cell in summary.cells:
+        assert len(cell.removed) == cell.k and list(cell.removed) == sorted(cell.removed)
+        trained = load_run(out / "runs" / "retrain" / job_key(cell.removed) / "run", "last")
         kept = {tuple(t) for t in trained.dataset.train.tolist()}
-        assert kept == train_rows - {tuple(run.dataset.train[i].tolist()) for i in removed}
+        assert kept == train_rows - {tuple(run.dataset.train[i].tolist()) for i in cell.removed}
         assert trained.config.dataset.endswith("data") and trained.checkpoints[-1].epoch == 3
         assert trained.dataset.entities.labels == run.dataset.entities.labels  # same ids, comparable scores
     # training again with nothing removed gives back the run's own model: every change is the removal's
-    assert summary["control_max_abs_score_change"] == {"retrain": 0.0}
-    assert {(r["method"], r["k"]) for r in summary["table"]} == {("none", 0), ("tracin-last", 1), ("tracin-last", 2),
+    assert summary.control_max_abs_score_change == {"retrain": 0.0}
+    assert {(r.method, r.k) for r in summary.table} == {("none", 0), ("tracin-last", 1), ("tracin-last", 2),
                                                                  ("random", 1), ("random", 2)}
     for name in ("faithfulness.json", "faithfulness.tsv", "cells.tsv", "faithfulness.png", "removals.json"):
         assert (out / name).is_file(), name
@@ -271,7 +270,7 @@ def test_rerun_skips_finished_trainings_and_redoes_only_missing_ones(toy_run, tm
     again = check_faithfulness(toy_run, out, small(), triples=prediction, progress=False, log=logged.append)
     assert "0 still to run" in logged[-1]
     assert {p: os.stat(p).st_mtime_ns for p in files} == stamps
-    assert again["table"] == first["table"]
+    assert again.table == first.table
     files[0].unlink()
     check_faithfulness(toy_run, out, small(), triples=prediction, progress=False, log=logged.append)
     assert "1 still to run" in logged[-1]
@@ -284,8 +283,8 @@ def test_process_pool_gives_the_in_process_results(toy_run, tmp_path):
                              progress=False, log=quiet)
     two = check_faithfulness(toy_run, tmp_path / "two", small(methods=("random",), jobs=2), triples=prediction,
                              progress=False, log=quiet)
-    strip = [{k: v for k, v in row.items() if k != "seconds"} for row in one["table"]]
-    assert [{k: v for k, v in row.items() if k != "seconds"} for row in two["table"]] == strip
+    strip = [{k: v for k, v in row.to_dict().items() if k != "seconds"} for row in one.table]
+    assert [{k: v for k, v in row.to_dict().items() if k != "seconds"} for row in two.table] == strip
 
 
 def test_finetune_continues_an_early_checkpoint_and_is_compared_with_retraining(toy_run, tmp_path):
@@ -295,15 +294,15 @@ def test_finetune_continues_an_early_checkpoint_and_is_compared_with_retraining(
     check_faithfulness(toy_run, out, small(), triples=prediction, progress=False, log=quiet)
     summary = check_faithfulness(toy_run, out, small(mode="finetune", keep_runs=True), triples=prediction,
                                  progress=False, log=quiet)
-    assert summary["settings"]["variant"] == "finetune-from-0001"  # the latest checkpoint at or before epoch 3 // 2
-    assert summary["control_max_abs_score_change"] == {"retrain": 0.0, "finetune-from-0001": 0.0}
-    key = job_key(tuple(sorted(int(i) for i in summary["cells"][-1]["removed"].split())))
+    assert summary.settings.variant == "finetune-from-0001"  # the latest checkpoint at or before epoch 3 // 2
+    assert summary.control_max_abs_score_change == {"retrain": 0.0, "finetune-from-0001": 0.0}
+    key = job_key(summary.cells[-1].removed)
     tuned = out / "runs" / "finetune-from-0001" / key / "run"
     assert sorted(p.name for p in (tuned / "checkpoints").glob("epoch-*.pt")) == ["epoch-0001.pt", "epoch-0003.pt"]
     assert [json.loads(line)["epoch"] for line in (tuned / "metrics.jsonl").read_text().splitlines()] == [2, 3]
-    overall = [row for row in summary["agreement"] if row["method"] == "all"]
-    assert len(overall) == 1 and overall[0]["n"] == 4  # 2 methods x 2 k, one prediction
-    assert {r["variant"] for r in summary["table"]} == {"retrain", "finetune-from-0001"}
+    overall = [row for row in summary.agreement if row.method == "all"]
+    assert len(overall) == 1 and overall[0].n == 4  # 2 methods x 2 k, one prediction
+    assert {r.variant for r in summary.table} == {"retrain", "finetune-from-0001"}
     with pytest.raises(ConfigError, match="finetune_from=3"):
         check_faithfulness(toy_run, out, small(mode="finetune", finetune_from=3), triples=prediction,
                            progress=False, log=quiet)

@@ -8,6 +8,7 @@ from pathlib import Path
 from kgtrace.attribution.methods import attributions, lds_methods
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness.methods import removal_methods
+from kgtrace.faithfulness.results import FaithfulnessResult, LdsResult, LdsRow
 
 
 FAITHFULNESS_EPILOG = """\
@@ -94,12 +95,12 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems)
     triples = _given_triples(args)
-    summary = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,
-                                 progress=args.progress)
-    print_faithfulness(summary)
+    result = check_faithfulness(args.run_dir, args.out, settings, triples=triples, triples_source=args.triples,
+                                progress=args.progress)
+    print_faithfulness(result)
     out = Path(args.out) if args.out else Path(args.run_dir) / "faithfulness"
     print(f"wrote {out / 'faithfulness.tsv'}, {out / 'faithfulness.json'}, {out / 'cells.tsv'} and "
-          f"{out / 'faithfulness.png'}" + (f" and {out / 'agreement.tsv'}" if summary["agreement"] else ""))
+          f"{out / 'faithfulness.png'}" + (f" and {out / 'agreement.tsv'}" if result.agreement else ""))
     return 0
 
 
@@ -111,9 +112,9 @@ def cmd_lds(args: argparse.Namespace) -> int:
                            threads=args.threads, device=args.device, damping=args.damping, trak_dim=args.trak_dim,
                            trak_ridge=args.trak_ridge)
     settings.validate()
-    summary = check_lds(args.run_dir, args.out, settings, triples=_given_triples(args), triples_source=args.triples,
-                        progress=args.progress)
-    print_lds(summary)
+    result = check_lds(args.run_dir, args.out, settings, triples=_given_triples(args), triples_source=args.triples,
+                       progress=args.progress)
+    print_lds(result)
     out = Path(args.out) if args.out else Path(args.run_dir) / "faithfulness"
     print(f"wrote {out / 'lds.tsv'}, {out / 'lds.json'} and {out / 'lds-predictions.tsv'}")
     return 0
@@ -136,35 +137,35 @@ def _given_triples(args: argparse.Namespace):
     return triples
 
 
-def print_lds(summary) -> None:
+def print_lds(result: LdsResult) -> None:
     """The LDS table: per method, the mean LDS with its interval on both outputs, and the seconds."""
-    print(f"LDS over {summary.subsets} subsets of {summary.fraction:g} of the training triples "
-          f"({len(summary.predictions)} predictions; a subset training took {summary.training_seconds:.1f} s)")
+    print(f"LDS over {result.subsets} subsets of {result.fraction:g} of the training triples "
+          f"({len(result.predictions)} predictions; a subset training took {result.training_seconds:.1f} s)")
     print(f"{'method':<18} {'LDS score':>10} {'interval':>17} {'LDS log-prob':>12} {'interval':>17} {'seconds':>8}")
-    by_method: dict[str, dict] = {}
-    for row in summary.rows:
+    by_method: dict[str, dict[str, LdsRow]] = {}
+    for row in result.rows:
         by_method.setdefault(row.method, {})[row.output] = row
     for method, rows in by_method.items():
         score, logp = rows["score"], rows["log_prob"]
         print(f"{method:<18} {score.lds:10.3f} {f'[{score.low:.3f}, {score.high:.3f}]':>17} {logp.lds:12.3f} "
               f"{f'[{logp.low:.3f}, {logp.high:.3f}]':>17} {score.seconds:8.2f}")
-    for method, error in summary.errors.items():
+    for method, error in result.errors.items():
         print(f"{method}: not scored: {error}")
-    if summary.rows:
-        best = summary.best("score")
+    if result.rows:
+        best = result.best("score")
         print(f"best on the score: {best.method} (LDS {best.lds:.3f})")
 
 
-def print_faithfulness(summary: dict) -> None:
+def print_faithfulness(result: FaithfulnessResult) -> None:
     """The table: per variant, method and k, PD, TC, mean score drop and rank change, MRR drop."""
     print(f"{'variant':<20} {'method':<14} {'k':>3} {'n':>4} {'PD %':>6} {'TC %':>6} {'score drop':>10} "
           f"{'rank +':>7} {'MRR drop':>8}")
-    for row in summary["table"]:
-        print(f"{row['variant']:<20} {row['method']:<14} {row['k']:>3} {row['n']:>4} {100 * row['pd']:6.1f} "
-              f"{100 * row['tc']:6.1f} {row['score_drop']:10.4f} {row['rank_change']:7.2f} {row['mrr_drop']:8.4f}")
-    for row in summary["agreement"]:
-        if row["method"] == "all":
-            print(f"{row['cheap']} against retrain over {row['n']} removals: PD agrees {100 * row['pd_agreement']:.1f}%, "
-                  f"TC {100 * row['tc_agreement']:.1f}%, score drops correlate {row['score_drop_pearson']:.3f}")
+    for row in result.table:
+        print(f"{row.variant:<20} {row.method:<14} {row.k:>3} {row.n:>4} {100 * row.pd:6.1f} "
+              f"{100 * row.tc:6.1f} {row.score_drop:10.4f} {row.rank_change:7.2f} {row.mrr_drop:8.4f}")
+    for row in result.agreement:
+        if row.method == "all":
+            print(f"{row.cheap} against retrain over {row.n} removals: PD agrees {100 * row.pd_agreement:.1f}%, "
+                  f"TC {100 * row.tc_agreement:.1f}%, score drops correlate {row.score_drop_pearson:.3f}")
 
 

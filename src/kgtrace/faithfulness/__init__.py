@@ -5,16 +5,24 @@ removal methods in :func:`removal_methods` (TracIn proponents with the last-laye
 random triples, GradRollback's neighbourhood baseline, a proof's facts, the top of the attribution methods
 that say so); training again from scratch or
 fine-tuning from an early checkpoint (:mod:`.retrain`); the measures (score, rank,
-GradRollback's PD and TC, MRR drop) in :mod:`.metrics`.
+GradRollback's PD and TC, MRR drop) in :mod:`.metrics`; it returns a :class:`FaithfulnessResult`
+(faithfulness.json: :class:`FaithfulnessRow`, :class:`AgreementRow` and :class:`CellRow` rows).
 
 ``kgtrace faithfulness RUN_DIR --lds``: :func:`check_lds` with :class:`LdsSettings`, the linear
-datamodeling score of the attribution methods of :data:`kgtrace.attribution.methods.METHOD_SPECS` (:mod:`.lds`).
+datamodeling score of the attribution methods of :data:`kgtrace.attribution.methods.METHOD_SPECS` (:mod:`.lds`);
+it returns an :class:`LdsResult` (lds.json: :class:`LdsRow` rows). Both results (:mod:`.results`) have
+``to_dict()``, ``to_df()`` and ``read(path)`` of a written file.
 """
 
+from __future__ import annotations
+
 from kgtrace.faithfulness.experiment import FaithfulnessSettings, check_faithfulness
-from kgtrace.faithfulness.lds import LdsSettings, LdsSummary, check_lds
+from kgtrace.faithfulness.lds import LdsSettings, check_lds
 from kgtrace.faithfulness.methods import METHODS, removal_methods
 from kgtrace.faithfulness.metrics import Measures, agreement, changes, summarize
+from kgtrace.faithfulness.results import (AgreementRow, CellRow, ExplainedPredictions, FaithfulnessResult,
+                                          FaithfulnessRow, LdsResult, LdsRow, RemovalSettings)
 
-__all__ = ["METHODS", "FaithfulnessSettings", "LdsSettings", "LdsSummary", "Measures", "agreement",
+__all__ = ["METHODS", "AgreementRow", "CellRow", "ExplainedPredictions", "FaithfulnessResult", "FaithfulnessRow",
+           "FaithfulnessSettings", "LdsResult", "LdsRow", "LdsSettings", "Measures", "RemovalSettings", "agreement",
            "changes", "check_faithfulness", "check_lds", "removal_methods", "summarize"]

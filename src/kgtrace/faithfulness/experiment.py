@@ -16,6 +16,7 @@ Output folder (default RUN_DIR/faithfulness; reruns reuse every finished trainin
     jobs/VARIANT/KEY.json one finished training each (VARIANT: retrain or finetune-from-NNNN)
     faithfulness.json     settings, predictions, the table, the agreement of fine-tuning with
                           retraining, and every (variant, prediction, method, k) cell
+                          (:class:`.results.FaithfulnessResult`, what :func:`check_faithfulness` returns)
     faithfulness.tsv      the table: one row per (variant, method, k)
     cells.tsv             one row per (variant, prediction, method, k)
     agreement.tsv         fine-tuning against retraining, when both ran in this folder
@@ -44,13 +45,15 @@ from kgtrace.faithfulness.methods import MethodInputs, method_signature, removal
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
+from kgtrace.faithfulness.results import (AgreementRow, CellRow, ExplainedPredictions, FaithfulnessResult,
+                                          FaithfulnessRow, RemovalSettings)
 from kgtrace.faithfulness.retrain import Job, MODES, job_key, read_result, run_jobs, variant
 from kgtrace.io import atomic_write_text
 from kgtrace.owned import contents, file_digest, folder_lock
 from kgtrace.plots import save_figure
 from kgtrace.run import Run, load_run
 
-__all__ = ["FaithfulnessSettings", "check_faithfulness"]
+__all__ = ["FaithfulnessResult", "FaithfulnessSettings", "check_faithfulness"]
 
 CONTROL = "none"  # the method name of the control training (nothing removed, k = 0)
 Triple = tuple[int, int, int]
@@ -117,8 +120,8 @@ class Cell:
 def check_faithfulness(run_dir: str | Path, out: str | Path | None = None,
                        settings: FaithfulnessSettings = FaithfulnessSettings(), triples: Tensor | None = None,
                        triples_source: str | None = None, progress: bool = True,
-                       log: Callable[[str], None] = print) -> dict:
-    """Run the check (module doc) and write its outputs into ``out``; returns the content of faithfulness.json.
+                       log: Callable[[str], None] = print) -> FaithfulnessResult:
+    """Run the check (module doc) and write its outputs into ``out``; returns what faithfulness.json holds.
 
     triples: the predictions to explain [N, 3] (ids of the run); None: the run's rank-first
     test triples (:mod:`.predictions`), or ``settings.sample`` of them.
@@ -135,7 +138,7 @@ def check_faithfulness(run_dir: str | Path, out: str | Path | None = None,
 
 def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: int, epochs: int,
                     triples: Tensor | None, triples_source: str | None, progress: bool,
-                    log: Callable[[str], None]) -> dict:
+                    log: Callable[[str], None]) -> FaithfulnessResult:
     """The check's work in its claimed, locked folder ``out``."""
     known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
     predictions, how = choose_predictions(run, known, settings.sample, settings.seed, triples, triples_source)
@@ -147,9 +150,9 @@ def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: 
     jobs = pending_jobs(run, out, here, settings, start, epochs, predictions, cells)
     log(f"{len({c.key for c in cells} | {job_key(())})} trainings, {len(jobs)} still to run, {settings.jobs} at a time")
     run_jobs(jobs, settings.jobs, progress, desc=here)
-    summary = summarize_folder(run, out, here, settings, predictions, how, before, cells, epochs)
-    write_outputs(out, summary)
-    return summary
+    result = summarize_folder(run, out, here, settings, predictions, how, before, cells, epochs)
+    write_outputs(out, result)
+    return result
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -302,8 +305,8 @@ class Results:
 
 
 def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSettings, predictions: Tensor, how: str,
-                     before: Measures, cells: list[Cell], epochs: int) -> dict:
-    """faithfulness.json's content: the table over every variant with results in ``out``, the cells, agreement."""
+                     before: Measures, cells: list[Cell], epochs: int) -> FaithfulnessResult:
+    """The result: the table over every variant with results in ``out``, the cells, the agreement."""
     control_cells = [Cell(i, t, CONTROL, 0, (), job_key(())) for i, t in enumerate(tuple(r) for r in as_rows(predictions))]
     everything = cells + control_cells
     results = {name: Results(out / "jobs" / name, {c.key for c in everything}) for name in variants_in(out, here)}
@@ -313,17 +316,16 @@ def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSetti
         table += table_rows(name, before, done, found)
         rows += cell_rows(run, name, before, [c for c in done if c.method != CONTROL], found)
         control[name] = control_change(before, [c for c in control_cells if found.has(c)], found)
-    return {
-        "run": str(run.path.resolve()), "checkpoint": run.checkpoint.name, "epochs": epochs,
-        "settings": {"ks": list(settings.ks), "methods": list(settings.methods), "mode": settings.mode,
-                     "variant": here, "seed": settings.seed, "sample": settings.sample,
-                     "prover_run": settings.prover_run},
-        "predictions": {"how": how, "triples": [labels(run, row) for row in as_rows(predictions)]},
-        "control_max_abs_score_change": control,
-        "table": table,
-        "agreement": agreement_rows(before, cells, results),
-        "cells": rows,
-    }
+    return FaithfulnessResult(
+        run=str(run.path.resolve()), checkpoint=run.checkpoint.name, epochs=epochs,
+        settings=RemovalSettings(ks=settings.ks, methods=settings.methods, mode=settings.mode, variant=here,
+                                 seed=settings.seed, sample=settings.sample, prover_run=settings.prover_run),
+        predictions=ExplainedPredictions(how, tuple(labels(run, row) for row in as_rows(predictions))),
+        control_max_abs_score_change=control,
+        table=tuple(table),
+        agreement=tuple(agreement_rows(before, cells, results)),
+        cells=tuple(rows),
+    )
 
 
 def variants_in(out: Path, here: str) -> list[str]:
@@ -339,7 +341,7 @@ def control_change(before: Measures, done: list[Cell], found: Results) -> float 
     return float(np.max(np.abs(found.after(done).score - before.take(np.array([c.prediction for c in done])).score)))
 
 
-def table_rows(name: str, before: Measures, done: list[Cell], found: Results) -> list[dict]:
+def table_rows(name: str, before: Measures, done: list[Cell], found: Results) -> list[FaithfulnessRow]:
     """One row per (method, k) over the finished cells, the control (method 'none', k 0) first."""
     groups: dict[tuple[str, int], list[Cell]] = {}
     for cell in sorted(done, key=lambda c: c.method != CONTROL):
@@ -348,13 +350,13 @@ def table_rows(name: str, before: Measures, done: list[Cell], found: Results) ->
     for (method, k), members in groups.items():
         index = np.array([c.prediction for c in members])
         summary = metrics.summarize(before.take(index), found.after(members))
-        rows.append({"variant": name, "method": method, "k": k,
-                     "removed": float(np.mean([len(c.removed) for c in members])), **summary,
-                     "seconds": found.seconds(members)})
+        rows.append(FaithfulnessRow(variant=name, method=method, k=k,
+                                    removed=float(np.mean([len(c.removed) for c in members])), **summary,
+                                    seconds=found.seconds(members)))
     return rows
 
 
-def cell_rows(run: Run, name: str, before: Measures, done: list[Cell], found: Results) -> list[dict]:
+def cell_rows(run: Run, name: str, before: Measures, done: list[Cell], found: Results) -> list[CellRow]:
     """One row per finished cell: the triple, what was removed, the prediction before and after."""
     if not done:
         return []
@@ -363,16 +365,17 @@ def cell_rows(run: Run, name: str, before: Measures, done: list[Cell], found: Re
     rows = []
     for j, cell in enumerate(done):
         head, relation, tail = labels(run, list(cell.triple))
-        rows.append({"variant": name, "prediction": cell.prediction, "head": head, "relation": relation, "tail": tail,
-                     "method": cell.method, "k": cell.k, "removed": " ".join(map(str, cell.removed)),
-                     "score_before": float(was.score[j]), "score_after": float(now.score[j]),
-                     "prob_before": float(was.prob[j]), "prob_after": float(now.prob[j]),
-                     "rank_before": float(was.rank[j]), "rank_after": float(now.rank[j]),
-                     "pd": bool(change["pd"][j]), "tc": None if np.isnan(change["tc"][j]) else bool(change["tc"][j])})
+        rows.append(CellRow(variant=name, prediction=cell.prediction, head=head, relation=relation, tail=tail,
+                            method=cell.method, k=cell.k, removed=cell.removed,
+                            score_before=float(was.score[j]), score_after=float(now.score[j]),
+                            prob_before=float(was.prob[j]), prob_after=float(now.prob[j]),
+                            rank_before=float(was.rank[j]), rank_after=float(now.rank[j]),
+                            pd=bool(change["pd"][j]),
+                            tc=None if np.isnan(change["tc"][j]) else bool(change["tc"][j])))
     return rows
 
 
-def agreement_rows(before: Measures, cells: list[Cell], results: dict[str, Results]) -> list[dict]:
+def agreement_rows(before: Measures, cells: list[Cell], results: dict[str, Results]) -> list[AgreementRow]:
     """Each fine-tuning variant against retraining, over the cells both have: all of them, then per (method, k)."""
     if "retrain" not in results:
         return []
@@ -386,25 +389,21 @@ def agreement_rows(before: Measures, cells: list[Cell], results: dict[str, Resul
                 continue
             summary = metrics.agreement(before.take(np.array([c.prediction for c in members])),
                                         results[name].after(members), results["retrain"].after(members))
-            rows.append({"cheap": name, "method": method, "k": k, **summary})
+            rows.append(AgreementRow(cheap=name, method=method, k=k, **summary))
     return rows
 
 
-def labels(run: Run, row: list[int]) -> list[str]:
-    """[h, r, t] ids -> labels."""
+def labels(run: Run, row: list[int]) -> tuple[str, str, str]:
+    """[h, r, t] ids -> (head, relation, tail) labels."""
     h, r, t = row
     ds = run.dataset
-    return [ds.entity_label(h), ds.relation_label(r), ds.entity_label(t)]
+    return ds.entity_label(h), ds.relation_label(r), ds.entity_label(t)
 
 
-def write_outputs(out: Path, summary: dict) -> None:
-    """faithfulness.json, the TSV tables and the plot, each written atomically."""
-    import polars as pl
-
-
-    atomic_write_text(out / "faithfulness.json", json.dumps(summary, indent=1) + "\n")
-    for name, rows in (("faithfulness.tsv", summary["table"]), ("cells.tsv", summary["cells"]),
-                       ("agreement.tsv", summary["agreement"])):
-        if rows:
-            atomic_write_text(out / name, pl.DataFrame(rows).write_csv(separator="\t", quote_style="never"))
-    save_figure(faithfulness_figure(summary["table"]), out / "faithfulness.png")
+def write_outputs(out: Path, result: FaithfulnessResult) -> None:
+    """faithfulness.json, the TSV tables (those with rows) and the plot, each written atomically."""
+    atomic_write_text(out / "faithfulness.json", json.dumps(result.to_dict(), indent=1) + "\n")
+    for name, table in (("faithfulness.tsv", "table"), ("cells.tsv", "cells"), ("agreement.tsv", "agreement")):
+        if getattr(result, table):
+            atomic_write_text(out / name, result.to_df(table=table).write_csv(separator="\t", quote_style="never"))
+    save_figure(faithfulness_figure([row.to_dict() for row in result.table]), out / "faithfulness.png")

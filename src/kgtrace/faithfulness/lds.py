@@ -25,6 +25,7 @@ are saved per method in ``lds/`` and reused when the predictions are the same.
 Output folder (default RUN_DIR/faithfulness, shared with ``kgtrace faithfulness``)::
 
     lds.json              settings, predictions, subsets, outputs, per-method LDS and seconds
+                          (:class:`.results.LdsResult`, what :func:`check_lds` returns)
     lds.tsv               one row per (method, output): mean LDS, interval, seconds
     lds-predictions.tsv   one row per (method, output, prediction): its LDS
     lds/METHOD.pt         the method's attribution matrix (float64) and what it was computed for
@@ -35,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,13 +50,14 @@ from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribu
 from kgtrace.attribution.methods import attributions as matrix_methods  # lds.attributions is this module's own
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
+from kgtrace.faithfulness.results import LdsResult, LdsRow
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
 from kgtrace.io import atomic_path, atomic_write_text
 from kgtrace.owned import folder_lock
 from kgtrace.run import Run, load_run
 from kgtrace.system import threads_problems
 
-__all__ = ["LdsInputs", "LdsRow", "LdsSettings", "LdsSummary", "check_lds", "draw_subsets", "lds_scores",
+__all__ = ["LdsInputs", "LdsResult", "LdsRow", "LdsSettings", "check_lds", "draw_subsets", "lds_scores",
            "load_lds_inputs", "spearman_rows", "summarize_lds"]
 
 OUTPUTS = ("score", "log_prob")
@@ -106,35 +108,12 @@ class LdsSettings:
 
 
 @dataclass(frozen=True)
-class LdsRow:
-    """One method's LDS on one output."""
+class MethodScores:
+    """What scoring the methods gave: the table, each method's LDS per prediction, the methods that refused."""
 
-    method: str
-    output: str  # "score" | "log_prob"
-    lds: float  # mean over predictions
-    low: float  # bootstrap interval (2.5 and 97.5 percentiles)
-    high: float
-    n: int  # predictions with a defined LDS
-    seconds: float  # computing the attributions
-
-
-@dataclass(frozen=True)
-class LdsSummary:
-    """What :func:`check_lds` measured; ``rows`` is the table, ``errors`` the methods that refused, with why."""
-
-    run: str
-    subsets: int
-    fraction: float
-    seed: int
-    predictions: list[list[str]]
-    rows: list[LdsRow]
-    per_prediction: dict[str, dict[str, list[float | None]]]  # method -> output -> [N] LDS (None: undefined)
-    errors: dict[str, str] = field(default_factory=dict)
-    training_seconds: float = 0.0  # mean seconds of one subset training
-
-    def best(self, output: str = "score") -> LdsRow:
-        """The row with the highest mean LDS on ``output``."""
-        return max((r for r in self.rows if r.output == output), key=lambda r: r.lds)
+    rows: tuple[LdsRow, ...]  # per method, its "score" then its "log_prob" row
+    per_prediction: dict[str, dict[str, tuple[float | None, ...]]]  # method -> output -> [N] LDS (None: undefined)
+    errors: dict[str, str]  # method -> why it was not scored
 
 
 @dataclass(frozen=True)
@@ -201,7 +180,7 @@ def summarize_lds(values: np.ndarray, bootstrap: int = 1000, seed: int = 0) -> t
 
 def check_lds(run_dir: str | Path, out: str | Path | None = None, settings: LdsSettings = LdsSettings(),
               triples: Tensor | None = None, triples_source: str | None = None, progress: bool = True,
-              log: Callable[[str], None] = print) -> LdsSummary:
+              log: Callable[[str], None] = print) -> LdsResult:
     """Train the subset models, attribute with each method, score (module doc); writes into ``out``."""
     settings.validate()
     run = load_run(run_dir, "last")
@@ -215,9 +194,9 @@ def check_lds(run_dir: str | Path, out: str | Path | None = None, settings: LdsS
         log(f"LDS of {len(predictions)} predictions ({how}) over {settings.subsets} subsets of "
             f"{settings.fraction:g} of the {len(run.dataset.train)} training triples")
         inputs = train_subsets(run, out, settings, predictions, progress)
-        summary = score_methods(run, out, settings, inputs, progress, log)
-        write_lds(out, summary, inputs)
-        return summary
+        result = lds_result(run, settings, inputs, score_methods(run, out, settings, inputs, progress, log))
+        write_lds(out, result)
+        return result
 
 
 def train_subsets(run: Run, out: Path, settings: LdsSettings, predictions: Tensor, progress: bool) -> LdsInputs:
@@ -250,7 +229,7 @@ def train_subsets(run: Run, out: Path, settings: LdsSettings, predictions: Tenso
 
 
 def score_methods(run: Run, out: Path, settings: LdsSettings, inputs: LdsInputs, progress: bool,
-                  log: Callable[[str], None]) -> LdsSummary:
+                  log: Callable[[str], None]) -> MethodScores:
     """Each method's attributions (computed or reused), its LDS per prediction and the table."""
     extra = AttributionInputs(seed=settings.seed, progress=progress, damping=settings.damping,
                               trak_dim=settings.trak_dim, trak_ridge=settings.trak_ridge)
@@ -267,10 +246,18 @@ def score_methods(run: Run, out: Path, settings: LdsSettings, inputs: LdsInputs,
             values = lds_scores(inputs.outputs[output], inputs.masks, matrix.numpy())
             mean, low, high = summarize_lds(values, settings.bootstrap, settings.seed)
             rows.append(LdsRow(method, output, mean, low, high, int((~np.isnan(values)).sum()), seconds))
-            per_prediction[method][output] = [None if np.isnan(v) else float(v) for v in values]
-    return LdsSummary(str(run.path.resolve()), settings.subsets, settings.fraction, settings.seed,
-                      [labels(run, row) for row in as_rows(inputs.predictions)], rows, per_prediction, errors,
-                      inputs.training_seconds)
+            per_prediction[method][output] = tuple(None if np.isnan(v) else float(v) for v in values)
+    return MethodScores(tuple(rows), per_prediction, errors)
+
+
+def lds_result(run: Run, settings: LdsSettings, inputs: LdsInputs, scores: MethodScores) -> LdsResult:
+    """What lds.json holds: the settings, the predictions, the scores and the subset models' outputs."""
+    rows = as_rows(inputs.predictions)
+    return LdsResult(run=str(run.path.resolve()), subsets=settings.subsets, fraction=settings.fraction,
+                     seed=settings.seed, predictions=tuple(labels(run, row) for row in rows), rows=scores.rows,
+                     per_prediction=scores.per_prediction, errors=scores.errors,
+                     training_seconds=inputs.training_seconds, train_size=int(inputs.masks.shape[1]),
+                     prediction_ids=tuple(tuple(row) for row in rows), outputs=dict(inputs.outputs))
 
 
 def attributions(run: Run, out: Path, method: str, predictions: Tensor,
@@ -296,26 +283,16 @@ def load_lds_inputs(out: str | Path) -> LdsInputs:
     path = Path(out) / "lds.json"
     if not path.is_file():
         raise KgtraceError(f"{path}: no LDS results there. Fix: run kgtrace faithfulness RUN_DIR --lds --out {out}")
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    masks = draw_subsets(saved["train_size"], saved["subsets"], saved["fraction"], saved["seed"])
-    return LdsInputs(torch.tensor(saved["prediction_ids"], dtype=torch.long).reshape(-1, 3), masks,
-                     {name: np.asarray(values) for name, values in saved["outputs"].items()},
-                     saved.get("training_seconds", 0.0))
+    saved = LdsResult.read(path)
+    masks = draw_subsets(saved.train_size, saved.subsets, saved.fraction, saved.seed)
+    return LdsInputs(torch.tensor(saved.prediction_ids, dtype=torch.long).reshape(-1, 3), masks, saved.outputs,
+                     saved.training_seconds)
 
 
-def write_lds(out: Path, summary: LdsSummary, inputs: LdsInputs) -> None:
-    """lds.json and the two TSV tables, each written atomically."""
-    record = {**asdict(summary), "train_size": int(inputs.masks.shape[1]),
-              "prediction_ids": as_rows(inputs.predictions),
-              "outputs": {name: values.tolist() for name, values in inputs.outputs.items()}}
-    record["rows"] = [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
-                      for row in record["rows"]]  # a method with no defined LDS: null, not NaN
-    atomic_write_text(out / "lds.json", json.dumps(record, indent=1, allow_nan=False) + "\n")
-    table = pl.DataFrame([asdict(r) for r in summary.rows]) if summary.rows else pl.DataFrame()
-    atomic_write_text(out / "lds.tsv", table.write_csv(separator="\t", quote_style="never"))
-    per = [{"method": method, "output": output, "prediction": i, "head": t[0], "relation": t[1], "tail": t[2],
-            "lds": value}
-           for method, by_output in summary.per_prediction.items() for output, values in by_output.items()
-           for i, (t, value) in enumerate(zip(summary.predictions, values))]
-    atomic_write_text(out / "lds-predictions.tsv",
-                      pl.DataFrame(per).write_csv(separator="\t", quote_style="never") if per else "")
+def write_lds(out: Path, result: LdsResult) -> None:
+    """lds.json and the two TSV tables, each written atomically; nothing scored: lds.tsv one empty line,
+    lds-predictions.tsv empty."""
+    atomic_write_text(out / "lds.json", json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    for name, table, empty in (("lds.tsv", "rows", "\n"), ("lds-predictions.tsv", "per_prediction", "")):
+        frame = result.to_df(table=table)
+        atomic_write_text(out / name, frame.write_csv(separator="\t", quote_style="never") if len(frame) else empty)
