@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kgtrace.attribution import TracIn, select_parameters
-from kgtrace.attribution import tracin as tracin_module
+from kgtrace.attribution import checkpoints as checkpoints_module
 from kgtrace.attribution.compiled import entry_points_for
 from kgtrace.config import TrainConfig
 from kgtrace.errors import ConfigError
@@ -65,8 +65,8 @@ def test_subclasses_have_their_parents_spec():
 def test_conve_subclass_takes_the_fast_paths(conve_run, monkeypatch):
     """A ConvE subclass, checkpoints included, gets ConvE's last layer, fast path, forward mode and compiled entry points."""
     run = dataclasses.replace(conve_run, model=as_class(conve_run.model, MyConvE))
-    built = tracin_module.model_from_checkpoint
-    monkeypatch.setattr(tracin_module, "model_from_checkpoint", lambda *a, **k: as_class(built(*a, **k), MyConvE))
+    built = checkpoints_module.model_from_checkpoint
+    monkeypatch.setattr(checkpoints_module, "model_from_checkpoint", lambda *a, **k: as_class(built(*a, **k), MyConvE))
     assert select_parameters(run.model, "last") == ["fc.weight", "fc.bias", "entity_bias"]
     test, rows = run.dataset.test[:2], torch.arange(0, 5216, 50)
     for params in ("last", "all"):

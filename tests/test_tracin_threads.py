@@ -14,6 +14,7 @@ import torch
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.rows import row_tables
+from kgtrace.attribution.stream import Stream
 from kgtrace.config import TrainConfig
 from kgtrace.registry import model_names
 from kgtrace.run import load_run
@@ -87,7 +88,7 @@ def test_side_by_side_equals_serial_and_the_reference(runs, model, params, torch
 def test_chunks_run_in_the_pool_each_with_models_of_its_own(runs, torch_threads, monkeypatch):
     """The test above has teeth: its passes do run in several threads, and no two chunks share module objects."""
     run = runs["distmult"]
-    seen, chunk_parts = [], TracIn._chunk_parts
+    seen, chunk_parts = [], Stream._chunk_parts
 
     def recorded(self, *args):
         models = args[-1]
@@ -95,7 +96,7 @@ def test_chunks_run_in_the_pool_each_with_models_of_its_own(runs, torch_threads,
         return chunk_parts(self, *args)
 
     torch_threads(2)
-    monkeypatch.setattr(TracIn, "_chunk_parts", recorded)
+    monkeypatch.setattr(Stream, "_chunk_parts", recorded)
     tracin = TracIn(run, params="all", path="general", train_indices=torch.arange(1000), chunk_size=CHUNK)
     tracin.influence(run.dataset.test[:2])
     assert {name.startswith("kgtrace-chunk") for name, _ in seen} == {True}
