@@ -36,9 +36,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from common import base_run, resolved
+
+if TYPE_CHECKING:
+    from kgtrace.faithfulness import FaithfulnessResult
 
 # Small models and few epochs: each retraining takes about a second on one core.
 MODELS = {
@@ -79,7 +83,8 @@ def prover_run(dataset: str, out: Path) -> Path:
     return run
 
 
-def check(run: Path, mode: str, sample: int, args: argparse.Namespace, prover: Path | None) -> tuple[dict, float]:
+def check(run: Path, mode: str, sample: int, args: argparse.Namespace,
+          prover: Path | None) -> tuple[FaithfulnessResult, float]:
     from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
 
     methods = args.methods + (("proof",) if prover is not None else ())
@@ -106,12 +111,12 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     return {
         "dataset": dataset, "model": model, "config": MODELS[model], "base": base_metrics(run, args.device),
         "base_training_s": round(trained, 1),
-        "predictions": summary["predictions"]["how"],
-        "retrained_predictions": retrained["predictions"]["how"],
-        "control_max_abs_score_change": summary["control_max_abs_score_change"],
+        "predictions": summary.predictions.how,
+        "retrained_predictions": retrained.predictions.how,
+        "control_max_abs_score_change": summary.control_max_abs_score_change,
         "wall_s": {"retrain": round(retrain_s, 1), "finetune": round(finetune_s, 1)},
-        "table": [rounded(row, SHOWN) for row in summary["table"]],
-        "agreement": [rounded(row, tuple(row)) for row in summary["agreement"]],
+        "table": [rounded(row.to_dict(), SHOWN) for row in summary.table],
+        "agreement": [rounded(row.to_dict(), tuple(row.to_dict())) for row in summary.agreement],
         "folder": str(run / "faithfulness"),
         "prover_run": None if prover is None else str(prover),
     }

@@ -406,4 +406,4 @@ def write_outputs(out: Path, result: FaithfulnessResult) -> None:
     for name, table in (("faithfulness.tsv", "table"), ("cells.tsv", "cells"), ("agreement.tsv", "agreement")):
         if getattr(result, table):
             atomic_write_text(out / name, result.to_df(table=table).write_csv(separator="\t", quote_style="never"))
-    save_figure(faithfulness_figure([row.to_dict() for row in result.table]), out / "faithfulness.png")
+    save_figure(faithfulness_figure(result.table), out / "faithfulness.png")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from kgtrace.faithfulness.results import FaithfulnessRow
 from kgtrace.plots import plt
 
 PANELS = (("pd", "PD: probability dropped (%)", 100.0), ("tc", "TC: no longer top-1 (%)", 100.0),
@@ -10,27 +13,27 @@ COLORS = {"tracin-last": "tab:blue", "tracin-all": "tab:purple", "random": "tab:
 CONTROL = "none"
 
 
-def faithfulness_figure(table: list[dict]):
-    """A figure of the table's rows (faithfulness.json "table").
+def faithfulness_figure(table: Sequence[FaithfulnessRow]):
+    """A figure of a faithfulness check's table rows (:attr:`FaithfulnessResult.table`).
 
     Colour: the method; line: solid for retraining, dashed for fine-tuning; the control
     (nothing removed) is a dotted level.
     """
     fig, axes = plt.subplots(1, len(PANELS), figsize=(12, 4.0), dpi=100)
-    lines: dict[tuple[str, str], list[dict]] = {}
+    lines: dict[tuple[str, str], list[FaithfulnessRow]] = {}
     for row in table:
-        lines.setdefault((row["variant"], row["method"]), []).append(row)
-    ks = sorted({row["k"] for row in table if row["method"] != CONTROL})
+        lines.setdefault((row.variant, row.method), []).append(row)
+    ks = sorted({row.k for row in table if row.method != CONTROL})
     for ax, (key, title, scale) in zip(axes, PANELS):
         for (variant, method), rows in lines.items():
-            rows = sorted(rows, key=lambda r: r["k"])
+            rows = sorted(rows, key=lambda r: r.k)
             style = "-" if variant == "retrain" else "--"
             label = method if variant == "retrain" else f"{method}, {variant}"
             if method == CONTROL:
-                ax.axhline(scale * rows[0][key], color="black", linestyle=":", linewidth=1,
+                ax.axhline(scale * getattr(rows[0], key), color="black", linestyle=":", linewidth=1,
                            label=f"nothing removed, {variant}")
                 continue
-            ax.plot([r["k"] for r in rows], [scale * r[key] for r in rows], style, marker="o",
+            ax.plot([r.k for r in rows], [scale * getattr(r, key) for r in rows], style, marker="o",
                     color=COLORS.get(method), label=label)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("k: training triples removed")

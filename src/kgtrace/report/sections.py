@@ -17,6 +17,7 @@ import yaml
 from kgtrace.attribution.methods import method_note
 from kgtrace.attribution.results import Explanation, Explanations, Influencer
 from kgtrace.faithfulness.plot import faithfulness_figure
+from kgtrace.faithfulness.results import AgreementRow, FaithfulnessResult, FaithfulnessRow, LdsResult, LdsRow
 from kgtrace.layout import RunLayout
 from kgtrace.prover.proofs import Proofs, TripleProof
 from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
@@ -298,11 +299,11 @@ AGREEMENT_COLUMNS = (("cheap", "cheap option", None), ("method", "method", None)
                      ("score_drop_pearson", "score drop r", 1.0), ("prob_drop_pearson", "prob. drop r", 1.0))
 
 
-def _cells(row: dict, columns: tuple) -> list[str]:
+def _cells(row: FaithfulnessRow | AgreementRow, columns: tuple) -> list[str]:
     """A row's cells: text escaped, numbers scaled (percent) and rounded; NaN and None as a dash."""
     cells = []
     for key, _, scale in columns:
-        value = row.get(key)
+        value = getattr(row, key)
         if scale is None or not isinstance(value, int | float) or value != value:
             cells.append("&ndash;" if value is None or value != value else esc(value))
         else:
@@ -320,48 +321,52 @@ def faithfulness_section(folder: Path) -> str:
 
 def removal_section(folder: Path) -> str:
     """The table of a faithfulness check (kgtrace faithfulness --out FOLDER), its plot, and the agreement table."""
-    data = json.loads((folder / "faithfulness.json").read_text(encoding="utf-8"))
-    settings = data["settings"]
-    facts = (f"{len(data['predictions']['triples'])} predictions ({esc(data['predictions']['how'])}); methods "
-             f"{esc(', '.join(settings['methods']))}; trained again up to epoch {number(data['epochs'])} "
+    data = FaithfulnessResult.read(folder / "faithfulness.json")
+    facts = (f"{len(data.predictions.triples)} predictions ({esc(data.predictions.how)}); methods "
+             f"{esc(', '.join(data.settings.methods))}; trained again up to epoch {number(data.epochs)} "
              f"(<code>{esc(folder.name)}</code>). PD: share of predictions whose probability dropped; TC: share "
              "no longer top-1; method <i>none</i> is the control, trained again with nothing removed.")
     numeric = tuple(scale is not None or key in ("k", "n") for key, _, scale in FAITHFULNESS_COLUMNS)
     body = f'<p class="facts">{facts}</p>' + table(tuple(t for _, t, _ in FAITHFULNESS_COLUMNS),
-                                                    [_cells(r, FAITHFULNESS_COLUMNS) for r in data["table"]], numeric)
-    body += image(png_bytes(faithfulness_figure(data["table"])), "faithfulness: PD, TC and MRR drop against k")
-    if data["agreement"]:
+                                                    [_cells(r, FAITHFULNESS_COLUMNS) for r in data.table], numeric)
+    body += image(png_bytes(faithfulness_figure(data.table)), "faithfulness: PD, TC and MRR drop against k")
+    if data.agreement:
         numeric = tuple(scale is not None or key in ("k", "n") for key, _, scale in AGREEMENT_COLUMNS)
         body += "<h3>Fine-tuning against retraining</h3>" + table(
-            tuple(t for _, t, _ in AGREEMENT_COLUMNS), [_cells(r, AGREEMENT_COLUMNS) for r in data["agreement"]],
+            tuple(t for _, t, _ in AGREEMENT_COLUMNS), [_cells(r, AGREEMENT_COLUMNS) for r in data.agreement],
             numeric)
     return body
 
 
 def lds_section(folder: Path) -> str:
     """The linear datamodeling score of each method (kgtrace faithfulness --lds), best first, with what it means."""
-    data = json.loads((folder / "lds.json").read_text(encoding="utf-8"))
-    facts = (f"Linear datamodeling score: {number(data['subsets'])} models trained from scratch, each on a random "
-             f"{number(100 * data['fraction'])}% of the training triples; for each of {len(data['predictions'])} "
+    data = LdsResult.read(folder / "lds.json")
+    facts = (f"Linear datamodeling score: {number(data.subsets)} models trained from scratch, each on a random "
+             f"{number(100 * data.fraction)}% of the training triples; for each of {len(data.predictions)} "
              "predictions, the Spearman correlation over those models between the prediction's score (or its "
              "log-probability among all tails) and the sum of a method's attributions over the model's training "
              "triples. 1: the method orders the retrained models as they really score the prediction; 0: no better "
              "than chance. The interval is a bootstrap over the predictions.")
-    rows: dict[str, dict] = {}
-    for row in data["rows"]:
-        rows.setdefault(row["method"], {"seconds": row["seconds"]})[row["output"]] = row
-    ordered = sorted(rows.items(), key=lambda item: -item[1].get("score", {}).get("lds", -2.0))
-    cells = [[esc(method), *(_lds_cell(r.get(output)) for output in ("score", "log_prob")), number(r["seconds"], 3)]
-             for method, r in ordered]
+    rows: dict[str, dict[str, LdsRow]] = {}
+    for row in data.rows:
+        rows.setdefault(row.method, {})[row.output] = row
+    ordered = sorted(rows.items(), key=lambda item: -_sort_lds(item[1].get("score")))
+    cells = [[esc(method), *(_lds_cell(r.get(output)) for output in ("score", "log_prob")),
+              number(next(iter(r.values())).seconds, 3)] for method, r in ordered]
     body = "<h3>Linear datamodeling score</h3>" + f'<p class="facts">{facts}</p>'
     body += table(("method", "LDS, score", "LDS, log-probability", "s"), cells, (False, True, True, True))
-    for method, error in data.get("errors", {}).items():
+    for method, error in data.errors.items():
         body += f'<p class="facts">{esc(method)}: not scored: {esc(error)}</p>'
     return body
 
 
-def _lds_cell(row: dict | None) -> str:
+def _sort_lds(row: LdsRow | None) -> float:
+    """A method's LDS on the score for sorting, best first; -2 (below any) when missing."""
+    return -2.0 if row is None or row.lds != row.lds else row.lds
+
+
+def _lds_cell(row: LdsRow | None) -> str:
     """'0.412 [0.35, 0.47]': the mean LDS and its interval; a dash when missing or undefined."""
-    if row is None or row["lds"] is None or row["lds"] != row["lds"]:
+    if row is None or row.lds != row.lds:
         return "&ndash;"
-    return f"{row['lds']:.3f} [{row['low']:.2f}, {row['high']:.2f}]"
+    return f"{row.lds:.3f} [{row.low:.2f}, {row.high:.2f}]"
