@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kgtrace.cli.common import (candidates_label, check_run_outputs, compile_stats_path, indexed_outputs, memory_budget,
-                                named_output, output_lock, output_problems, print_metrics, run_dataset_inputs,
-                                write_json)
+                                named_output, output_lock, output_problems, print_metrics, run_dataset_inputs)
 from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.io import check_json_out
 from kgtrace.layout import RunLayout
 from kgtrace.owned import Output, check_outputs
 
 if TYPE_CHECKING:
-    from kgtrace.evaluation.evaluate import Metrics
+    pass
 
 
 def add_evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +117,7 @@ def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sid
     """Rank the loaded run as evaluate's options say, write and print the metrics."""
     from kgtrace.compile import logged_compilation
     from kgtrace.evaluation.evaluate import metrics_of
+    from kgtrace.evaluation.run import write_evaluation
     from kgtrace.evaluation.sharded import rank_queries_sharded
 
     ds = run.dataset
@@ -128,37 +128,17 @@ def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sid
         ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
                                      candidates=candidates, memory_budget=budget)
     metrics = metrics_of(ranks, ks)
-    document = metrics.to_dict()
+    extra = {}
     if prover:
         from kgtrace.prover.scorer import prover_report
 
-        document["prover"] = prover_report(run.model)
-        print(f"prover: {json.dumps(document['prover'])}")
+        extra["prover"] = prover_report(run.model).to_dict()
+        print(f"prover: {json.dumps(extra['prover'])}")
     if args.world.is_main:
-        write_outputs(args, run, ranks, metrics, document)
+        write_evaluation(run, ranks, metrics, out=args.out, per_query=args.per_query, histogram=args.histogram,
+                         title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}", extra=extra)
     print_metrics(metrics, args.split)
     return 0
-
-
-
-def write_outputs(args: argparse.Namespace, run, ranks, metrics: Metrics, document: dict) -> None:
-    """The per-query table and the histogram, then the metrics JSON (``document``: metrics.to_dict() and, for a
-    prover, its report), last: present only beside its companions."""
-    from kgtrace.owned import retire
-
-    if args.out:
-        retire(args.out)  # first: the old JSON is never read beside new companions
-    if args.per_query:
-        from kgtrace.evaluation.output import query_table, write_query_table
-
-        write_query_table(query_table(ranks, run.model, run.dataset.entities, run.dataset.relations), args.per_query)
-    if args.histogram:
-        from kgtrace.plots import rank_histogram
-
-        rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, args.histogram,
-                       title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}")
-    if args.out:
-        write_json(document, args.out)
 
 
 

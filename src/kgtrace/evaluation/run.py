@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kgtrace.distributed import ONE, World
-from kgtrace.evaluation.evaluate import Metrics, metrics_of
+from kgtrace.evaluation.evaluate import Metrics, QueryRanks, metrics_of
 from kgtrace.evaluation.output import query_table, write_query_table
 from kgtrace.evaluation.sharded import evaluate_sharded, rank_queries_sharded
 from kgtrace.io import atomic_write_text
 from kgtrace.layout import RunLayout
 from kgtrace.owned import retire
+from kgtrace.plots import rank_histogram
 from kgtrace.run import Run, load_run
 
-__all__ = ["evaluate_run", "write_test_metrics"]
+__all__ = ["evaluate_run", "write_evaluation", "write_test_metrics"]
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30,
@@ -42,7 +45,22 @@ def write_test_metrics(run: Run, *, world: World = ONE, memory_budget: int = 2 <
                                  memory_budget=memory_budget)
     metrics = metrics_of(ranks)
     if world.is_main:
-        retire(layout.test_metrics)
-        write_query_table(query_table(ranks, run.model, ds.entities, ds.relations), layout.test_ranks)
-        atomic_write_text(layout.test_metrics, json.dumps(metrics.to_dict(), indent=2) + "\n")
+        write_evaluation(run, ranks, metrics, out=layout.test_metrics, per_query=layout.test_ranks)
     return metrics
+
+
+def write_evaluation(run: Run, ranks: QueryRanks, metrics: Metrics, *, out: str | Path | None = None,
+                     per_query: str | Path | None = None, histogram: str | Path | None = None, title: str = "",
+                     extra: Mapping[str, Any] | None = None) -> None:
+    """Write what an evaluation asks for: the per-query table (each query's ranks and true score; .tsv or
+    .parquet), the histogram of the realistic ranks (PNG, titled ``title``), then, last, the metrics JSON
+    (``metrics.to_dict()`` and ``extra``'s keys, e.g. a prover's report). An earlier JSON is removed first: it
+    is never read beside new companions, and present only once they are written."""
+    if out:
+        retire(out)
+    if per_query:
+        write_query_table(query_table(ranks, run.model, run.dataset.entities, run.dataset.relations), per_query)
+    if histogram:
+        rank_histogram({side: c.rank("realistic").numpy() for side, c in ranks.counts.items()}, histogram, title=title)
+    if out:
+        atomic_write_text(out, json.dumps({**metrics.to_dict(), **(extra or {})}, indent=2) + "\n")

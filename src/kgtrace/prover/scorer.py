@@ -22,6 +22,8 @@ are. Scores:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -30,7 +32,7 @@ from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import open_query_state, query_state
 from kgtrace.prover.search import Deriver, eager_deriver, vector_search
 
-__all__ = ["BfsScorer", "HybridScorer", "proof_part", "prover_report"]
+__all__ = ["BfsScorer", "HybridScorer", "ProverReport", "proof_part", "prover_report"]
 
 
 class BfsScorer(nn.Module):
@@ -115,8 +117,24 @@ class HybridScorer(nn.Module):
         return self.score_t(inverse_queries(rt, self.num_relations))
 
 
-def prover_report(model: nn.Module) -> dict:
-    """What a prover scorer's engine lost to its fixed shapes so far: {"overflow": {states, atoms, facts}}."""
+@dataclass(frozen=True)
+class ProverReport:
+    """What a prover scorer's engine lost to its fixed shapes so far (0 each: nothing; the ranks are exact).
+
+    states: derived states dropped past max_states; atoms: states dropped for holding more than
+    max_atoms goals; facts: fact candidates dropped past max_facts.
+    """
+
+    states: int
+    atoms: int
+    facts: int
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        """As ``kgtrace evaluate`` writes it under "prover": {"overflow": {states, atoms, facts}}."""
+        return {"overflow": {"states": self.states, "atoms": self.atoms, "facts": self.facts}}
+
+
+def prover_report(model: nn.Module) -> ProverReport:
+    """What the engine of a prover scorer (or of a hybrid's prover part) lost to its fixed shapes so far."""
     prover = model.prover if isinstance(model, HybridScorer) else model
-    counts = prover.overflow.tolist()
-    return {"overflow": dict(zip(("states", "atoms", "facts"), counts))}
+    return ProverReport(*(int(n) for n in prover.overflow.tolist()))
