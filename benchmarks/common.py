@@ -15,8 +15,8 @@ import torch
 
 def resolved(name: str) -> torch.device:
     """--device as a torch.device; exits with kgtrace's message where it cannot be had (cuda without a GPU)."""
-    from kgtrace.errors import KgtraceError
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.system import resolve_device
+    from kgtrace.core.errors import KgtraceError
 
     try:
         return resolve_device(name)
@@ -26,15 +26,15 @@ def resolved(name: str) -> torch.device:
 
 def processor_name() -> str:
     """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often just x86_64)."""
-    from kgtrace.matmul import cpuinfo_field
+    from kgtrace.compute.matmul import cpuinfo_field
 
     return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def base_run(dataset: str, model: str, spec: dict, out: Path, threads: int, device: torch.device) -> Path:
     """Train (or reuse) the run OUT/DATASET-MODEL with ``spec`` (model_args, epochs, lr; a checkpoint every 5 epochs)."""
-    from kgtrace.checkpoint import latest_checkpoint
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.checkpoint import latest_checkpoint
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.loop import train
 
     run = out / f"{dataset}-{model}"
@@ -52,7 +52,7 @@ def device_rates(device: torch.device, size: int | None = None) -> dict:
     bytes/s (bytes read plus written), each the best of a few timed runs after a warm-up."""
     import time
 
-    from kgtrace.precision import matmul_mode
+    from kgtrace.compute.precision import matmul_mode
 
     size = size or (8192 if device.type == "cuda" else 1024)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

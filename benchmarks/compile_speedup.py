@@ -10,7 +10,7 @@ ConvE (kgtrace defaults: 200 dimensions, 32 channels) on UMLS, on --device:
 
 The compiled side's first call (compilation, through Inductor's cache when it holds the graph:
 run with TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 for a cold compile) is reported apart as
-warm-up seconds, and its counters (kgtrace.compile.compile_log) with it. Then eager and compiled
+warm-up seconds, and its counters (kgtrace.compute.compile.compile_log) with it. Then eager and compiled
 alternate for --repeats rounds; each round times --evals evaluations or --steps steps; the
 medians and their ratio (eager / compiled: above 1 means compiled is faster) are printed.
 
@@ -39,7 +39,7 @@ def timed(fn, device: torch.device) -> float:
 
 
 def evaluation(args: argparse.Namespace, dataset, model, device: torch.device) -> dict:
-    from kgtrace.compile import compile_log
+    from kgtrace.compute.compile import compile_log
     from kgtrace.data.answers import AnswerIndex
     from kgtrace.evaluation.evaluate import Candidates, evaluate
 
@@ -64,8 +64,8 @@ def evaluation(args: argparse.Namespace, dataset, model, device: torch.device) -
 
 
 def train_step(args: argparse.Namespace, dataset, model, device: torch.device) -> dict:
-    from kgtrace.compile import compile_log
-    from kgtrace.config import TrainConfig
+    from kgtrace.compute.compile import compile_log
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.batches import Batches
     from kgtrace.training.step import batch_loss
 

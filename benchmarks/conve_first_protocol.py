@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import resolved
 from reproduce import RECIPES
+
 from kgtrace.data.triples import read_labeled_triples, write_labeled_triples
 
 
@@ -51,7 +51,7 @@ def first_protocol(run_dir: Path, source: Path) -> dict:
     """Filtered realistic metrics of the original test triples asked in both directions under one relation."""
     from kgtrace.evaluation.evaluate import rank_queries
     from kgtrace.evaluation.ranks import RankCounts, summarize
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     run = load_run(run_dir)
     ds = run.dataset
@@ -80,7 +80,7 @@ def main() -> int:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = p.parse_args()
     device = resolved(args.device)
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.config import TrainConfig
     from kgtrace.data.registry import fetch
     from kgtrace.report.sections import read_records
     from kgtrace.training.loop import train

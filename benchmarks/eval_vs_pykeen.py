@@ -113,9 +113,9 @@ def pykeen_model(args: argparse.Namespace, data: dict, model):
     from pykeen.models import model_resolver
     from pykeen.triples import CoreTriplesFactory
 
+    from kgtrace.core.specs import spec_named
     from kgtrace.interop.pykeen import PYKEEN_NAMES, pykeen_model_kwargs, pykeen_state_dict
     from kgtrace.interop.pykeen_export import full_args
-    from kgtrace.registry import spec_named
 
     kwargs = pykeen_model_kwargs(args.model, full_args(args.model, data["model_args"]))
     factory = CoreTriplesFactory.create(mapped_triples=data["train"], num_entities=data["entities"],
@@ -218,7 +218,7 @@ def setup(args: argparse.Namespace) -> dict:
 
 def run_config(args: argparse.Namespace):
     """The TrainConfig of the run given with --run (its model and dataset names)."""
-    from kgtrace.run import read_run_config
+    from kgtrace.runs.embedding import read_run_config
 
     return read_run_config(Path(args.run))
 
@@ -246,7 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.system import resolve_device
 
     args.device = resolve_device(args.device).type
     report = {**setup(args), "results": []}

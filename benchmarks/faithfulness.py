@@ -59,7 +59,7 @@ SHOWN = ("variant", "method", "k", "n", "removed", "pd", "tc", "score_drop", "pr
 def base_metrics(run_dir: Path, device: torch.device) -> dict:
     """Filtered tail-side MRR and Hits@1 of the last checkpoint on test, and how many test triples it ranks first."""
     from kgtrace.evaluation.evaluate import evaluate
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     run = load_run(run_dir, "last", device=device)
     tail = evaluate(run.model, run.dataset.test, known=run.dataset.all_triples(), sides=("tail",),

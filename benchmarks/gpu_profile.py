@@ -139,8 +139,8 @@ def training_paths(args: argparse.Namespace, device: torch.device, rates: dict) 
 def training_path(args: argparse.Namespace, model: str, path: str, batch: int, batches, shape,
                   device: torch.device, rates: dict) -> dict:
     """One row of the table: ``path``'s training step of ``model``, warmed up, timed and profiled."""
-    from kgtrace.config import TrainConfig
-    from kgtrace.precision import matmul_mode
+    from kgtrace.compute.precision import matmul_mode
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.graphed import GraphedTraining
     from kgtrace.training.loop import new_state
     from kgtrace.training.step import run_epoch

@@ -75,9 +75,9 @@ def shape(ds) -> dict:
 
 def breakdown(run: Path, device: str) -> dict:
     """Filtered test MRR of a run's best checkpoint per side, overall and per relation category."""
+    from kgtrace.compute.system import resolve_device
     from kgtrace.evaluation.evaluate import rank_queries
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
+    from kgtrace.runs.embedding import load_run
 
     loaded = load_run(run, device=resolve_device(device))
     ds = loaded.dataset
@@ -92,7 +92,7 @@ def breakdown(run: Path, device: str) -> dict:
 
 
 def curve(run: Path) -> list[dict]:
-    from kgtrace.layout import RunLayout
+    from kgtrace.core.layout import RunLayout
     from kgtrace.report.sections import read_records
 
     records = read_records(RunLayout(run).metrics)
@@ -101,7 +101,7 @@ def curve(run: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kgtrace.config import read_yaml
+    from kgtrace.core.config import read_yaml
     from kgtrace.data.dataset import load_dataset
 
     args = parse_args(argv)

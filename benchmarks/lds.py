@@ -78,8 +78,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from common import base_run, resolved
+from torch import Tensor, nn
 
 # Small models and few epochs, as in benchmarks/faithfulness.py: a subset training takes seconds on one core.
 MODELS = {
@@ -191,10 +191,10 @@ def dattri_task(run, scorer: Scorer, checkpoints: list, target: str = "loss"):
     batch and called as loss(model, batch, device): the form of dattri's hook-based attributors
     (LoGra), which backpropagate through the module (``scorer`` must then be a BinaryLogits).
     """
+    from dattri.task import AttributionTask
     from torch.func import functional_call
 
-    from dattri.task import AttributionTask
-    from kgtrace.checkpoint import load_checkpoint
+    from kgtrace.core.checkpoint import load_checkpoint
 
     def loss(params: dict, data: tuple) -> Tensor:
         triples, _ = data
@@ -297,7 +297,7 @@ def dattri_attributor(method: str, run, scorer: Scorer, args: argparse.Namespace
 
 def dattri_matrix(method: str, run_dir: str, predictions: Tensor, args: argparse.Namespace, device: str) -> dict:
     """One dattri attributor's [N, n_train] float64 matrix, seconds and peak memory, or its error (in a child process)."""
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     torch.set_num_threads(args.threads)
     if device == "cpu" and args.peer_memory > 0:
@@ -497,7 +497,7 @@ def ridge_sweep(run_dir: Path, inputs, args: argparse.Namespace) -> dict[str, fl
     """kgtrace TRAK's mean LDS on the score at each of ``--trak-ridges`` (one set of gradients for all)."""
     from kgtrace.attribution.trak import trak_ridges
     from kgtrace.faithfulness.lds import lds_scores
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     run = load_run(run_dir, "last")
     matrices = trak_ridges(run, inputs.predictions, args.trak_ridges, dim=args.kgtrace_trak_dim)  # [G, N, n_train]

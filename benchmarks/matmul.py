@@ -1,11 +1,12 @@
-"""The float32 products of TracIn's ConvE pass, and a score product: PyTorch's ``@`` against kgtrace.matmul.linear; print JSON.
+"""The float32 products of TracIn's ConvE pass, and a score product: PyTorch's ``@`` against
+kgtrace.compute.matmul.linear; print JSON.
 
 Each shape is a product x [M, K] W^T with W [N, K] (ConvE-200's fc: N = 200): the head band
 (K = 4608, the conv rows that see the head alone), the pair band (K = 1152) and the whole fc
 input (K = 10368), M rows as a chunk of a TracIn pass meets them, one skinny product, and the
 score product of a training or evaluation batch against every entity (N = 14,505).
 Every call gets its own x of M rows, M drawn around the shape's size, so that row counts vary as
-they do in a pass (kgtrace.matmul's doc: oneDNN compiles per row count). GFLOP/s are 2 M K N
+they do in a pass (kgtrace.compute.matmul's doc: oneDNN compiles per row count). GFLOP/s are 2 M K N
 over the median of --repeats timings, at each of --threads; ``ratio`` is the rate of linear's oneDNN
 path (``onednn=True``, whatever the processor) over ``@``'s, and ``max_rel_diff`` the largest
 |linear - @| / max |@|. ``kgtrace_takes_onednn`` says which kgtrace itself takes on this processor.
@@ -23,9 +24,9 @@ import statistics
 import time
 
 import torch
-
 from common import processor_name, resolved
-from kgtrace.matmul import cpu_vendor, linear, onednn_available, prefers_onednn
+
+from kgtrace.compute.matmul import cpu_vendor, linear, onednn_available, prefers_onednn
 
 #: (name, typical rows M, inner K, outputs N); the last is the score product of training and evaluation
 #: (a batch of 1,024 queries against FB15k-237's 14,505 entities of 256 reals), which stays with ``@``.

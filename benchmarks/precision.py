@@ -39,9 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def one(args: argparse.Namespace, precision: str, root: Path) -> dict:
     from kgtrace.cli.common import model_args
-    from kgtrace.config import TrainConfig
-    from kgtrace.evaluation.run import evaluate_run
-    from kgtrace.layout import RunLayout
+    from kgtrace.core.config import TrainConfig
+    from kgtrace.core.layout import RunLayout
+    from kgtrace.evaluation.run_metrics import evaluate_run
     from kgtrace.report.sections import read_records
     from kgtrace.training.loop import train
 

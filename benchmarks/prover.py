@@ -45,28 +45,29 @@ from pathlib import Path
 
 import torch
 
-from kgtrace.config import TrainConfig
+from kgtrace.compute.system import resolve_device
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
-from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.candidates import sample_corruptions
 from kgtrace.evaluation.evaluate import Candidates, evaluate, model_device
 from kgtrace.evaluation.sides import side_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS, PROOF_SCORES
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.hybrid import ScoreTable, choose_weight, distinct_queries, reciprocal_ranks
+from kgtrace.prover.link import LinkHead
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.mining import MiningConfig, mine_rules, rule_set
 from kgtrace.prover.policy import PolicyScorer, beam_scores
 from kgtrace.prover.ppo import train_policy
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.run import ProverConfig, load_prover_run
-from kgtrace.prover.link import LinkHead
 from kgtrace.prover.scorer import BfsScorer, HybridScorer, proof_part
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
-from kgtrace.run import load_run
-from kgtrace.system import resolve_device
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
+
 
 def table_scorer(rows: dict[tuple[int, int], torch.Tensor], ds) -> ScoreTable:
     """A Scorer over rows {(anchor, relation-or-inverse): [E] scores}, as table() and policy_tables() build them."""

@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, deadline: float | None):
-    from kgtrace.config import TrainConfig
-    from kgtrace.layout import RunLayout
+    from kgtrace.core.config import TrainConfig
+    from kgtrace.core.layout import RunLayout
     from kgtrace.training.loop import resume, train
 
     if RunLayout(run_dir).config.is_file():
@@ -200,10 +200,10 @@ def train_or_resume(recipe: Recipe, args: argparse.Namespace, run_dir: Path, dea
 def snapshot_status(run_dir: Path) -> str:
     """"in progress" while a process trains the run (it holds the run folder's lock); else "finished" when its
     latest checkpoint reached the last epoch or early stopping's patience, and "paused" when it did not."""
-    from kgtrace.checkpoint import latest_checkpoint, load_checkpoint
-    from kgtrace.errors import KgtraceError
-    from kgtrace.layout import RunLayout
-    from kgtrace.owned import folder_lock
+    from kgtrace.core.checkpoint import latest_checkpoint, load_checkpoint
+    from kgtrace.core.errors import KgtraceError
+    from kgtrace.core.layout import RunLayout
+    from kgtrace.core.owned import folder_lock
 
     try:
         with folder_lock(run_dir, "run folder"):
@@ -220,8 +220,8 @@ def snapshot_status(run_dir: Path) -> str:
 def check_run_is_recipe(recipe: Recipe, run_dir: Path, seed: int) -> None:
     """Refuse to resume a run folder trained with other settings than the recipe's (an earlier recipe's run), or
     from another seed."""
-    from kgtrace.config import read_yaml
-    from kgtrace.layout import RunLayout
+    from kgtrace.core.config import read_yaml
+    from kgtrace.core.layout import RunLayout
 
     saved = read_yaml(RunLayout(run_dir).config)
     wanted = {**recipe.settings, "dataset": recipe.dataset, "model_args": dict(recipe.model_args), "seed": seed}
@@ -251,11 +251,11 @@ def trained_threads(sessions: list[dict[str, Any]], config: dict[str, Any], curr
 def summarize(recipe: Recipe, args: argparse.Namespace, run_dir: Path, status: str) -> dict[str, Any]:
     import torch
 
-    from kgtrace.config import read_yaml
-    from kgtrace.evaluation.run import evaluate_run
-    from kgtrace.layout import RunLayout
+    from kgtrace.compute.system import resolve_device
+    from kgtrace.core.config import read_yaml
+    from kgtrace.core.layout import RunLayout
+    from kgtrace.evaluation.run_metrics import evaluate_run
     from kgtrace.report.sections import read_records
-    from kgtrace.system import resolve_device
 
     layout = RunLayout(run_dir)
     records = read_records(layout.metrics)

@@ -275,14 +275,14 @@ STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train,
 
 
 def child_train(config: str, out: str) -> dict:
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.batches import Batches
     from kgtrace.training.loop import train
 
     settings = TrainConfig(**json.loads(config))
     train(settings, out, overwrite=True, progress=False, log=lambda *_: None)
     epochs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     run = load_run(out)
     queries = len(Batches.build(run.dataset.train, run.dataset.num_relations, settings.training))
@@ -299,8 +299,8 @@ def child_flops(config: str, out: str) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from kgtrace.config import TrainConfig
-    from kgtrace.run import load_run
+    from kgtrace.core.config import TrainConfig
+    from kgtrace.runs.embedding import load_run
     from kgtrace.training.batches import Batches
     from kgtrace.training.step import batch_loss
 
@@ -351,7 +351,7 @@ def child_tracin_all(run_dir: str, prefix: str, device: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from kgtrace.attribution.tracin import TracIn
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     device = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = load_run(run_dir)
@@ -488,7 +488,7 @@ def main() -> None:
         return
     import torch
 
-    from kgtrace.io import atomic_write_text
+    from kgtrace.core.io import atomic_write_text
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     out = args.results or HERE / "results" / f"scale-{device}.json"

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import torch
+from common import resolved
 
 import kgtrace
 from kgtrace.attribution import TracIn, build_index
-from common import resolved
 
 
 def train_run(folder: Path, dataset: str, model: str, epochs: int, every: int, threads: int,

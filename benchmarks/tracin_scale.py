@@ -138,9 +138,9 @@ def calibrate_batch_norm(model: torch.nn.Module, train: torch.Tensor, generator:
 def write_run(folder: Path, triples: dict[str, np.ndarray], num_entities: int, num_relations: int,
               checkpoints: int, seed: int) -> None:
     """A run folder that ``kgtrace.load_run`` reads: dataset, id maps, config and epoch checkpoints."""
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.checkpoint import epoch_path, save_checkpoint
+    from kgtrace.core.config import TrainConfig
     from kgtrace.data.dataset import save_dataset
-    from kgtrace.checkpoint import epoch_path, save_checkpoint
     from kgtrace.training.loop import new_state, state_dict, write_run_files
 
     dataset = dataset_of(triples, num_entities, num_relations)

@@ -138,13 +138,13 @@ def captum_classes():
 
 
 def captum_influence(run, test, kind: str, batch_size: int, device: str, train_limit: int | None = None):
+    import copy
+
     import torch
     from captum.influence import TracInCP, TracInCPFast
     from torch.utils.data import TensorDataset
 
-    import copy
-
-    from kgtrace.checkpoint import load_checkpoint
+    from kgtrace.core.checkpoint import load_checkpoint
 
     CaptumConvE, ScoreLoss = captum_classes()
     wrapper = CaptumConvE(copy.deepcopy(run.model).to(device))
@@ -386,7 +386,7 @@ def main() -> None:
     args = parse_args()
     if args.worker:
         return worker(args)
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.system import resolve_device
 
     args.device = resolve_device(args.device).type
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,6 +26,7 @@ import resource
 import subprocess
 import sys
 import time
+
 from common import resolved
 
 

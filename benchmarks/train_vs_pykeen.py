@@ -267,7 +267,7 @@ def main() -> None:
     if args.worker:
         args.threads = int(args.threads)
         return worker(args)
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.system import resolve_device
 
     args.device = resolve_device(args.device).type
     results = []

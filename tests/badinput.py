@@ -16,7 +16,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from kgtrace.cli import main
-from kgtrace.owned import LOCK
+from kgtrace.core.owned import LOCK
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
-from kgtrace.run import load_run
+from kgtrace.core.config import TrainConfig
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 
@@ -60,7 +60,7 @@ def compiled_runs(tmp_path_factory):
     compiled here are those ``kgtrace doctor`` compiles without RUN_DIR, so later tests load
     them from Inductor's cache instead of compiling again.
     """
-    from kgtrace.doctor import TINY_CONVE
+    from kgtrace.workflows.doctor import TINY_CONVE
 
     runs, logs = {}, {}
     for compile_ in (False, True):

@@ -17,11 +17,11 @@ import torch.distributed as dist
 
 from kgtrace.attribution import TracIn
 from kgtrace.cli import main
-from kgtrace.distributed import session
-from kgtrace.errors import KgtraceError
+from kgtrace.compute.distributed import session
+from kgtrace.core.errors import KgtraceError
 from kgtrace.evaluation import sharded
 from kgtrace.evaluation.evaluate import Candidates
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 
 # Small enough that the training set is streamed in several chunks and each side ranked in many.
 TRACIN_CHUNK = 700

@@ -3,8 +3,8 @@
 import pytest
 
 import kgtrace
-from kgtrace.errors import KgtraceError
-from kgtrace.layout import RunLayout
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.layout import RunLayout
 
 
 def test_an_embedding_run_loads_as_a_run_and_a_folder_without_one_is_refused(tmp_path):

@@ -5,7 +5,6 @@ import gzip
 import json
 
 import pytest
-
 from badinput import refused
 
 TRIPLES = "".join(f"e{i}\tr{i % 3}\te{(i * 7) % 40}\n" for i in range(400))

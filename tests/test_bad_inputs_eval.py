@@ -4,7 +4,6 @@ a non-zero exit, no traceback, and neither the run nor the output folder touched
 from __future__ import annotations
 
 import pytest
-
 from badinput import refused
 
 

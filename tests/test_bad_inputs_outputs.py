@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from badinput import refused, run_cli
-from kgtrace import io as kgtrace_io
-from kgtrace.checkpoint import load_checkpoint
+
+from kgtrace.core import io as kgtrace_io
+from kgtrace.core.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def test_a_second_index_build_into_the_same_folder_is_refused(setup, here):
     _, run = setup
     out = here / "index"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kgtrace.owned import folder_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kgtrace.core.owned import folder_lock\n"
                                f"with folder_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from badinput import refused, run_cli
+
 from kgtrace.data.dataset import load_dataset, save_dataset
 
 TINY = ["--model-arg", "embedding_dim=8", "--model-arg", "embedding_height=2", "--model-arg", "output_channels=2",
@@ -235,7 +235,7 @@ def _copy_run(run: Path, copy: Path, dataset_to: Path) -> None:
 
 HOLD = textwrap.dedent("""
     import sys
-    from kgtrace.owned import {function}
+    from kgtrace.core.owned import {function}
     with {function}(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.read()
@@ -358,11 +358,11 @@ def test_the_run_stays_locked_from_training_to_its_test_metrics(data, tmp_path):
     metrics are computed is refused, instead of taking the lock in the gap and refusing the first one's write."""
     from contextlib import ExitStack
 
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.loop import train
 
     out = tmp_path / "run"
-    probe = [sys.executable, "-c", "import sys\nfrom kgtrace.owned import folder_lock\nfrom kgtrace.errors import "
+    probe = [sys.executable, "-c", "import sys\nfrom kgtrace.core.owned import folder_lock\nfrom kgtrace.core.errors import "
              f"KgtraceError\ntry:\n    with folder_lock({str(out)!r}):\n        pass\nexcept KgtraceError:\n"
              "    sys.exit(3)"]
     config = TrainConfig(dataset=str(data / "nations"), model="distmult", model_args={"embedding_dim": 8}, epochs=1,

@@ -7,9 +7,8 @@ SCRIPTS = ["distributed_scaling", "eval_vs_pykeen", "head_tail", "matmul", "scal
 
 
 def test_every_script_without_a_test_of_its_own_has_a_smoke_size():
-    from test_benchmark_smoke_training import SCRIPTS as TRAINING
-
     from benchmark_scripts import BENCHMARKS
+    from test_benchmark_smoke_training import SCRIPTS as TRAINING
 
     own = {"tracin_scale", "tracin_vs_captum", "reproduce", "make_graph", "conve_first_protocol", "gpu_profile",
            "common"}

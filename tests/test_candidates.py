@@ -5,11 +5,12 @@ import dataclasses
 
 import pytest
 import torch
+from scorers import TableScorer
 
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation import candidates as cand
 from kgtrace.evaluation.candidates import (
     CandidateRestriction,
@@ -20,10 +21,9 @@ from kgtrace.evaluation.candidates import (
     rank_side_sampled,
     sample_corruptions,
 )
-from kgtrace.evaluation.sides import SideQueries, rank_side, side_queries
 from kgtrace.evaluation.ranks import RankCounts
+from kgtrace.evaluation.sides import SideQueries, rank_side, side_queries
 from kgtrace.models import build_model
-from scorers import TableScorer
 
 CPU = torch.device("cpu")
 BIG = 1 << 30

@@ -5,9 +5,9 @@ import json
 import subprocess
 import sys
 
+import badinput
 import pytest
 
-import badinput
 import kgtrace
 from kgtrace.cli import build_parser, main
 
@@ -43,7 +43,7 @@ def test_train_options_take_their_help_from_the_config_fields():
     """One place for a training option's help: the TrainConfig field's metadata (no second table in the CLI)."""
     from dataclasses import fields
 
-    from kgtrace.config import TrainConfig, help_of
+    from kgtrace.core.config import TrainConfig, help_of
 
     assert all(f.metadata.get("help") for f in fields(TrainConfig))
     assert help_of(TrainConfig, "model").startswith("model: conve | ")
@@ -55,7 +55,7 @@ def test_train_options_take_their_help_from_the_config_fields():
 def test_compile_default_is_cuda_only_unless_asked():
     import torch
 
-    from kgtrace.compile import compile_default
+    from kgtrace.compute.compile import compile_default
 
     assert compile_default(torch.device("cpu"), None) is False
     assert compile_default(torch.device("cuda"), None) is True
@@ -132,7 +132,7 @@ def test_train_then_evaluate(tmp_path):
 
 
 def test_evaluate_prints_a_column_per_k(tmp_path, capsys):
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.config import TrainConfig
     from kgtrace.training.loop import train
 
     out = tmp_path / "run"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kgtrace.compile import CompiledCall
-from kgtrace.errors import KgtraceError
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.core.errors import KgtraceError
 
 BATCH = 8
 

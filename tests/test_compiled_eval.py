@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, rank_side_compiled
 from kgtrace.evaluation.sides import SIDES, query_chunk_size, rank_side, side_queries
 from kgtrace.models import ComplEx, ConvE, DistMult

@@ -12,8 +12,8 @@ import torch
 
 from kgtrace.attribution import TracIn
 from kgtrace.attribution import tracin as tracin_module
-from kgtrace.config import TrainConfig
-from kgtrace.run import load_run
+from kgtrace.core.config import TrainConfig
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from kgtrace.cli import build_parser
-from kgtrace.config import TrainConfig
-from kgtrace.doctor import norm_error
-from kgtrace.errors import ConfigError
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.models import ConvE, DistMult
-from kgtrace.checkpoint import load_checkpoint
 from kgtrace.training.compiled import kvsall_ce_rows, kvsall_rows, onevsall_rows, train_call
 from kgtrace.training.loop import resume_config
 from kgtrace.training.loss import kvsall_bce, kvsall_ce, onevsall_ce, smoothed_label_values
+from kgtrace.workflows.doctor import norm_error
 
 STEPS_PER_EPOCH = 13  # 1560 KvsAll queries of UMLS: 12 batches of 128, then 24
 
@@ -105,7 +105,7 @@ def test_repeated_calls_in_one_step_keep_held_outputs():
         for rows, kept, eager in held:
             assert torch.equal(rows.detach(), kept)  # not overwritten by the later calls
             torch.testing.assert_close(rows, eager, rtol=1e-5, atol=1e-4)
-        # By norm: a pre-activation within rounding of a ReLU kink moves single entries (kgtrace.doctor).
+        # By norm: a pre-activation within rounding of a ReLU kink moves single entries (kgtrace.workflows.doctor).
         assert norm_error(flat_grad(model), flat_grad(twin)) < 1e-4
         model.zero_grad(set_to_none=True)
         twin.zero_grad(set_to_none=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from benchmark_scripts import benchmark_script
-from kgtrace.config import TrainConfig
+
+from kgtrace.core.config import TrainConfig
 from kgtrace.data.triples import read_labeled_triples
 from kgtrace.training.loop import train
 

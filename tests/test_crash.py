@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import kgtrace
-from kgtrace.checkpoint import latest_checkpoint
-from kgtrace.layout import RunLayout
+from kgtrace.core.checkpoint import latest_checkpoint
+from kgtrace.core.layout import RunLayout
 
 EPOCHS = 10
 TRAIN = ["--dataset", "nations", "--model", "conve", "--model-arg", "embedding_dim=16", "--model-arg",

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from kgtrace.core.errors import DataError, DataWarning, KgtraceError
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
 from kgtrace.data.registry import BUNDLED
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError, DataWarning, KgtraceError
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
+from kgtrace.core.errors import DataError
 from kgtrace.data import triples as tr
 from kgtrace.data.kgx import read_kgx
 from kgtrace.data.names import read_edge_map_json, read_names
 from kgtrace.data.triples import read_labeled_triples, read_labeled_triples_slow, read_labeled_triples_with_lines
 from kgtrace.data.vocab import read_vocab
-from kgtrace.errors import DataError
 
 ROWS = 4000  # enough that a file cut in half breaks well after line 1
 

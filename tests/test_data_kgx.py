@@ -2,13 +2,12 @@ import gzip
 import json
 
 import pytest
-
-from kgtrace.data import kgx
-from kgtrace.data.kgx import read_kgx
-from kgtrace.errors import ConfigError, DataError
-
 from hetionet import EDGES as HETIONET_EDGES
 from hetionet import write_hetionet
+
+from kgtrace.core.errors import ConfigError, DataError
+from kgtrace.data import kgx
+from kgtrace.data.kgx import read_kgx
 
 NODES = [
     {"id": "CHEBI:1", "name": "aspirin", "category": ["biolink:SmallMolecule", "biolink:ChemicalEntity"]},

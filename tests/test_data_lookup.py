@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
 from badinput import run_cli
+
 from kgtrace.data.lookup import lookup_relation, relation_matches
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 
 DRUGS = [f"CHEBI:{i}" for i in range(8)]
 DISEASES = [f"MONDO:{i}" for i in range(8)]

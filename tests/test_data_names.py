@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from kgtrace.core.errors import DataError
 from kgtrace.data import names
 from kgtrace.data.names import (
     describe_predicate,
@@ -14,7 +15,6 @@ from kgtrace.data.names import (
     write_names,
 )
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError
 
 
 def test_names_id_first_by_curie(tmp_path):

@@ -3,14 +3,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hetionet import write_hetionet
 
 from kgtrace.cli import main
+from kgtrace.core.errors import ConfigError, DataError
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.prepare import prepare
 from kgtrace.data.triples import read_labeled_triples
-from kgtrace.errors import ConfigError, DataError
 
 UMLS_TRAIN = str(Path(__file__).parents[1] / "src/kgtrace/data/bundled/umls/train.txt")
 

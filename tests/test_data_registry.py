@@ -13,15 +13,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from hetionet import write_hetionet
 
 from kgtrace.cli import main
 from kgtrace.cli.common import train_help
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data import registry
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.registry import DATASETS, DatasetEntry, cached, fetch
-from kgtrace.errors import KgtraceError
 
 SPLITS = {
     "train": "a\tr\tb\r\nb\tr\tc\r\nc\ts\ta\r\n",
@@ -152,8 +151,8 @@ def test_datasets_fetch_refuses_an_unknown_name(tiny, capsys):
 
 
 def test_a_run_records_the_name_not_the_cache_path(tiny, tmp_path):
-    from kgtrace.config import TrainConfig, read_yaml
-    from kgtrace.run import load_run
+    from kgtrace.core.config import TrainConfig, read_yaml
+    from kgtrace.runs.embedding import load_run
     from kgtrace.training.loop import train
 
     config = TrainConfig(dataset="tiny", model="distmult", model_args={"embedding_dim": 4}, epochs=1,

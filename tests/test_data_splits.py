@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from kgtrace.core.errors import ConfigError
 from kgtrace.data.splits import ensure_seen, holdout_predicate, random_split
-from kgtrace.errors import ConfigError
 
 
 def arr(rows):

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from kgtrace.core.errors import DataError
 from kgtrace.data import triples as tr
 from kgtrace.data.triples import (
     encode_triples,
@@ -11,7 +12,6 @@ from kgtrace.data.triples import (
     write_labeled_triples,
 )
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError
 
 VALID_FILES = {
     "plain": b"a\tr\tb\nb\ts\tc\n",

@@ -3,8 +3,8 @@ import gzip
 import numpy as np
 import pytest
 
+from kgtrace.core.errors import DataError
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
-from kgtrace.errors import DataError
 
 
 def write(path, data: bytes):

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_data_registry import make_archive, register
 
+from kgtrace.core.errors import DataWarning, KgtraceError
+from kgtrace.core.layout import RunLayout
 from kgtrace.data import cache, pinned
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
-from kgtrace.errors import DataWarning, KgtraceError
-from kgtrace.layout import RunLayout
 
-pytestmark = pytest.mark.filterwarnings("ignore::kgtrace.errors.DataWarning")  # make_dataset's valid.txt, on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::kgtrace.core.errors.DataWarning")  # make_dataset's valid.txt, on purpose
 
 TRAIN = [("aspirin", "treats", "pain"), ("aspirin", "interacts", "warfarin"), ("warfarin", "treats", "clot"),
          ("ibuprofen", "treats", "pain"), ("ibuprofen", "interacts", "aspirin"), ("clot", "causes", "pain")]

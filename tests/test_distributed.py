@@ -21,21 +21,21 @@ from kgtrace.attribution import TracIn
 from kgtrace.attribution import topk as topk_module
 from kgtrace.attribution.topk import RunningTopK
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
+from kgtrace.compute.distributed import World, block_split, world_from_env
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import load_dataset
-from kgtrace.distributed import World, block_split, world_from_env
-from kgtrace.errors import ConfigError
 from kgtrace.evaluation import sharded
 from kgtrace.evaluation.evaluate import Candidates, rank_queries, rank_side_with
 from kgtrace.evaluation.sides import SideQueries, side_queries
 from kgtrace.models import build_model
-from kgtrace.run import load_run
-from kgtrace.checkpoint import load_checkpoint
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.batches import Batches
 from kgtrace.training.loop import train
-from kgtrace.training.step import batch_loss
 from kgtrace.training.sharded import part_of_batch
+from kgtrace.training.step import batch_loss
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="this torch build has no gloo backend")

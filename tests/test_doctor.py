@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from kgtrace.cli import main
-from kgtrace.compile import CompiledCall
-from kgtrace.doctor import (
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.runs.embedding import load_run
+from kgtrace.training import graphed
+from kgtrace.workflows.doctor import (
     Check,
     Probe,
     captured_step_check,
@@ -18,8 +20,6 @@ from kgtrace.doctor import (
     relative_error,
     run_probes,
 )
-from kgtrace.run import load_run
-from kgtrace.training import graphed
 
 BATCH = 4
 

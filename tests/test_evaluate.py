@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-
-from kgtrace.errors import KgtraceError
 from scorers import TableScorer
+
+from kgtrace.core.errors import KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
 
 

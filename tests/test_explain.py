@@ -7,16 +7,15 @@ import sys
 
 import pytest
 import torch
+from badinput import refused
 
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.results import Influencer
 from kgtrace.cli import main
 from kgtrace.cli.explain import sign_note
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.lookup import parse_triple
-from kgtrace.errors import KgtraceError
-from kgtrace.run import load_run
-
-from badinput import refused
+from kgtrace.runs.embedding import load_run
 
 K = 4
 

@@ -9,8 +9,8 @@ import pytest
 import kgtrace
 from kgtrace.attribution.results import EXPLAIN_COLUMNS, SELF_COLUMNS, Explanations
 from kgtrace.cli import main
-from kgtrace.errors import ConfigError
-from kgtrace.run import load_run
+from kgtrace.core.errors import ConfigError
+from kgtrace.runs.embedding import load_run
 
 
 @pytest.fixture(scope="module")

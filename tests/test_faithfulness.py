@@ -9,22 +9,21 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from scorers import TableScorer
 
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, DataWarning, KgtraceError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import ConfigError, DataWarning, KgtraceError
-from kgtrace.faithfulness import (METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness,
-                                  removal_methods)
+from kgtrace.faithfulness import METHODS, FaithfulnessSettings, Measures, agreement, changes, check_faithfulness, removal_methods
 from kgtrace.faithfulness import summarize as summarize_measures
 from kgtrace.faithfulness.experiment import removals
-from kgtrace.faithfulness.methods import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
 from kgtrace.faithfulness.predictions import measure, rank_first_test, sample_rows
+from kgtrace.faithfulness.removals import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
 from kgtrace.faithfulness.retrain import job_key
 from kgtrace.report import build_html
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
-from scorers import TableScorer
 
 # A graph small enough to check by hand: the training triples, in file order (index = line).
 TRAIN = ["a\tr\tb", "b\tr\tc", "c\ts\td", "d\tr\te", "e\ts\tf", "a\ts\tf", "b\ts\te", "f\tr\td"]

@@ -11,12 +11,23 @@ import math
 
 import numpy as np
 import pytest
-
-from kgtrace.faithfulness import (AgreementRow, CellRow, ExplainedPredictions, FaithfulnessResult, FaithfulnessRow,
-                                  LdsResult, LdsRow, LdsSettings, RemovalSettings, check_faithfulness, check_lds)
-from kgtrace.faithfulness.lds import write_lds
-from kgtrace.run import load_run
 from test_faithfulness import ids, quiet, small, toy_run  # noqa: F401 (toy_run: the fixture)
+
+from kgtrace.faithfulness import (
+    AgreementRow,
+    CellRow,
+    ExplainedPredictions,
+    FaithfulnessResult,
+    FaithfulnessRow,
+    LdsResult,
+    LdsRow,
+    LdsSettings,
+    RemovalSettings,
+    check_faithfulness,
+    check_lds,
+)
+from kgtrace.faithfulness.lds import write_lds
+from kgtrace.runs.embedding import load_run
 
 TABLES = {"table": FaithfulnessRow, "cells": CellRow, "agreement": AgreementRow}
 

@@ -14,13 +14,13 @@ import numpy as np
 import polars as pl
 import pytest
 
+from kgtrace.compute.system import polars_usable
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.kgx import read_kgx
 from kgtrace.data.names import read_names
 from kgtrace.data.triples import read_labeled_triples, read_labeled_triples_with_lines
 from kgtrace.data.vocab import Vocab, read_vocab
-from kgtrace.errors import KgtraceError
-from kgtrace.system import polars_usable
 
 LIMIT_S = 60.0
 

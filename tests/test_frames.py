@@ -3,8 +3,8 @@
 import pytest
 
 import kgtrace
-from kgtrace.errors import KgtraceError
-from kgtrace.frames import as_frame
+from kgtrace.core.errors import KgtraceError
+from kgtrace.display.frames import as_frame
 
 
 @pytest.fixture(scope="module")

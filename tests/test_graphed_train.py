@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kgtrace.config import TrainConfig
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.data.dataset import load_dataset
-from kgtrace.doctor import TINY_CONVE, norm_error
-from kgtrace.errors import ConfigError
 from kgtrace.training.batches import Batches
 from kgtrace.training.graphed import GraphedTraining, batch_pairs, label_mask, pairs_bound, plain_optimizer_state
 from kgtrace.training.loop import new_state, plain_scheduler_state
 from kgtrace.training.step import run_epoch
+from kgtrace.workflows.doctor import TINY_CONVE, norm_error
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -150,7 +150,7 @@ def test_settings_the_captured_step_cannot_hold_are_refused_at_once():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_run_resumes_as_one_run(tmp_path):
-    from kgtrace.checkpoint import load_checkpoint
+    from kgtrace.core.checkpoint import load_checkpoint
     from kgtrace.training.loop import resume, train
 
     # validation every epoch, compiled (CUDA graph trees of its own) between the captured steps' replays
@@ -169,7 +169,7 @@ def test_captured_run_resumes_as_one_run(tmp_path):
 def test_a_step_that_cannot_be_captured_says_so_and_names_the_fix(monkeypatch):
     from contextlib import contextmanager
 
-    from kgtrace.errors import KgtraceError
+    from kgtrace.core.errors import KgtraceError
     from kgtrace.training.graphed import WARMUP_STEPS
 
     dataset = load_dataset("umls")

@@ -9,8 +9,8 @@ from kgtrace.attribution import TracIn, build_index
 from kgtrace.attribution import index as index_module
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
 from kgtrace.attribution.index import ProjectedIndex, Projector
-from kgtrace.errors import KgtraceError
-from kgtrace.run import load_run
+from kgtrace.core.errors import KgtraceError
+from kgtrace.runs.embedding import load_run
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from kgtrace.cli import main
-from kgtrace.errors import KgtraceError
-from kgtrace.job import JobSettings, run_job
+from kgtrace.core.errors import KgtraceError
+from kgtrace.workflows.job import JobSettings, run_job
 
 SETTINGS = JobSettings(dataset="nations", model="distmult", epochs=5, threads=1)
 OUTPUTS = ("test_metrics.json", "test_ranks.tsv", "explain/test.json", "explain/predicted.json", "report.html")

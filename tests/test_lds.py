@@ -1,8 +1,8 @@
 """The linear datamodeling score and the attribution methods it scores: hand-computed values, slow references."""
 
 import copy
-from dataclasses import replace as dataclasses_replace
 import json
+from dataclasses import replace as dataclasses_replace
 
 import numpy as np
 import pytest
@@ -11,19 +11,26 @@ import torch.nn.functional as F
 from scipy import stats
 from torch.func import functional_call
 
-from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution import trak as trak_module
-from kgtrace.attribution.trak import TrakCost, default_ridge, removal_weights, trak, trak_ridges
-from kgtrace.checkpoint import load_checkpoint
-from kgtrace.cli import build_parser, main
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attributions, choose_method
-from kgtrace.faithfulness.lds import (LdsSettings, check_lds, draw_subsets, lds_scores, load_lds_inputs, spearman_rows,
-                                      summarize_lds)
+from kgtrace.attribution.trak import TrakCost, default_ridge, removal_weights, trak, trak_ridges
+from kgtrace.cli import build_parser, main
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.specs import model_names, spec_named
+from kgtrace.faithfulness.lds import (
+    LdsSettings,
+    check_lds,
+    draw_subsets,
+    lds_scores,
+    load_lds_inputs,
+    spearman_rows,
+    summarize_lds,
+)
 from kgtrace.models import build_model
-from kgtrace.registry import model_names, spec_named
-from kgtrace.run import load_run, model_from_checkpoint
+from kgtrace.runs.embedding import load_run, model_from_checkpoint
 from kgtrace.training.batches import Batches
 from kgtrace.training.loop import train
 from kgtrace.training.loss import dense_bce_reference, dense_ce_reference
@@ -500,7 +507,7 @@ def test_explain_method_conflicts_are_reported_together(tiny_distmult, capsys):
 
 
 def test_removal_by_an_attribution_method_takes_its_largest(tiny_distmult):
-    from kgtrace.faithfulness.methods import MethodInputs, removal_methods
+    from kgtrace.faithfulness.removals import MethodInputs, removal_methods
 
     run = load_run(tiny_distmult)
     test = run.dataset.test[:2]

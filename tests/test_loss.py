@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.models import build_model
-from kgtrace.config import TrainConfig
 from kgtrace.training.loss import (
     dense_bce_reference,
     dense_ce_reference,

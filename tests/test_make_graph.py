@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from benchmark_scripts import benchmark_script
+
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.kgx import read_kgx
 from kgtrace.data.prepare import prepare

@@ -1,10 +1,10 @@
-"""kgtrace.matmul.linear: the oneDNN path and the plain ``@`` give x W^T to float32 rounding, whichever is taken."""
+"""kgtrace.compute.matmul.linear: the oneDNN path and the plain ``@`` give x W^T to float32 rounding, whichever is taken."""
 
 import pytest
 import torch
 
-import kgtrace.matmul as matmul
-from kgtrace.matmul import ROWS, linear
+import kgtrace.compute.matmul as matmul
+from kgtrace.compute.matmul import ROWS, linear
 
 
 def operands(rows, inner=300, outputs=70, seed=0):

@@ -7,14 +7,22 @@ import json
 import pytest
 import torch
 
-from kgtrace.attribution.methods import (METHOD_SPECS, AttributionInputs, MethodSpec, explain_methods, lds_methods,
-                                         method_note, register, removal_tops)
+from kgtrace.attribution.methods import (
+    METHOD_SPECS,
+    AttributionInputs,
+    MethodSpec,
+    explain_methods,
+    lds_methods,
+    method_note,
+    register,
+    removal_tops,
+)
 from kgtrace.cli import build_parser, main
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.faithfulness.experiment import FaithfulnessSettings
 from kgtrace.faithfulness.lds import LdsSettings
-from kgtrace.faithfulness.methods import removal_methods
+from kgtrace.faithfulness.removals import removal_methods
 from kgtrace.training.loop import train
 
 

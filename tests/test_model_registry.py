@@ -9,12 +9,12 @@ from torch import nn
 from kgtrace.attribution import TracIn, select_parameters
 from kgtrace.attribution import checkpoints as checkpoints_module
 from kgtrace.attribution.compiled import entry_points_for
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.specs import ModelSpec, model_names, register, spec_named, spec_of
 from kgtrace.interop import pykeen as layout
 from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, build_model
-from kgtrace.registry import ModelSpec, model_names, register, spec_named, spec_of
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 CONVE_ARGS = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}
@@ -100,11 +100,11 @@ def test_conve_subclass_exports_to_pykeen_as_conve():
 
 def test_pykeens_spellings_of_models_and_datasets_are_accepted():
     """"ConvE", "DistMult", "ComplEx" and "FB15k-237", "UMLS" name what "conve", ..., "fb15k237", "umls" name."""
-    from kgtrace.config import TrainConfig
+    from kgtrace.core.config import TrainConfig
+    from kgtrace.core.specs import model_named
     from kgtrace.data.dataset import load_dataset
     from kgtrace.data.registry import registered_name
     from kgtrace.models import build_model
-    from kgtrace.registry import model_named
 
     assert [model_named(n) for n in ("ConvE", "DistMult", "ComplEx", "TransE")] == ["conve", "distmult", "complex", None]
     assert TrainConfig(model="ConvE").model == "conve"

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
 from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, FactorisedScorer, build_model
 
 E, R = 7, 3

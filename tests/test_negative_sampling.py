@@ -11,15 +11,15 @@ import torch
 
 from kgtrace.attribution.influence import training_hessian
 from kgtrace.attribution.trak import removal_weights
-from kgtrace.checkpoint import load_checkpoint
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.models import ComplEx, ConvE, DistMult, _tables, build_model
+from kgtrace.training import loss
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
 from kgtrace.training.compiled import step_inputs, train_call
 from kgtrace.training.loop import resume, train
-from kgtrace.training import loss
 from kgtrace.training.loss import draw_candidates, gathers_rows, negative_sampling_reference, negative_sampling_rows
 
 E, R = 23, 4

@@ -1,13 +1,27 @@
-"""kgtrace.owned: which folders --overwrite may replace, the locks, and results written index last."""
+"""kgtrace.core.owned: which folders --overwrite may replace, the locks, and results written index last."""
 
 import json
 
 import pytest
 
-from kgtrace.errors import KgtraceError, command_line
-from kgtrace.io import atomic_write_text
-from kgtrace.owned import (LOCK, MANIFEST, MARKER, check_out_folder, claim_out_folder, file_digest, file_lock,
-                           folder_lock, kept_note, read_mark, replace_problem, retire, write_index, write_mark)
+from kgtrace.core.errors import KgtraceError, command_line
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.owned import (
+    LOCK,
+    MANIFEST,
+    MARKER,
+    check_out_folder,
+    claim_out_folder,
+    file_digest,
+    file_lock,
+    folder_lock,
+    kept_note,
+    read_mark,
+    replace_problem,
+    retire,
+    write_index,
+    write_mark,
+)
 
 
 def test_claim_creates_marks_and_replaces_only_its_own_kind(tmp_path):

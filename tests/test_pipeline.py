@@ -5,7 +5,7 @@ import json
 import pytest
 
 import kgtrace
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
 
 
 def test_pipeline_trains_ranks_and_returns_frames(tmp_path):

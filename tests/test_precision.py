@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
-from kgtrace.precision import matmul_mode, precision_context, precision_problems
+from kgtrace.compute.precision import matmul_mode, precision_context, precision_problems
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.training.loop import setup_device
 
 

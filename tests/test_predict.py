@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, DataError
 from kgtrace.data.names import write_categories, write_names
-from kgtrace.errors import ConfigError, DataError
 from kgtrace.evaluation.evaluate import rank_queries
 from kgtrace.evaluation.predict import predict, score_triples
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 

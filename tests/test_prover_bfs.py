@@ -9,22 +9,22 @@ import shutil
 
 import pytest
 import torch
+from mined import mined
 
 import kgtrace
 from kgtrace.cli import main
+from kgtrace.core.layout import RunLayout
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import Candidates, evaluate, rank_queries
-from kgtrace.layout import RunLayout
 from kgtrace.prover.engine import VectorEngine
-from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.explain import explain_proofs
+from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.proofs import Proofs
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import load_prover_run
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
-from mined import mined
 
 ANN, BOB, CAT, DAN = range(4)
 PARENT, GRANDPARENT = 0, 1
@@ -177,8 +177,8 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
 
 def test_hybrid_prover_run_adds_the_embedding_runs_logit(tmp_path, capsys, nations):
     """prove bfs --embedding-run: the run's model is the embedding logit + weight x the BFS confidence."""
-    from kgtrace.config import TrainConfig
-    from kgtrace.run import load_run
+    from kgtrace.core.config import TrainConfig
+    from kgtrace.runs.embedding import load_run
     from kgtrace.training.loop import train
 
     ds, _ = nations

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from mined import mined
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.evaluate import evaluate
@@ -15,7 +16,6 @@ from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.hybrid import ScoreTable, choose_hybrid_weight, choose_weight, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
-from mined import mined
 
 
 def test_the_smallest_weight_within_one_standard_error_of_the_best():
@@ -84,7 +84,7 @@ def test_prove_weigh_sets_the_chosen_weight(tmp_path, capsys, hybrid_parts):
     """kgtrace prove weigh: the weight choose_hybrid_weight picks lands in prover.yaml (the run scores with it)
     and the curve in hybrid-weight.json; a run without an embedding run is refused in one line."""
     from kgtrace.cli import main
-    from kgtrace.config import TrainConfig, read_yaml
+    from kgtrace.core.config import TrainConfig, read_yaml
     from kgtrace.prover.run import load_prover_run
     from kgtrace.training.loop import train
 

@@ -6,16 +6,16 @@ import json
 
 import pytest
 import torch
+from mined import mined
 
 from kgtrace.cli import main
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
 from kgtrace.models.complex import ComplEx
 from kgtrace.prover.link import LinkHead, link_loss, warm_up
 from kgtrace.prover.policy import ProofPolicy
 from kgtrace.prover.ppo import resume_policy, train_policy
 from kgtrace.prover.run import ProverConfig, load_prover_run
 from kgtrace.prover.scorer import HybridScorer, proof_part
-from mined import mined
 
 E, R, V, DIM = 6, 3, 4, 8
 

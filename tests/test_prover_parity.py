@@ -14,6 +14,7 @@ import random
 
 import pytest
 import torch
+from mined import mined
 
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.candidates import sample_corruptions
@@ -22,7 +23,6 @@ from kgtrace.prover.engine import VectorEngine, pad_states, unpad_states
 from kgtrace.prover.logic import EngineShapes, query_state
 from kgtrace.prover.reference import ReferenceEngine, proof_depth
 from kgtrace.prover.search import compiled_deriver, eager_deriver, vector_search
-from mined import mined
 
 DEPTH = 4
 SHAPES = EngineShapes(max_atoms=6, max_history=DEPTH + 1)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from mined import mined
 
 from kgtrace.cli import main
 from kgtrace.data.dataset import load_dataset
@@ -20,7 +21,6 @@ from kgtrace.prover.ppo import _is_known, _triple_keys, advantages, corrupt, res
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import ProverConfig
 from kgtrace.prover.search import eager_deriver
-from mined import mined
 
 ANN, BOB, CAT, DAN = range(4)
 PARENT, GRANDPARENT = 0, 1

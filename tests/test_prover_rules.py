@@ -9,12 +9,21 @@ import pytest
 import torch
 
 from kgtrace.cli import main
+from kgtrace.core.errors import ConfigError
 from kgtrace.data.dataset import load_dataset
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError
 from kgtrace.prover.logic import Rule
-from kgtrace.prover.mining import (MiningConfig, _body_size_lower_bounds, _bodies_to_count, _Graph, _paths_per_x,
-                                   _row_blocks, chain_paths, chain_supports, mine_rules)
+from kgtrace.prover.mining import (
+    MiningConfig,
+    _bodies_to_count,
+    _body_size_lower_bounds,
+    _Graph,
+    _paths_per_x,
+    _row_blocks,
+    chain_paths,
+    chain_supports,
+    mine_rules,
+)
 from kgtrace.prover.rules import format_rule, parse_rules, read_rules, write_rules
 
 RELATIONS = Vocab(("parent", "grandparent", "child", "biolink:treats"))

@@ -20,15 +20,14 @@ import torch
 
 pykeen = pytest.importorskip("pykeen", reason="PyKEEN is not installed: pip install -e '.[pykeen]'")
 
-from pykeen.models import TransE  # noqa: E402
-from pykeen.models import model_resolver  # noqa: E402
+from pykeen.models import TransE, model_resolver  # noqa: E402
 from pykeen.pipeline import pipeline  # noqa: E402
 from pykeen.triples import TriplesFactory  # noqa: E402
 
 import kgtrace  # noqa: E402
 from kgtrace.cli import main  # noqa: E402
+from kgtrace.core.errors import ConfigError  # noqa: E402
 from kgtrace.data.dataset import load_dataset  # noqa: E402
-from kgtrace.errors import ConfigError  # noqa: E402
 from kgtrace.interop import pykeen as layout  # noqa: E402
 from kgtrace.interop.pykeen_export import full_args  # noqa: E402
 from kgtrace.interop.pykeen_import import hyperparameters  # noqa: E402

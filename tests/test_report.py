@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from kgtrace.cli import main
-from kgtrace.errors import KgtraceError
-from kgtrace.report import build_html, write_report
 from kgtrace.attribution.results import Explanation
+from kgtrace.cli import main
+from kgtrace.core.errors import KgtraceError
+from kgtrace.report import build_html, write_report
 from kgtrace.report.drawing import UNIT, layout, subgraph_svg
 from kgtrace.report.sections import label
 

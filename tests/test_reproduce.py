@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from benchmark_scripts import benchmark_script
-from kgtrace.config import TrainConfig
+
+from kgtrace.core.config import TrainConfig
 from kgtrace.models import build_model
 
 
@@ -113,7 +113,7 @@ def test_a_seed_names_a_run_of_its_own(reproduce, tmp_path, monkeypatch):
 
 def held_elsewhere(folder: Path, call):
     """``call()`` while another process holds ``folder``'s lock (the lock is re-entrant within one process)."""
-    code = ("import sys, time\nfrom kgtrace.owned import folder_lock\nwith folder_lock(sys.argv[1]):\n"
+    code = ("import sys, time\nfrom kgtrace.core.owned import folder_lock\nwith folder_lock(sys.argv[1]):\n"
             "    print('held', flush=True)\n    time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     try:

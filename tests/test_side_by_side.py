@@ -1,4 +1,4 @@
-"""kgtrace.system.side_by_side: chunks of a pass run in threads come back in order, as a serial loop gives them."""
+"""kgtrace.compute.system.side_by_side: chunks of a pass run in threads come back in order, as a serial loop gives them."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kgtrace.system import side_by_side
+from kgtrace.compute.system import side_by_side
 
 CPU = torch.device("cpu")
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_negative_sampling import config as sampled_config
 
-from kgtrace.checkpoint import load_checkpoint
 from kgtrace.cli import main
-from kgtrace.config import TrainConfig
-from kgtrace.distributed import World
-from kgtrace.errors import ConfigError
+from kgtrace.compute.distributed import World
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 from kgtrace.models import ComplEx, ConvE, DistMult
 from kgtrace.training import loss
 from kgtrace.training.loop import setup_device, train

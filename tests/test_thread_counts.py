@@ -10,19 +10,19 @@ processes (tests/test_faithfulness.py and test_lds_with_two_processes_equals_one
 
 import pytest
 import torch
+from mined import mined
 
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs
 from kgtrace.attribution.trak import trak
-from kgtrace.config import TrainConfig
+from kgtrace.core.config import TrainConfig
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.faithfulness.lds import LdsSettings, check_lds
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.logic import EngineShapes
 from kgtrace.prover.scorer import BfsScorer
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
-from mined import mined
 
 THREADS = (1, 2, 4)
 

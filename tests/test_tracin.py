@@ -12,9 +12,9 @@ from kgtrace.attribution import TracIn, select_parameters
 from kgtrace.attribution import spill as spill_module
 from kgtrace.attribution import tracin as tracin_module
 from kgtrace.attribution.reference import triple_gradient
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.run import load_run
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 ARGS = {

@@ -1,4 +1,5 @@
-"""TracIn's chunks side by side (kgtrace.system.side_by_side) give the serial pass, for every model, parameter set and path.
+"""TracIn's chunks side by side (kgtrace.compute.system.side_by_side) give the serial pass, for every model,
+parameter set and path.
 
 Every model of the registry is trained here (a model added later without an entry in ARGS fails the test that
 says so). On a training set of many chunks, the pass on 2 and 4 threads (two and four chunks at once, one
@@ -15,9 +16,9 @@ from kgtrace.attribution import TracIn
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.rows import row_tables
 from kgtrace.attribution.stream import Stream
-from kgtrace.config import TrainConfig
-from kgtrace.registry import model_names
-from kgtrace.run import load_run
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.specs import model_names
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
 #: Small settings per model: add a model's here when it joins the registry.

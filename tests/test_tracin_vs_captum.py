@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from benchmark_scripts import benchmark_script
 
 

@@ -5,16 +5,15 @@ import time
 
 import pytest
 import torch
-
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, DataError, KgtraceError
-from kgtrace.io import atomic_path, remove_stale_temporaries
-from kgtrace.models import build_model
-from kgtrace.run import load_run
-from kgtrace.checkpoint import load_checkpoint
-from kgtrace.training.loop import FUSED_DEVICES, make_optimizer, resume, train, truncate_metrics
-
 from badinput import refused
+
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError
+from kgtrace.core.io import atomic_path, remove_stale_temporaries
+from kgtrace.models import build_model
+from kgtrace.runs.embedding import load_run
+from kgtrace.training.loop import FUSED_DEVICES, make_optimizer, resume, train, truncate_metrics
 
 SMALL = {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4}
 

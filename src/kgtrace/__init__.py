@@ -15,21 +15,21 @@ The public API, re-exported from the packages that own it::
     kgtrace.MODELS, kgtrace.build_model                   the model registry
 """
 
-from kgtrace.any_run import load_any_run as load_run
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.explanations import explain
 from kgtrace.attribution.results import Explanations
-from kgtrace.config import TrainConfig
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError
 from kgtrace.data.dataset import Dataset, load_dataset
 from kgtrace.data.prepare import prepare
-from kgtrace.errors import ConfigError, DataError, KgtraceError
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.evaluation.predict import predict, score_triples
 from kgtrace.models import MODELS, build_model
-from kgtrace.pipelines import PipelineResult, pipeline
 from kgtrace.prover.run import ProverRun
-from kgtrace.run import Run
+from kgtrace.runs.embedding import Run
 from kgtrace.training.loop import resume, train
+from kgtrace.workflows.any_run import load_any_run as load_run
+from kgtrace.workflows.pipelines import PipelineResult, pipeline
 
 __version__ = "0.1.0"
 

@@ -14,9 +14,9 @@ from itertools import chain
 import torch
 from torch import nn
 
-from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
-from kgtrace.config import parse_size
-from kgtrace.run import model_from_checkpoint
+from kgtrace.core.checkpoint import CheckpointInfo, load_checkpoint
+from kgtrace.core.config import parse_size
+from kgtrace.runs.embedding import model_from_checkpoint
 
 __all__ = ["CheckpointModels", "checkpoint_groups", "choose_checkpoints", "model_bytes", "parse_budget"]
 

@@ -1,6 +1,6 @@
 """TracIn's gradient functions under torch.compile (``TracIn(compile=True)``, ``kgtrace explain --compile``).
 
-Each entry point goes through :class:`~kgtrace.compile.CompiledCall` (static buffers, padded
+Each entry point goes through :class:`~kgtrace.compute.compile.CompiledCall` (static buffers, padded
 last chunk, mark-step, clone at the boundary, no eager fallback):
 
 * ``tracin_general``: per-triple gradients [B, P] of the general path (``vmap(grad)`` over
@@ -39,7 +39,7 @@ from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.grads import ScoreHRT, dense_factors, wrapped_gradients
 from kgtrace.attribution.rows import row_factors, row_gradients, rows_to_factors
-from kgtrace.compile import CompiledCall
+from kgtrace.compute.compile import CompiledCall
 
 __all__ = ["ENTRY_POINTS", "CompiledGradients", "entry_points_for"]
 

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from kgtrace.attribution.conve_bands import KEYS, Band, BandFn, band_pass, band_values, bands, every_relation_band
 from kgtrace.attribution.conve_block import block_jvp, block_vjp, conv_block, relu_gate
 from kgtrace.attribution.factors import Factors, Outer, Part, dot
-from kgtrace.matmul import linear
+from kgtrace.compute.matmul import linear
 
 __all__ = ["UPSTREAM", "band_plan", "conve_factors", "conve_influence", "needs_upstream", "pair_pass", "unique_pairs"]
 

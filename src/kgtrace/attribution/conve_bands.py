@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.attribution.conve_block import folded_conv, taps
-from kgtrace.matmul import linear
+from kgtrace.compute.matmul import linear
 
 __all__ = ["KEYS", "Band", "BandFn", "band_pass", "band_values", "band_weight", "bands", "conv_rows", "conv_width",
            "every_relation_band", "image_rows", "relation_band"]
@@ -101,7 +101,7 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     """Band ``key``'s fc input a [U_b, C * L_b] for pairs ``ids`` [U_b, 2], and its part of fc's product [U_b, D].
 
     The costly part of the banded factors, and the one compiled under ``TracIn(compile=True)``.
-    The fc product goes through :func:`kgtrace.matmul.linear` (oneDNN on a CPU other than Intel's).
+    The fc product goes through :func:`kgtrace.compute.matmul.linear` (oneDNN on a CPU other than Intel's).
     """
     rows = dict(bands(model))[key]
     weight, bias = folded_conv(model)  # [C, K], [C]

@@ -2,7 +2,7 @@
 
 A weightless copy holds the model's structure and shapes on the meta device (TracIn's template
 for its choices, no memory). A private copy is a new module object over the model's own tensors:
-each worker of a pass side by side (:func:`kgtrace.system.side_by_side`) computes with copies of
+each worker of a pass side by side (:func:`kgtrace.compute.system.side_by_side`) computes with copies of
 its own, so that what one worker's call swaps on a module no other worker sees.
 """
 

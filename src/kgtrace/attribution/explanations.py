@@ -21,18 +21,24 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution.index import ProjectedIndex
-from kgtrace.attribution.methods import (METHOD_SPECS, AttributionInputs, MethodChoice, choose_method,
-                                         explain_methods, matrix_top_k)
+from kgtrace.attribution.methods import (
+    METHOD_SPECS,
+    AttributionInputs,
+    MethodChoice,
+    choose_method,
+    explain_methods,
+    matrix_top_k,
+)
 from kgtrace.attribution.results import SELF_COLUMNS, Explanation, Explanations, Influencer, NamedTriple, SelfInfluence
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
+from kgtrace.compute.system import resolve_device
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.lookup import parse_triple
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import rank_queries
 from kgtrace.evaluation.predict import predict
-from kgtrace.run import Run, load_run
-from kgtrace.system import resolve_device
+from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["explain", "explain_triples", "method_for", "predicted_triples", "self_influence_ranking", "triples_of"]
 

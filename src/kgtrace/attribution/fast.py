@@ -1,8 +1,8 @@
 """TracIn's fast path per factoriser kind: the implementations behind :attr:`ModelSpec.factoriser`.
 
-A model's :class:`~kgtrace.registry.ModelSpec` names the kind of its exact factored gradients
+A model's :class:`~kgtrace.core.specs.ModelSpec` names the kind of its exact factored gradients
 ("conve", "rows"); :data:`FAST_PATHS` maps each kind to its functions, and :func:`fast_path`
-finds a model's (subclasses included, through :func:`~kgtrace.registry.spec_of`). A model
+finds a model's (subclasses included, through :func:`~kgtrace.core.specs.spec_of`). A model
 whose spec names no kind, or that has no spec, has no fast path.
 """
 
@@ -17,7 +17,7 @@ from kgtrace.attribution.conve import band_plan, conve_factors, conve_influence,
 from kgtrace.attribution.conve_bands import bands
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.rows import row_factors
-from kgtrace.registry import spec_of
+from kgtrace.core.specs import spec_of
 
 __all__ = ["FAST_PATHS", "FastPath", "fast_path"]
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from kgtrace.attribution.grads import ScoreHRT
 from kgtrace.attribution.params import select_parameters
 from kgtrace.attribution.rows import SLOTS, row_gradients, row_tables
-from kgtrace.run import Run, final_model
+from kgtrace.runs.embedding import Run, final_model
 
 __all__ = ["BlockFisher", "fisher_influence"]
 

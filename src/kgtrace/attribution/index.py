@@ -40,12 +40,12 @@ from tqdm.auto import tqdm
 from kgtrace.attribution.factors import Factors, Outer, dot
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.attribution.tracin import TracIn
+from kgtrace.compute.system import bar_disable
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_write_text, record_written
+from kgtrace.core.owned import KINDS, contents, folder_lock, read_mark, write_mark
 from kgtrace.data.pinned import split_digest
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import atomic_write_text, record_written
-from kgtrace.owned import KINDS, contents, folder_lock, read_mark, write_mark
-from kgtrace.run import Run
-from kgtrace.system import bar_disable
+from kgtrace.runs.embedding import Run
 
 __all__ = ["IndexMeta", "ProjectedIndex", "Projector", "build_index"]
 
@@ -53,7 +53,7 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 SAVE_EVERY_S = 30.0
 #: The stored layout's version, in ``index.json``. 2: a layer's bias rides in its outer factor (was in ``dense``).
 LAYOUT = 2
-INDEX_KIND = "tracin-index"  # the marker kind of an index folder (kgtrace.owned)
+INDEX_KIND = "tracin-index"  # the marker kind of an index folder (kgtrace.core.owned)
 
 
 class Projector:

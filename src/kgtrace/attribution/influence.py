@@ -35,9 +35,9 @@ from torch.func import functional_call, grad, jacrev
 
 from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.run import Run, final_model
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.runs.embedding import Run, final_model
 from kgtrace.training.batches import Batches
 from kgtrace.training.loss import ce_target_weights, smoothed_label_values
 

@@ -40,9 +40,9 @@ from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import TrakCost, default_ridge, trak
-from kgtrace.config import MAX_SEED
-from kgtrace.errors import ConfigError
-from kgtrace.run import Run
+from kgtrace.core.config import MAX_SEED
+from kgtrace.core.errors import ConfigError
+from kgtrace.runs.embedding import Run
 
 __all__ = ["AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_SPECS", "MethodChoice", "MethodSpec",
            "attribution_signature", "attributions", "choose_method", "explain_methods", "lds_methods", "matrix_top_k",

@@ -18,8 +18,8 @@ from torch import nn
 
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.rows import row_tables
-from kgtrace.precision import precision_problems
-from kgtrace.registry import model_names, spec_named
+from kgtrace.compute.precision import precision_problems
+from kgtrace.core.specs import model_names, spec_named
 
 __all__ = ["FAST_CHUNKS", "PATHS", "default_chunk_size", "path_problems"]
 

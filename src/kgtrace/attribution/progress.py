@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kgtrace.checkpoint import CheckpointInfo
-from kgtrace.distributed import World
-from kgtrace.errors import ConfigError
-from kgtrace.io import atomic_open, remove_stale_temporaries
+from kgtrace.compute.distributed import World
+from kgtrace.core.checkpoint import CheckpointInfo
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.io import atomic_open, remove_stale_temporaries
 
 __all__ = ["Progress", "signature", "state_file"]
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import polars as pl
 
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.owned import retire, write_index
 from kgtrace.data.dataset import Dataset
-from kgtrace.frames import FrameKind, as_frame
-from kgtrace.io import atomic_write_text
-from kgtrace.owned import retire, write_index
+from kgtrace.display.frames import FrameKind, as_frame
 
 __all__ = ["EXPLAIN_COLUMNS", "SELF_COLUMNS", "Explanation", "Explanations", "Influencer", "NamedTriple",
            "SelfInfluence"]
@@ -200,7 +200,7 @@ class Explanations:
     def write(self, path_json: str | Path) -> Path:
         """Write the JSON and a TSV beside it (same stem, .tsv, one row per influencer); returns the TSV path.
 
-        The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+        The JSON is written last, with the TSV's sha256 (kgtrace.core.owned.write_index).
         """
         retire(path_json)
         tsv = Path(path_json).with_suffix(".tsv")
@@ -237,7 +237,7 @@ class SelfInfluence:
     def write(self, path_json: str | Path) -> Path:
         """Write the top as JSON and every triple, ranked, as a TSV beside it; returns the TSV path.
 
-        The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+        The JSON is written last, with the TSV's sha256 (kgtrace.core.owned.write_index).
         """
         retire(path_json)
         tsv = Path(path_json).with_suffix(".tsv")

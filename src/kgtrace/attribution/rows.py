@@ -9,7 +9,7 @@ tables holding just its rows, entity rows [h, t] and relation row [r], as the tr
 [R, W]. Other parameters (ConvE's convolution, fc, batch norm) are differentiated densely.
 
 :func:`row_tables` says which parameters are tables and of which id space (the model's
-:class:`~kgtrace.registry.ModelSpec`).
+:class:`~kgtrace.core.specs.ModelSpec`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.grads import ScoreHRT
-from kgtrace.registry import spec_of
+from kgtrace.core.specs import spec_of
 
 __all__ = ["row_factors", "row_gradients", "row_tables", "rows_to_factors"]
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError
 
 __all__ = ["Spill", "spill_bytes"]
 

@@ -6,7 +6,7 @@ that ConvE computes each pair's fc input once), scores every test triple against
 at every checkpoint. The consumer keeps only what it returns, so its memory does not grow with
 the training set, and with a state file (:mod:`.progress`) the pass saves its progress now and
 then so that a killed run resumes where it stopped. On a CPU with several threads the chunks
-run side by side, one thread each, and come back in order (:func:`kgtrace.system.side_by_side`):
+run side by side, one thread each, and come back in order (:func:`kgtrace.compute.system.side_by_side`):
 the same results, both cores busy.
 
 With several groups of checkpoints (:mod:`.checkpoints`) the pass goes over the training set once
@@ -28,8 +28,8 @@ from kgtrace.attribution.copies import private_copy, private_maker
 from kgtrace.attribution.factors import Factors
 from kgtrace.attribution.progress import Progress
 from kgtrace.attribution.spill import Spill
-from kgtrace.distributed import World
-from kgtrace.system import bar_disable, keep_freed_memory, side_by_side
+from kgtrace.compute.distributed import World
+from kgtrace.compute.system import bar_disable, keep_freed_memory, side_by_side
 
 __all__ = ["Factorise", "Score", "Stream", "train_chunks"]
 

@@ -29,26 +29,28 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kgtrace.attribution.checkpoints import (CheckpointModels, checkpoint_groups, choose_checkpoints, model_bytes,
-                                             parse_budget)
+from kgtrace.attribution.checkpoints import CheckpointModels, checkpoint_groups, choose_checkpoints, model_bytes, parse_budget
 from kgtrace.attribution.compiled import CompiledGradients
 from kgtrace.attribution.copies import weightless_copy
 from kgtrace.attribution.factors import Factors, dot, self_dot
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.grads import dense_factors
 from kgtrace.attribution.params import select_parameters
+
 # FAST_CHUNKS and PATHS are re-exported: kgtrace.attribution.tracin has always offered them.
-from kgtrace.attribution.paths import FAST_CHUNKS as FAST_CHUNKS, PATHS as PATHS, default_chunk_size, path_problems
+from kgtrace.attribution.paths import FAST_CHUNKS as FAST_CHUNKS
+from kgtrace.attribution.paths import PATHS as PATHS
+from kgtrace.attribution.paths import default_chunk_size, path_problems
 from kgtrace.attribution.progress import Progress, signature, state_file
 from kgtrace.attribution.reference import reference_influence
 from kgtrace.attribution.rows import row_factors
 from kgtrace.attribution.stream import Stream, train_chunks
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
-from kgtrace.checkpoint import CheckpointInfo, load_checkpoint
-from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError
-from kgtrace.precision import DTYPES, precision_context
-from kgtrace.run import Run
+from kgtrace.compute.distributed import ONE, World
+from kgtrace.compute.precision import DTYPES, precision_context
+from kgtrace.core.checkpoint import CheckpointInfo, load_checkpoint
+from kgtrace.core.errors import ConfigError
+from kgtrace.runs.embedding import Run
 
 __all__ = ["TopK", "TracIn"]
 
@@ -60,7 +62,7 @@ SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progr
 class TracIn:
     """TracInCP influence of a run's training triples on test triples.
 
-    run: a :class:`kgtrace.run.Run` (``kgtrace.load_run``); its model is copied, not changed.
+    run: a :class:`kgtrace.runs.embedding.Run` (``kgtrace.load_run``); its model is copied, not changed.
     params: "last", "all" or a list of parameter names (:func:`select_parameters`).
     checkpoints: "all" or a list of epochs; each is weighed by its recorded lr.
     path: "auto", "fast", "rows", "general" or "reference" (:mod:`.paths`).
@@ -75,7 +77,7 @@ class TracIn:
         products in that type (faster where the hardware has it, less exact: see docs/benchmarks.md).
     compile: compute the per-triple gradients through torch.compile (:mod:`.compiled`; same
         influences up to float rounding); the counters are in ``compiled.calls``.
-    world: the processes of a distributed job (:mod:`kgtrace.distributed`); each streams every
+    world: the processes of a distributed job (:mod:`kgtrace.compute.distributed`); each streams every
         ``world.size``-th training chunk and results are merged, equal to one process's. Every
         process must make the same calls; each gets the whole result.
     memory_budget: bytes (or a size such as "2GB") for the checkpoints' models held at once; when

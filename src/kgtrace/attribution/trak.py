@@ -58,11 +58,11 @@ from torch import Tensor, nn
 
 from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
-from kgtrace.checkpoint import load_checkpoint
-from kgtrace.config import TrainConfig
-from kgtrace.errors import KgtraceError
-from kgtrace.registry import DEFAULT_TRAK_RIDGE, spec_of
-from kgtrace.run import Run, model_from_checkpoint
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, spec_of
+from kgtrace.runs.embedding import Run, model_from_checkpoint
 from kgtrace.training.loss import ce_target_weights
 
 __all__ = ["TrakCost", "default_ridge", "removal_weights", "trak", "trak_ridges"]

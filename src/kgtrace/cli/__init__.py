@@ -8,7 +8,7 @@ export-pykeen; report: doctor, report), each its options (``add_*_args``) and th
 Errors a user can fix print as one message and exit with status 2; an
 unexpected error prints one line too (set KGTRACE_DEBUG=1 for its traceback).
 Launched by torchrun, evaluate, explain and train split their work over the processes
-(kgtrace.distributed); only rank 0 prints and writes, and errors name the rank.
+(kgtrace.compute.distributed); only rank 0 prints and writes, and errors name the rank.
 
 Imports are lazy where they are heavy: ``kgtrace --help`` builds every parser, so the command
 modules import only light library modules at the top (config, errors, io, registry, ...) and
@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from kgtrace import __version__
 from kgtrace.cli import datasets, evaluate, explain, faithfulness, interop, prove, report, train
 from kgtrace.cli.common import HelpFormatter, RawHelpFormatter
-from kgtrace.distributed import StoppedByPeer, session
-from kgtrace.errors import DataWarning, KgtraceError, command_line, os_fault
+from kgtrace.compute.distributed import StoppedByPeer, session
+from kgtrace.core.errors import DataWarning, KgtraceError, command_line, os_fault
 
 __all__ = ["HelpFormatter", "RawHelpFormatter", "build_parser", "main"]
 

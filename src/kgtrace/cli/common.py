@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kgtrace.config import TrainConfig, help_of, parse_size, read_yaml
+from kgtrace.compute.distributed import World
+from kgtrace.core.config import TrainConfig, help_of, parse_size, read_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import Output, check_outputs
 from kgtrace.data.dataset import dataset_inputs
-from kgtrace.distributed import World
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.layout import RunLayout
-from kgtrace.owned import Output, check_outputs
 
 if TYPE_CHECKING:
     from kgtrace.evaluation.evaluate import Metrics
@@ -45,7 +45,7 @@ class RawHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 
 
 def train_help(name: str) -> str:
-    """The help of a training option: the TrainConfig field's own (kgtrace.config), written once."""
+    """The help of a training option: the TrainConfig field's own (kgtrace.core.config), written once."""
     return help_of(TrainConfig, name)
 
 
@@ -118,7 +118,7 @@ def indexed_outputs(path_json: str | Path | None, option: str = "--out") -> list
 
 def check_run_outputs(run_dir: str | Path, dataset: str, outputs: list[Output], *,
                       reads: tuple[str | Path | None, ...] = (), writes: tuple[Path, ...] = ()) -> None:
-    """:func:`~kgtrace.owned.check_outputs` for a command on the run ``run_dir`` trained on ``dataset``: nothing
+    """:func:`~kgtrace.core.owned.check_outputs` for a command on the run ``run_dir`` trained on ``dataset``: nothing
     written among the run's pinned files (but its products in ``writes``) or in its dataset's folder."""
     pinned = (*RunLayout(run_dir).pinned(writes=writes), *dataset_inputs(dataset))
     check_outputs(outputs, reads=reads, pinned=pinned)
@@ -136,7 +136,7 @@ def run_dataset_inputs(run_dir: str | Path) -> list[str]:
 
 def output_lock(path: str | Path | None, world: World):
     """The lock of a result file rank 0 writes (nothing to hold without one, or in the other processes)."""
-    from kgtrace.owned import file_lock
+    from kgtrace.core.owned import file_lock
 
     return file_lock(path) if path and world.is_main else contextlib.nullcontext()
 
@@ -148,7 +148,7 @@ def compile_stats_path(out: str | Path | None, default: Path) -> Path:
 
 
 def write_json(data: dict, path: str | Path) -> None:
-    from kgtrace.io import atomic_write_text
+    from kgtrace.core.io import atomic_write_text
 
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 

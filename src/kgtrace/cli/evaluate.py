@@ -9,12 +9,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.cli.common import (candidates_label, check_run_outputs, compile_stats_path, indexed_outputs, memory_budget,
-                                named_output, output_lock, output_problems, print_metrics, run_dataset_inputs)
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import check_json_out
-from kgtrace.layout import RunLayout
-from kgtrace.owned import Output, check_outputs
+from kgtrace.cli.common import (
+    candidates_label,
+    check_run_outputs,
+    compile_stats_path,
+    indexed_outputs,
+    memory_budget,
+    named_output,
+    output_lock,
+    output_problems,
+    print_metrics,
+    run_dataset_inputs,
+)
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import check_json_out
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import Output, check_outputs
 
 if TYPE_CHECKING:
     pass
@@ -80,11 +90,11 @@ def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from kgtrace.compile import compile_default
+    from kgtrace.compute.compile import compile_default
+    from kgtrace.compute.system import resolve_device
     from kgtrace.evaluation.candidates import restriction_of
     from kgtrace.evaluation.evaluate import Candidates
-    from kgtrace.any_run import load_any_run
-    from kgtrace.system import resolve_device
+    from kgtrace.workflows.any_run import load_any_run
 
     options = evaluate_options(args)
     sides, ks, budget = options.sides, options.ks, options.memory_budget
@@ -115,9 +125,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sides: tuple, ks: tuple,
                     budget: int) -> int:
     """Rank the loaded run as evaluate's options say, write and print the metrics."""
-    from kgtrace.compile import logged_compilation
+    from kgtrace.compute.compile import logged_compilation
     from kgtrace.evaluation.evaluate import metrics_of
-    from kgtrace.evaluation.run import write_evaluation
+    from kgtrace.evaluation.run_metrics import write_evaluation
     from kgtrace.evaluation.sharded import rank_queries_sharded
 
     ds = run.dataset
@@ -159,9 +169,9 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from kgtrace.compute.system import resolve_device
     from kgtrace.evaluation.predict import predict, write_table
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
+    from kgtrace.runs.embedding import load_run
 
     if args.out:
         check_json_out(args.out)
@@ -194,9 +204,9 @@ def add_score_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    from kgtrace.compute.system import resolve_device
     from kgtrace.evaluation.predict import score_triples, write_table
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
+    from kgtrace.runs.embedding import load_run
 
     budget, problems = memory_budget(args.memory_budget)
     if problems:

@@ -9,12 +9,20 @@ from typing import TYPE_CHECKING
 
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, method_note
 from kgtrace.attribution.results import Explanations, Influencer, SelfInfluence
-from kgtrace.cli.common import (check_run_outputs, compile_stats_path, indexed_outputs, memory_budget, named_output,
-                                output_lock, parse_list, write_json)
-from kgtrace.config import PRECISIONS
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import check_json_out
-from kgtrace.registry import DEFAULT_TRAK_RIDGE, model_names, spec_named
+from kgtrace.cli.common import (
+    check_run_outputs,
+    compile_stats_path,
+    indexed_outputs,
+    memory_budget,
+    named_output,
+    output_lock,
+    parse_list,
+    write_json,
+)
+from kgtrace.core.config import PRECISIONS
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import check_json_out
+from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, model_names, spec_named
 from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
@@ -99,10 +107,10 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kgtrace.attribution import TracIn
-    from kgtrace.compile import compile_default, logged_compilation
-    from kgtrace.layout import RunLayout
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.compile import compile_default, logged_compilation
+    from kgtrace.compute.system import resolve_device
+    from kgtrace.core.layout import RunLayout
+    from kgtrace.runs.embedding import load_run
 
     if RunLayout(args.run_dir).kind == "prover":
         if args.world.distributed:
@@ -243,9 +251,9 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
 
 def explain_prover_run(args: argparse.Namespace) -> int:
     """kgtrace explain on a prover run: each triple's proof, step by step (the TracIn options do not apply)."""
+    from kgtrace.compute.system import resolve_device
     from kgtrace.prover.explain import explain_proofs
     from kgtrace.prover.run import load_prover_run
-    from kgtrace.system import resolve_device
 
     if args.self_influence or args.predict or args.index or args.out_dir:
         raise ConfigError(["a prover run explains triples by their proofs; fix: use --triple, --triples or --test "
@@ -299,8 +307,8 @@ def add_index_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from kgtrace.attribution.index import build_index
-    from kgtrace.run import load_run
-    from kgtrace.system import resolve_device
+    from kgtrace.compute.system import resolve_device
+    from kgtrace.runs.embedding import load_run
 
     params = args.params if args.params in ("last", "all") else list(parse_list(args.params, "--params"))
     device = resolve_device(args.device)

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 from kgtrace.attribution.methods import attributions, lds_methods
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.faithfulness.methods import removal_methods
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.faithfulness.removals import removal_methods
 from kgtrace.faithfulness.results import FaithfulnessResult, LdsResult, LdsRow
-
 
 FAITHFULNESS_EPILOG = """\
 Predictions explained: the run's test triples that its last checkpoint ranks first (tail side,
@@ -129,7 +128,7 @@ def _given_triples(args: argparse.Namespace):
     if not args.triples:
         return None
     from kgtrace.data.lookup import encode_named_triples
-    from kgtrace.run import load_run
+    from kgtrace.runs.embedding import load_run
 
     triples = encode_named_triples(load_run(args.run_dir, "last").dataset, args.triples)
     if len(triples) == 0:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kgtrace.cli.common import RawHelpFormatter, model_args
-from kgtrace.registry import model_names, spec_named
-
+from kgtrace.core.specs import model_names, spec_named
 
 IMPORT_PYKEEN_EPILOG = """\
 SOURCE forms (any mix; folders are searched): a pipeline folder written by save_to_directory (its

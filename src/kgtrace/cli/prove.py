@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kgtrace.cli.common import HelpFormatter, named_output, parse_list, train_help
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.owned import check_outputs
 from kgtrace.data.dataset import dataset_inputs
-from kgtrace.errors import KgtraceError
-from kgtrace.owned import check_outputs
 
 if TYPE_CHECKING:
     from kgtrace.prover.config import ProverConfig
@@ -190,9 +190,9 @@ def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None
 
 def prover_config(args: argparse.Namespace, method: str, **settings: Any):
     """prover_setup (kgtrace.prover.setup) with the prove options: (config, rules, notes, dataset)."""
-    from kgtrace.compile import compile_default
+    from kgtrace.compute.compile import compile_default
+    from kgtrace.compute.system import resolve_device
     from kgtrace.prover.setup import prover_setup
-    from kgtrace.system import resolve_device
 
     return prover_setup(args.dataset, method, rules_file=None if args.mine else args.rules,
                         mining=mining_config(args) if args.mine else None, embedding_run=args.embedding_run,
@@ -247,9 +247,9 @@ def prove_train(args: argparse.Namespace) -> int:
 
 
 def prove_weigh(args: argparse.Namespace) -> int:
+    from kgtrace.compute.system import resolve_device
     from kgtrace.prover.hybrid import WEIGHT_FILE, weigh_prover_run
     from kgtrace.prover.run import CONFIG_FILE
-    from kgtrace.system import resolve_device
 
     weights = parse_list(args.weights, "--weights", float)
     choice = weigh_prover_run(args.run, args.valid_triples, weights, resolve_device(args.device))

@@ -14,7 +14,7 @@ def add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from kgtrace.doctor import doctor, format_table
+    from kgtrace.workflows.doctor import doctor, format_table
 
     checks = doctor(args.run_dir, args.device)
     print(format_table(checks))

@@ -9,8 +9,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from kgtrace.cli.common import model_args, print_metrics, train_help
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kgtrace.job import JobSettings, run_job
+    from kgtrace.workflows.job import JobSettings, run_job
 
     settings = JobSettings(dataset=args.dataset, model=args.model, epochs=args.epochs,
                            steps_per_epoch=args.steps_per_epoch, seed=args.seed, threads=args.threads,
@@ -114,9 +114,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from kgtrace.config import from_sources, read_yaml
-    from kgtrace.evaluation.run import write_test_metrics
-    from kgtrace.run import load_run
+    from kgtrace.core.config import from_sources, read_yaml
+    from kgtrace.evaluation.run_metrics import write_test_metrics
+    from kgtrace.runs.embedding import load_run
     from kgtrace.training.loop import resume, train
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}

@@ -1,6 +1,6 @@
-"""Shared file helpers for the data layer: line reading with exact line numbers (writes: kgtrace.io).
+"""Shared file helpers for the data layer: line reading with exact line numbers (writes: kgtrace.core.io).
 
-Every reader reports problems as :class:`~kgtrace.errors.DataError` naming the file and the
+Every reader reports problems as :class:`~kgtrace.core.errors.DataError` naming the file and the
 1-based line; every writer writes to a temporary file next to the target and renames it into
 place, so a crash never leaves a half-written file under the final name.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
-from kgtrace.errors import DataError
+from kgtrace.core.errors import DataError
 
 BOM = "\ufeff"
 UTF8_FIX = "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"

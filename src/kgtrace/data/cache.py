@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
+from kgtrace.core.errors import DataWarning, KgtraceError
+from kgtrace.core.io import atomic_open, remove_stale_temporaries
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import file_lock
 from kgtrace.data.dataset import CATEGORIES_FILE, EDGE_MAP_FILE, MAP_FILES, NAMES_FILE, SPLIT_SUFFIXES, SPLITS, Dataset
 from kgtrace.data.registry import DATASETS, UNPACKED, cached
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataWarning, KgtraceError
-from kgtrace.io import atomic_open, remove_stale_temporaries
-from kgtrace.layout import RunLayout
-from kgtrace.owned import file_lock
 
 FORMAT = "kgtrace-dataset-cache"
 #: Raise it whenever loading a dataset from its files changes what it builds: older caches then miss.

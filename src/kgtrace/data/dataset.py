@@ -10,7 +10,7 @@ labelled triples, and optionally:
   ``node_categories.tsv`` (``label<TAB>cat1|cat2``).
 
 A valid or test triple whose entity never occurs in train is left out with a
-:class:`~kgtrace.errors.DataWarning` (count and first lines): no model learns such an entity.
+:class:`~kgtrace.core.errors.DataWarning` (count and first lines): no model learns such an entity.
 So is one whose relation never occurs in train, unless the id map lists that relation: that
 is how ``kgtrace prepare --split predicate`` holds a predicate out of train.
 
@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from kgtrace.core.errors import DataError, DataWarning, KgtraceError
 from kgtrace.data._io import object_column
 from kgtrace.data.names import (
     describe_predicate,
@@ -50,7 +51,6 @@ from kgtrace.data.registry import DATASETS, cache_folder, fetch, registered_name
 from kgtrace.data.splits import is_in, seen_mask
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines, write_id_triples
 from kgtrace.data.vocab import Vocab, read_vocab, write_vocab
-from kgtrace.errors import DataError, DataWarning, KgtraceError
 
 SPLITS = ("train", "valid", "test")
 SPLIT_SUFFIXES = (".txt", ".tsv", ".txt.gz", ".tsv.gz")

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from kgtrace.compute.system import forked_polars_error, polars_usable
+from kgtrace.core.errors import ConfigError, DataError
 from kgtrace.data._io import decode_line, raw_blocks, raw_lines
-from kgtrace.errors import ConfigError, DataError
-from kgtrace.system import forked_polars_error, polars_usable
 
 NODE_REQUIRED = ("id", "category")
 EDGE_REQUIRED = ("subject", "predicate", "object")

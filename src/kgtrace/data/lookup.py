@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import ConfigError
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.names import describe_predicate
 from kgtrace.data.triples import encode_triples, read_labeled_triples_with_lines
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError
 
 __all__ = [
     "encode_named_triples", "find_ids", "lookup_entity", "lookup_problem", "lookup_relation", "parse_ids",

@@ -25,11 +25,11 @@ import re
 
 import polars as pl
 
+from kgtrace.compute.system import polars_usable
+from kgtrace.core.errors import DataError
+from kgtrace.core.io import atomic_write_text
 from kgtrace.data._io import GZIP_ERRORS, check_tsv_values, open_binary, read_text, text_lines
-from kgtrace.io import atomic_write_text
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError
-from kgtrace.system import polars_usable
 
 CURIE = re.compile(r"^[A-Za-z_][\w.\-]*:\S+$")
 ID_HEADERS = {"id", "label", "curie", "node", "node_id", "entity"}
@@ -131,7 +131,7 @@ def describe_predicate(key: str) -> str:
 def _pairs_fast(path: str | os.PathLike) -> pl.DataFrame | None:
     """The two columns of a clean file (no blank or odd lines, no empty field, no label given two values) as a
     polars frame, each label once; None otherwise, and the line-by-line reader then names the problem (and reads
-    the file where polars cannot run: :func:`~kgtrace.system.polars_usable`)."""
+    the file where polars cannot run: :func:`~kgtrace.compute.system.polars_usable`)."""
     if not polars_usable():
         return None
     try:

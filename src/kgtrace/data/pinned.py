@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
+from kgtrace.core.errors import DataWarning, KgtraceError, UnknownLabel
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.layout import IMPORTED, RunLayout
 from kgtrace.data.cache import cache_key, read_cache, write_cache
 from kgtrace.data.dataset import SPLITS, Dataset, load_dataset
 from kgtrace.data.vocab import read_vocab
-from kgtrace.errors import DataWarning, KgtraceError, UnknownLabel
-from kgtrace.io import atomic_write_text
-from kgtrace.layout import IMPORTED, RunLayout
 
 
 def split_digest(triples: Tensor) -> str:

@@ -2,7 +2,7 @@
 
 The folder is built in a temporary sibling and renamed into place, so a crash never leaves
 a folder that looks complete. A non-empty output folder is refused unless ``overwrite``, and
-even then replaced only if kgtrace prepared it and it holds none of the inputs (kgtrace.owned).
+even then replaced only if kgtrace prepared it and it holds none of the inputs (kgtrace.core.owned).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import numpy as np
 import polars as pl
 import torch
 
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError
+from kgtrace.core.io import atomic_folder, foreign_files
+from kgtrace.core.owned import check_out_folder, read_mark, write_mark
 from kgtrace.data._io import object_column
 from kgtrace.data.dataset import Dataset, save_dataset
 from kgtrace.data.kgx import check_category_pairs, distinct_rows, present, read_kgx
@@ -25,9 +28,6 @@ from kgtrace.data.names import describe_predicate, read_names
 from kgtrace.data.splits import SplitReport, check_fractions, holdout_relations, random_split
 from kgtrace.data.triples import read_labeled_triples
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError, DataError, KgtraceError
-from kgtrace.io import atomic_folder, foreign_files
-from kgtrace.owned import check_out_folder, read_mark, write_mark
 
 SPLIT_METHODS = ("random", "predicate")
 INPUT_FILES = {  # what each input option names, for messages

@@ -30,14 +30,14 @@ from pathlib import Path
 import pystow
 from filelock import FileLock, Timeout
 
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_open, atomic_write_text
+from kgtrace.core.owned import file_digest, read_mark, write_mark
+from kgtrace.core.specs import spelling_key
 from kgtrace.data.kgx import read_kgx
 from kgtrace.data.names import write_categories, write_edge_map, write_names
 from kgtrace.data.splits import random_split
 from kgtrace.data.triples import write_labeled_triples
-from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_open, atomic_write_text
-from kgtrace.owned import file_digest, read_mark, write_mark
-from kgtrace.registry import spelling_key
 
 MIRROR_ENV = "KGTRACE_DATASETS_MIRROR"
 SPLITS = ("train", "valid", "test")

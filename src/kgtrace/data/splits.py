@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from kgtrace.compute.system import polars_usable
+from kgtrace.core.errors import ConfigError
 from kgtrace.data._io import object_column
-from kgtrace.errors import ConfigError
-from kgtrace.system import polars_usable
 
 POLICIES = ("move", "drop")
 
@@ -142,7 +142,7 @@ def seen_mask(triples: np.ndarray, entities: pl.Series, relations: pl.Series) ->
 
 def is_in(values: np.ndarray, pool: pl.Series) -> np.ndarray:
     """bool [n]: whether each of the labels ``values`` [n] is in ``pool``."""
-    if not polars_usable():  # a forked child (kgtrace.system.polars_usable): a Python set
+    if not polars_usable():  # a forked child (kgtrace.compute.system.polars_usable): a Python set
         known = set(pool.to_list())
         return np.fromiter((value in known for value in values), dtype=bool, count=len(values))
     return _series(values).is_in(pool.implode()).to_numpy()

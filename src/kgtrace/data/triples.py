@@ -19,10 +19,13 @@ import numpy as np
 import polars as pl
 import torch
 
+from kgtrace.compute.system import polars_usable
+from kgtrace.core.errors import DataError, UnknownLabel
+from kgtrace.core.io import atomic_path
 from kgtrace.data._io import (
     BOM,
-    check_text_start,
     check_file,
+    check_text_start,
     check_tsv_values,
     object_column,
     raw_lines,
@@ -30,9 +33,6 @@ from kgtrace.data._io import (
     text_lines,
 )
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import DataError, UnknownLabel
-from kgtrace.io import atomic_path
-from kgtrace.system import polars_usable
 
 FIELDS = ("head", "relation", "tail")
 HEADER_WORDS = (
@@ -220,7 +220,7 @@ def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.
 
 def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The polars reader; None whenever anything is unusual, so the reference reader decides (and where
-    polars cannot run: a process forked after it was imported, :func:`~kgtrace.system.polars_usable`)."""
+    polars cannot run: a process forked after it was imported, :func:`~kgtrace.compute.system.polars_usable`)."""
     if not polars_usable():
         return None
     # polars takes the column count from the first line it parses, so start at the first data line.

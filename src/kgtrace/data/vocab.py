@@ -23,10 +23,10 @@ from functools import cached_property
 import numpy as np
 import polars as pl
 
+from kgtrace.compute.system import polars_usable
+from kgtrace.core.errors import DataError
+from kgtrace.core.io import atomic_write_text
 from kgtrace.data._io import check_tsv_values, text_lines
-from kgtrace.io import atomic_write_text
-from kgtrace.errors import DataError
-from kgtrace.system import polars_usable
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Vocab:
 
     def lookup(self, labels: Sequence[str] | np.ndarray) -> np.ndarray:
         """Ids of ``labels`` as int64 ``[n]``, with -1 for labels not in the vocab."""
-        if not polars_usable():  # a forked child (kgtrace.system.polars_usable): the label -> id dict
+        if not polars_usable():  # a forked child (kgtrace.compute.system.polars_usable): the label -> id dict
             return np.fromiter((self.to_id.get(label, -1) for label in labels), dtype=np.int64, count=len(labels))
         values = pl.Series(values=np.asarray(labels, dtype=object), dtype=pl.String)
         ids = values.replace_strict(

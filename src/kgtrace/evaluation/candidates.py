@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
+from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
 from kgtrace.models.base import QueryScorer, Scorer, forward_triples
 
 __all__ = [

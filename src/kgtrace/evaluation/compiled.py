@@ -1,7 +1,7 @@
 """All-entity filtered ranking under torch.compile, with the eager path's exact results.
 
 Scoring and ranking of a chunk of queries run as one compiled graph through
-:class:`~kgtrace.compile.CompiledCall` (static buffers: queries [B, 2] long, true answers
+:class:`~kgtrace.compute.compile.CompiledCall` (static buffers: queries [B, 2] long, true answers
 [B] long, a dense filter mask [B, E] bool, valid [B] bool). The filter mask is built
 eagerly per chunk, on the device, from the known answers a run of chunks sends there at once
 (True = a known answer other than the true one, excluded). The graph returns greater, equal,
@@ -24,10 +24,10 @@ import weakref
 import torch
 from torch import Tensor
 
-from kgtrace.compile import CompiledCall
+from kgtrace.compute.compile import CompiledCall
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.sides import SideQueries, filter_runs, query_chunk_size, raise_first_non_finite
 from kgtrace.evaluation.ranks import RankCounts
+from kgtrace.evaluation.sides import SideQueries, filter_runs, query_chunk_size, raise_first_non_finite
 from kgtrace.models.base import Scorer
 
 __all__ = ["rank_side_compiled"]

@@ -18,12 +18,13 @@ import torch
 from torch import Tensor
 
 from kgtrace.data.answers import AnswerIndex, answering
-from kgtrace.evaluation.candidates import (CandidateRestriction, rank_side_restricted, rank_side_sampled)
+from kgtrace.display.frames import FrameKind, as_frame
+from kgtrace.evaluation.candidates import CandidateRestriction, rank_side_restricted, rank_side_sampled
 from kgtrace.evaluation.compiled import rank_side_compiled
 from kgtrace.evaluation.ranks import RankCounts, SideMetrics, summarize
 from kgtrace.evaluation.sides import SIDES, SideQueries, rank_side, side_queries
-from kgtrace.frames import FrameKind, as_frame
 from kgtrace.models.base import Scorer
+
 
 @dataclass(frozen=True)
 class Candidates:

@@ -8,11 +8,11 @@ import numpy as np
 import polars as pl
 import torch
 
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_path
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import QueryRanks, model_device
 from kgtrace.evaluation.sides import side_queries
-from kgtrace.io import atomic_path
 from kgtrace.models.base import Scorer
 
 FORMATS = (".tsv", ".parquet")

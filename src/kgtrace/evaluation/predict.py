@@ -21,16 +21,16 @@ import polars as pl
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import ConfigError, DataError
+from kgtrace.core.io import atomic_write_text, check_json_out
+from kgtrace.core.owned import retire, write_index
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.lookup import find_ids, lookup_problem, lookup_relation, relation_ids, relation_matches
 from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
-from kgtrace.errors import ConfigError, DataError
+from kgtrace.display.frames import FrameKind, as_frame
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
-from kgtrace.frames import FrameKind, as_frame
-from kgtrace.io import atomic_write_text, check_json_out
-from kgtrace.owned import retire, write_index
-from kgtrace.run import Run
+from kgtrace.runs.embedding import Run
 
 __all__ = ["Predictions", "ScoredTriples", "predict", "score_triples", "write_table"]
 
@@ -126,7 +126,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
 def write_table(table: pl.DataFrame, path_json: str | Path, extra: dict) -> Path:
     """Write ``{**extra, "rows": [...]}`` as JSON and the table as a TSV beside it (same stem); returns the TSV path.
 
-    The JSON is written last, with the TSV's sha256 (kgtrace.owned.write_index).
+    The JSON is written last, with the TSV's sha256 (kgtrace.core.owned.write_index).
     """
     path_json = Path(path_json)
     check_json_out(path_json)

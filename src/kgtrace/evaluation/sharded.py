@@ -17,12 +17,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kgtrace.compute.distributed import ONE, World, block_split
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.distributed import ONE, World, block_split
 from kgtrace.evaluation import candidates as cand
 from kgtrace.evaluation.compiled import balanced_batch, rank_side_compiled
-from kgtrace.evaluation.evaluate import (Candidates, Metrics, QueryRanks, eval_mode, metrics_of, rank_queries,
-                                         rank_side_with, ranking_inputs)
+from kgtrace.evaluation.evaluate import (
+    Candidates,
+    Metrics,
+    QueryRanks,
+    eval_mode,
+    metrics_of,
+    rank_queries,
+    rank_side_with,
+    ranking_inputs,
+)
 from kgtrace.evaluation.ranks import RankCounts
 from kgtrace.evaluation.sides import BYTES_PER_SCORE, SIDES, SideQueries, query_chunk_size, side_queries
 from kgtrace.models.base import Scorer

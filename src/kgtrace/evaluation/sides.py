@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.models.base import FactorisedScorer, Scorer
 

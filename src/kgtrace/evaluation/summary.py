@@ -11,10 +11,10 @@ from pathlib import Path
 
 import polars as pl
 
-from kgtrace.config import read_yaml
-from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_path
-from kgtrace.layout import RunLayout
+from kgtrace.core.config import read_yaml
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_path
+from kgtrace.core.layout import RunLayout
 
 __all__ = ["plot_summary", "summarize_runs", "write_summary"]
 
@@ -75,7 +75,7 @@ def write_summary(table: pl.DataFrame, path: str | Path) -> None:
 
 def plot_summary(table: pl.DataFrame, path: str | Path) -> None:
     """Test MRR per dataset and model, one point per seed, the mean as a bar."""
-    from kgtrace.plots import plt, save_figure
+    from kgtrace.display.plots import plt, save_figure
 
     groups = table.group_by(["dataset", "model"], maintain_order=True).agg(pl.col("mrr"))
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * groups.height + 2), 3.5))

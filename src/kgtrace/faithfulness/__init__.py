@@ -18,10 +18,18 @@ from __future__ import annotations
 
 from kgtrace.faithfulness.experiment import FaithfulnessSettings, check_faithfulness
 from kgtrace.faithfulness.lds import LdsSettings, check_lds
-from kgtrace.faithfulness.methods import METHODS, removal_methods
 from kgtrace.faithfulness.metrics import Measures, agreement, changes, summarize
-from kgtrace.faithfulness.results import (AgreementRow, CellRow, ExplainedPredictions, FaithfulnessResult,
-                                          FaithfulnessRow, LdsResult, LdsRow, RemovalSettings)
+from kgtrace.faithfulness.removals import METHODS, removal_methods
+from kgtrace.faithfulness.results import (
+                                          AgreementRow,
+                                          CellRow,
+                                          ExplainedPredictions,
+                                          FaithfulnessResult,
+                                          FaithfulnessRow,
+                                          LdsResult,
+                                          LdsRow,
+                                          RemovalSettings,
+)
 
 __all__ = ["METHODS", "AgreementRow", "CellRow", "ExplainedPredictions", "FaithfulnessResult", "FaithfulnessRow",
            "FaithfulnessSettings", "LdsResult", "LdsRow", "LdsSettings", "Measures", "RemovalSettings", "agreement",

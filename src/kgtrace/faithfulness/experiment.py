@@ -37,21 +37,27 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
+from kgtrace.compute.system import threads_problems
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.owned import contents, file_digest, folder_lock
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.system import threads_problems
+from kgtrace.display.plots import save_figure
 from kgtrace.faithfulness import metrics
-from kgtrace.faithfulness.methods import MethodInputs, method_signature, removal_methods
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.predictions import as_rows, measure, rank_first_test, sample_rows
-from kgtrace.faithfulness.results import (AgreementRow, CellRow, ExplainedPredictions, FaithfulnessResult,
-                                          FaithfulnessRow, RemovalSettings)
-from kgtrace.faithfulness.retrain import Job, MODES, job_key, read_result, run_jobs, variant
-from kgtrace.io import atomic_write_text
-from kgtrace.owned import contents, file_digest, folder_lock
-from kgtrace.plots import save_figure
-from kgtrace.run import Run, load_run
+from kgtrace.faithfulness.removals import MethodInputs, method_signature, removal_methods
+from kgtrace.faithfulness.results import (
+    AgreementRow,
+    CellRow,
+    ExplainedPredictions,
+    FaithfulnessResult,
+    FaithfulnessRow,
+    RemovalSettings,
+)
+from kgtrace.faithfulness.retrain import MODES, Job, job_key, read_result, run_jobs, variant
+from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["FaithfulnessResult", "FaithfulnessSettings", "check_faithfulness"]
 

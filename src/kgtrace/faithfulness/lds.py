@@ -44,18 +44,18 @@ import polars as pl
 import torch
 from torch import Tensor
 
-from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribution_signature, lds_methods
 from kgtrace.attribution.methods import attributions as matrix_methods  # lds.attributions is this module's own
+from kgtrace.compute.system import threads_problems
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_path, atomic_write_text
+from kgtrace.core.owned import folder_lock
+from kgtrace.data.answers import AnswerIndex
 from kgtrace.faithfulness.experiment import choose_predictions, claim_folder, labels
 from kgtrace.faithfulness.predictions import as_rows
 from kgtrace.faithfulness.results import LdsResult, LdsRow
 from kgtrace.faithfulness.retrain import Job, job_key, read_result, run_jobs
-from kgtrace.io import atomic_path, atomic_write_text
-from kgtrace.owned import folder_lock
-from kgtrace.run import Run, load_run
-from kgtrace.system import threads_problems
+from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["LdsInputs", "LdsResult", "LdsRow", "LdsSettings", "check_lds", "draw_subsets", "lds_scores",
            "load_lds_inputs", "spearman_rows", "summarize_lds"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kgtrace.display.plots import plt
 from kgtrace.faithfulness.results import FaithfulnessRow
-from kgtrace.plots import plt
 
 PANELS = (("pd", "PD: probability dropped (%)", 100.0), ("tc", "TC: no longer top-1 (%)", 100.0),
           ("mrr_drop", "MRR drop (filtered, tail)", 1.0))

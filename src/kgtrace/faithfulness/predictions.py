@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import KgtraceError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
 from kgtrace.faithfulness.metrics import Measures
-from kgtrace.run import Run
+from kgtrace.runs.embedding import Run
 
 __all__ = ["measure", "rank_first_test", "sample_rows"]
 

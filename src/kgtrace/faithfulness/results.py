@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from kgtrace.frames import FrameKind, as_frame
+from kgtrace.display.frames import FrameKind, as_frame
 
 __all__ = ["AgreementRow", "CellRow", "ExplainedPredictions", "FaithfulnessResult", "FaithfulnessRow", "LdsResult",
            "LdsRow", "RemovalSettings"]

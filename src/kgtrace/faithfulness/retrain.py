@@ -35,16 +35,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from kgtrace.config import TrainConfig
+from kgtrace.compute.system import bar_disable
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import DataWarning
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.layout import RunLayout
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
-from kgtrace.errors import DataWarning
 from kgtrace.faithfulness.predictions import measure
-from kgtrace.io import atomic_write_text
-from kgtrace.layout import RunLayout
-from kgtrace.run import Run, load_run
+from kgtrace.runs.embedding import Run, load_run
 from kgtrace.training.loop import resume, train, write_run_files
-from kgtrace.system import bar_disable
 
 __all__ = ["MODES", "Job", "job_key", "read_result", "reduced_dataset", "run_job", "run_jobs"]
 

@@ -11,7 +11,7 @@ Layouts (see the model modules' docstrings):
   interleaved; kgtrace stores [real | imag].
 
 Which PyKEEN class a kgtrace model maps to, and whether it has inverse relations, is the
-model's :class:`~kgtrace.registry.ModelSpec` (``pykeen``, ``inverse_relations``); the layouts
+model's :class:`~kgtrace.core.specs.ModelSpec` (``pykeen``, ``inverse_relations``); the layouts
 below are keyed by the spec's name, so a subclass of a model maps as that model.
 
 This module needs torch only; PyKEEN itself is imported by callers that build its models.
@@ -24,9 +24,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from kgtrace.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.specs import model_names
 from kgtrace.models import spec_named, spec_of
-from kgtrace.registry import model_names
 
 ENTITY = "entity_representations.0._embeddings.weight"
 ENTITY_BIAS = "entity_representations.1._embeddings.weight"

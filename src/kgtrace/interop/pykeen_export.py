@@ -33,15 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kgtrace.core.checkpoint import load_checkpoint
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_folder, atomic_open, atomic_write_text
+from kgtrace.core.owned import check_out_folder, write_mark
 from kgtrace.data.dataset import Dataset
-from kgtrace.errors import KgtraceError
 from kgtrace.interop import pykeen as layout
 from kgtrace.interop.pykeen_source import EXPORT_FORMAT as FORMAT
-from kgtrace.io import atomic_folder, atomic_open, atomic_write_text
 from kgtrace.models import MODELS
-from kgtrace.owned import check_out_folder, write_mark
-from kgtrace.run import Run, load_run, model_from_checkpoint
-from kgtrace.checkpoint import load_checkpoint
+from kgtrace.runs.embedding import Run, load_run, model_from_checkpoint
 
 SPLIT_FOLDERS = {"train": "training_triples", "valid": "validation_triples", "test": "testing_triples"}
 TOLERANCE = 1e-4  # largest score difference accepted between the run and the exported PyKEEN model

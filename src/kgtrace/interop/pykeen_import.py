@@ -31,19 +31,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kgtrace.config import TrainConfig, write_yaml
+from kgtrace.core.checkpoint import save_checkpoint
+from kgtrace.core.config import TrainConfig, write_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_folder, atomic_write_text
+from kgtrace.core.layout import IMPORTED, RunLayout
+from kgtrace.core.owned import check_out_folder, write_mark
 from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, save_dataset
 from kgtrace.data.registry import DATASETS
 from kgtrace.data.vocab import Vocab, write_vocab
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.interop import pykeen as layout
-from kgtrace.interop.pykeen_source import (CALLBACK_NAME_OFFSET, PICKLE_NAME, Snapshot, Source, fingerprint,
-                                           pykeen_vocabs, read_source, split_triples)
-from kgtrace.io import atomic_folder, atomic_write_text
-from kgtrace.layout import IMPORTED, RunLayout
+from kgtrace.interop.pykeen_source import (
+    CALLBACK_NAME_OFFSET,
+    PICKLE_NAME,
+    Snapshot,
+    Source,
+    fingerprint,
+    pykeen_vocabs,
+    read_source,
+    split_triples,
+)
 from kgtrace.models import build_model
-from kgtrace.owned import check_out_folder, write_mark
-from kgtrace.checkpoint import save_checkpoint
 
 PROVENANCE = IMPORTED
 DATASET_FOLDER = "dataset"

@@ -31,8 +31,8 @@ import polars as pl
 import torch
 from torch import Tensor
 
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.vocab import Vocab, read_vocab
-from kgtrace.errors import KgtraceError
 from kgtrace.interop.safe_load import UnsafeFileError, load_weights_only
 
 PICKLE_NAME = "trained_model.pkl"

@@ -1,9 +1,9 @@
 """Knowledge-graph scoring models and their registry.
 
 Every model implements :class:`~kgtrace.models.base.FactorisedScorer` and declares its traits
-once, as the ``SPEC`` (a :class:`kgtrace.registry.ModelSpec`) of its module; importing this
+once, as the ``SPEC`` (a :class:`kgtrace.core.specs.ModelSpec`) of its module; importing this
 package registers them, in the order below. Read a model's traits with
-:func:`kgtrace.registry.spec_of` (subclasses included).
+:func:`kgtrace.core.specs.spec_of` (subclasses included).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import inspect
 import torch
 from torch import nn
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.specs import MODEL_CLASSES, ModelSpec, model_named, register, spec_named, spec_of
 from kgtrace.models.base import FactorisedScorer, Scorer, inverse_queries
 from kgtrace.models.complex import SPEC as COMPLEX_SPEC
 from kgtrace.models.complex import ComplEx
@@ -21,7 +22,6 @@ from kgtrace.models.conve import SPEC as CONVE_SPEC
 from kgtrace.models.conve import ConvE
 from kgtrace.models.distmult import SPEC as DISTMULT_SPEC
 from kgtrace.models.distmult import DistMult
-from kgtrace.registry import MODEL_CLASSES, ModelSpec, model_named, register, spec_named, spec_of
 
 __all__ = [
     "MODELS",

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.specs import ModelSpec
 from kgtrace.models._checks import check_sizes
 from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
-from kgtrace.registry import ModelSpec
 
 __all__ = ["SPEC", "ComplEx", "complex_product", "complex_query", "conjugate_inverses"]
 

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.specs import ModelSpec
 from kgtrace.models._checks import check_bool, check_dropout, check_positive_int, check_sizes
 from kgtrace.models._tables import rows
 from kgtrace.models.base import inverse_queries
-from kgtrace.registry import ModelSpec
 
 __all__ = ["SPEC", "ConvE", "conve_problems"]
 

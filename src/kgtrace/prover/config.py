@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kgtrace.config import choice_problems
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import choice_problems
+from kgtrace.core.errors import ConfigError
 from kgtrace.prover.logic import EngineShapes
 
 __all__ = ["HYBRID_WEIGHTS", "MiningConfig", "ProverConfig"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kgtrace.core.errors import KgtraceError
 from kgtrace.data.dataset import Dataset
-from kgtrace.errors import KgtraceError
-from kgtrace.run import load_run
+from kgtrace.runs.embedding import load_run
 
 
 def embedding_model(run_dir: str, dataset: Dataset, device: torch.device | str) -> nn.Module:

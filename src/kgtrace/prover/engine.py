@@ -16,7 +16,7 @@ module for the semantics), as tensors whose shapes depend only on :class:`Engine
 
 There is no data-dependent Python control flow and no ``.item()``: a step is a fixed sequence
 of tensor operations, so it compiles to one graph (:func:`compiled_derive`, through
-:class:`kgtrace.compile.CompiledCall`). Look-ups use precomputed indices:
+:class:`kgtrace.compute.compile.CompiledCall`). Look-ups use precomputed indices:
 
 * facts: two sorted key arrays, ``(r E + h) E + t`` and ``(r E + t) E + h``; a goal's
   matching facts are one contiguous range of one of them (``searchsorted`` of its lowest and

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from kgtrace.config import write_yaml
+from kgtrace.core.config import write_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_write_text
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.sides import side_queries
-from kgtrace.io import atomic_write_text
 from kgtrace.models.base import Scorer, inverse_queries
 from kgtrace.prover.config import HYBRID_WEIGHTS
 from kgtrace.prover.run import CONFIG_FILE, load_prover_run

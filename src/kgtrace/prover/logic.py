@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from kgtrace.errors import ConfigError
+from kgtrace.core.errors import ConfigError
 
 Atom = tuple[int, int, int]  # (relation, arg1, arg2)
 State = tuple[Atom, ...]

@@ -55,7 +55,6 @@ import warnings
 from dataclasses import dataclass, fields
 
 import numpy as np
-
 import torch
 from torch import Tensor
 

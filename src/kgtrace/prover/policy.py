@@ -31,9 +31,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from kgtrace.checkpoint import check_digests, load_checkpoint
-from kgtrace.compile import CompiledCall
-from kgtrace.errors import KgtraceError
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.core.checkpoint import check_digests, load_checkpoint
+from kgtrace.core.errors import KgtraceError
 from kgtrace.models.base import forward_triples, inverse_queries
 from kgtrace.prover.embedding import embedding_model
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states, unpad_states
@@ -42,7 +42,7 @@ from kgtrace.prover.logic import query_state
 from kgtrace.prover.reference import FACT, RULE, Derivation, Proof
 from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import Deriver, eager_deriver
-from kgtrace.run import resolve_checkpoint
+from kgtrace.runs.embedding import resolve_checkpoint
 
 __all__ = ["MASKED", "PolicyScorer", "ProofPolicy", "init_from_run", "load_policy_scorer", "policy_proof"]
 

@@ -29,17 +29,19 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from kgtrace.compile import logged_compilation
-from kgtrace.config import write_yaml
+from kgtrace.compute.compile import logged_compilation
+from kgtrace.compute.system import bar_disable, threads_problems
+from kgtrace.core.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
+from kgtrace.core.config import write_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import append_line
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import folder_lock
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.io import append_line
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
-from kgtrace.errors import ConfigError, KgtraceError
 from kgtrace.evaluation.evaluate import Candidates, evaluate
-from kgtrace.layout import RunLayout
 from kgtrace.models.base import Scorer
-from kgtrace.owned import folder_lock
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states
 from kgtrace.prover.env import Trajectory, rollout
 from kgtrace.prover.link import LinkHead, link_loss, warm_up
@@ -49,10 +51,7 @@ from kgtrace.prover.rules import RuleSet, read_rules
 from kgtrace.prover.run import CONFIG_FILE, RULES_FILE, ProverConfig, read_config, write_prover_run
 from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import eager_deriver
-from kgtrace.checkpoint import (check_digests, latest_checkpoint, load_checkpoint,
-                                         save_checkpoint)
 from kgtrace.training.loop import remove_stale_run_temporaries, truncate_metrics
-from kgtrace.system import bar_disable, threads_problems
 
 __all__ = ["resume_policy", "train_policy"]
 

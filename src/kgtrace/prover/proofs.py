@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from kgtrace.frames import FrameKind, as_frame
+from kgtrace.display.frames import FrameKind, as_frame
 
 __all__ = ["STEP_COLUMNS", "ProofStep", "Proofs", "TripleProof"]
 

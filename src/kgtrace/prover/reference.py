@@ -41,8 +41,18 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from kgtrace.prover.logic import (Atom, EngineShapes, State, answer_of, canonical, fact_atoms, is_proved,
-                                  is_variable, num_goals, resolve_shapes)
+from kgtrace.prover.logic import (
+    Atom,
+    EngineShapes,
+    State,
+    answer_of,
+    canonical,
+    fact_atoms,
+    is_proved,
+    is_variable,
+    num_goals,
+    resolve_shapes,
+)
 from kgtrace.prover.rules import RuleSet
 
 FACT, RULE = "fact", "rule"

@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.io import atomic_write_text
 from kgtrace.data.lookup import lookup_problem
 from kgtrace.data.vocab import Vocab
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.io import atomic_write_text
 from kgtrace.prover.logic import VARIABLE_NAMES, Atom, Rule
 
 __all__ = ["DEFAULT_MAX_BODY", "RuleSet", "format_rule", "parse_rules", "read_rules", "write_rules"]

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kgtrace.config import read_yaml, write_yaml
+from kgtrace.core.config import read_yaml, write_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.layout import PROVER_CONFIG, RULES, RunLayout
+from kgtrace.core.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.data.dataset import Dataset, dataset_inputs
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.layout import PROVER_CONFIG, RULES, RunLayout
-from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.embedding import embedding_model
 from kgtrace.prover.engine import VectorEngine
@@ -38,7 +38,7 @@ from kgtrace.prover.rules import RuleSet, read_rules, write_rules
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
 from kgtrace.prover.search import compiled_deriver
 
-CONFIG_FILE = PROVER_CONFIG  # the names of kgtrace.layout, as this package spells them
+CONFIG_FILE = PROVER_CONFIG  # the names of kgtrace.core.layout, as this package spells them
 RULES_FILE = RULES
 
 

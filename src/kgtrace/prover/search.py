@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgtrace.compile import CompiledCall
-from kgtrace.errors import ConfigError
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.core.errors import ConfigError
 from kgtrace.prover.engine import NO_FACT, Derived, VectorEngine
 from kgtrace.prover.logic import answer_relation, pad_relation
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_write_text
-from kgtrace.layout import RunLayout
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.layout import RunLayout
 from kgtrace.report import sections as s
 from kgtrace.report.html import missing, page
 

@@ -16,11 +16,11 @@ import yaml
 
 from kgtrace.attribution.methods import method_note
 from kgtrace.attribution.results import Explanation, Explanations, Influencer
+from kgtrace.core.layout import RunLayout
+from kgtrace.display.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.results import AgreementRow, FaithfulnessResult, FaithfulnessRow, LdsResult, LdsRow
-from kgtrace.layout import RunLayout
 from kgtrace.prover.proofs import Proofs, TripleProof
-from kgtrace.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.report.drawing import DRAWN, OPP, PRO, TEST, subgraph_svg
 from kgtrace.report.html import esc, image, missing, number, rank_text, table
 

@@ -1,7 +1,7 @@
 """The training step under torch.compile (``kgtrace train --compile``), with eager training's results.
 
 What is compiled: the model's forward and the loss of each row, as one graph through
-:class:`~kgtrace.compile.CompiledCall` (``training=True``). AOTAutograd traces the backward
+:class:`~kgtrace.compute.compile.CompiledCall` (``training=True``). AOTAutograd traces the backward
 of that graph with it and Inductor compiles both at the first step, so ``loss.backward()``
 replays compiled code into the parameters' ``.grad``. What is not:
 
@@ -53,11 +53,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kgtrace.compile import CompiledCall
-from kgtrace.config import TrainConfig
-from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_sampling_rows, smoothed_label_values
-
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.core.config import TrainConfig
 from kgtrace.training.batches import Batches
+from kgtrace.training.loss import ce_target_weights, draw_candidates, negative_sampling_rows, smoothed_label_values
 
 __all__ = ["ROWS", "compiled_batch_loss", "kvsall_ce_rows", "kvsall_rows", "mean_of_rows", "onevsall_rows", "step_inputs",
            "step_static", "train_call"]

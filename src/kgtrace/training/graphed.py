@@ -44,10 +44,10 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from kgtrace.config import TrainConfig
-from kgtrace.errors import KgtraceError
-from kgtrace.precision import precision_context
-from kgtrace.system import bar_disable
+from kgtrace.compute.precision import precision_context
+from kgtrace.compute.system import bar_disable
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import KgtraceError
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import ROWS, mean_of_rows, step_static, train_call
 from kgtrace.training.loss import draw_candidates

@@ -23,29 +23,30 @@ from typing import Any
 import polars as pl
 import torch
 
-from kgtrace.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
-from kgtrace.compile import compile_default, logged_compilation
-from kgtrace.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
+from kgtrace.compute.compile import compile_default, logged_compilation
+from kgtrace.compute.distributed import ONE, World
+from kgtrace.compute.precision import matmul_mode, precision_problems
+from kgtrace.compute.system import keep_freed_memory, resolve_device, threads_problems
+from kgtrace.core.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
+from kgtrace.core.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError, on_command_line
+from kgtrace.core.io import append_line, atomic_open, remove_stale_temporaries
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, dataset_inputs, load_dataset, split_path
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.registry import DATASETS, registered_name
 from kgtrace.data.vocab import write_vocab
-from kgtrace.distributed import ONE, World
-from kgtrace.errors import ConfigError, DataError, KgtraceError, on_command_line
+from kgtrace.display.frames import FrameKind, as_frame
 from kgtrace.evaluation.evaluate import Candidates
 from kgtrace.evaluation.sharded import evaluate_sharded
-from kgtrace.frames import FrameKind, as_frame
-from kgtrace.io import append_line, atomic_open, remove_stale_temporaries
-from kgtrace.layout import RunLayout
 from kgtrace.models import build_model
-from kgtrace.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
-from kgtrace.precision import matmul_mode, precision_problems
-from kgtrace.system import keep_freed_memory, resolve_device, threads_problems
 from kgtrace.training.batches import Batches
 from kgtrace.training.graphed import GraphedTraining, plain_optimizer_state
 from kgtrace.training.sharded import sharded_epochs
 from kgtrace.training.step import TrainState, run_epoch
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -264,7 +265,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
           deadline: float | None = None, hold: ExitStack | None = None) -> TrainResult:
     """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
 
-    overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.owned); never a folder
+    overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.core.owned); never a folder
     holding the dataset or one of ``inputs`` (other files the run is made from, e.g. its config file).
     world: the processes of a distributed job (every one calls train alike; see training.sharded);
     only rank 0 writes into ``out``, holding its lock, and logs.
@@ -483,7 +484,7 @@ def format_record(record: dict[str, Any]) -> str:
 
 def plot_training_curve(out: Path) -> None:
     """training_curve.png: loss per epoch, validation MRR on a second axis."""
-    from kgtrace.plots import training_curve
+    from kgtrace.display.plots import training_curve
 
     layout = RunLayout(out)
     records = [json.loads(ln) for ln in layout.metrics.read_text(encoding="utf-8").splitlines() if ln]

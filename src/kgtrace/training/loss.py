@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kgtrace.config import SMOOTHING_STYLES
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import SMOOTHING_STYLES
+from kgtrace.core.errors import ConfigError
 from kgtrace.models.base import FactorisedScorer
 
 __all__ = [

@@ -34,12 +34,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from kgtrace.config import TrainConfig
-from kgtrace.distributed import World
-from kgtrace.precision import precision_context
+from kgtrace.compute.distributed import World
+from kgtrace.compute.precision import precision_context
+from kgtrace.compute.system import bar_disable
+from kgtrace.core.config import TrainConfig
 from kgtrace.training.batches import Batches
 from kgtrace.training.step import TrainState, backward_and_step, batch_loss, epoch_batches
-from kgtrace.system import bar_disable
 
 __all__ = ["BatchLoss", "all_reduce_gradients", "part_of_batch", "sharded_epochs"]
 

@@ -14,13 +14,12 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from kgtrace.config import TrainConfig
-from kgtrace.precision import precision_context
+from kgtrace.compute.precision import precision_context
+from kgtrace.compute.system import bar_disable
+from kgtrace.core.config import TrainConfig
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import compiled_batch_loss, step_inputs
-from kgtrace.training.loss import (kvsall_bce, kvsall_bce_chunked_backward, kvsall_ce, negative_sampling_rows,
-                                   onevsall_ce)
-from kgtrace.system import bar_disable
+from kgtrace.training.loss import kvsall_bce, kvsall_bce_chunked_backward, kvsall_ce, negative_sampling_rows, onevsall_ce
 
 
 @dataclass

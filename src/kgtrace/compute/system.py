@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import torch
 
-from kgtrace.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError
 
 T = TypeVar("T")
 P = TypeVar("P")

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from kgtrace.errors import ConfigError
-from kgtrace.io import atomic_write_text
-from kgtrace.registry import model_named, model_names
+from kgtrace.core.errors import ConfigError
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.specs import model_named, model_names
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 TRAINING_MODES = ("kvsall", "kvsall-ce", "1vsall", "negative-sampling")
@@ -90,7 +90,7 @@ class TrainConfig:
     compile: bool | None = option(None, "run the training step and validation ranking through torch.compile (same "
                                         "results as eager; counters in RUN_DIR/compile_stats.json); --no-compile runs "
                                         "eagerly; unset: on CUDA yes, unless the captured step runs (then no), on a "
-                                        "CPU no (kgtrace.compile.compile_default)")
+                                        "CPU no (kgtrace.compute.compile.compile_default)")
     captured_step: bool | None = option(None, "run each training step as one program over examples kept on the "
                                               "device, captured once as a CUDA graph and replayed (no host work per "
                                               "step; same results as the step by step loop); on a CPU the same "

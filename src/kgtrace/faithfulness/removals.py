@@ -39,14 +39,13 @@ import torch
 from torch import Tensor
 
 from kgtrace.attribution import TracIn
-from kgtrace.attribution.methods import (METHOD_SPECS, AttributionInputs, attribution_signature, removal_tops,
-                                        shares_an_entity)
-from kgtrace.config import MAX_SEED
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribution_signature, removal_tops, shares_an_entity
+from kgtrace.core.config import MAX_SEED
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.reference import FACT
 from kgtrace.prover.run import load_prover_run
-from kgtrace.run import Run
+from kgtrace.runs.embedding import Run
 
 __all__ = ["METHODS", "Method", "MethodInputs", "method_signature", "removal_methods"]
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from kgtrace.errors import KgtraceError, option_name
-from kgtrace.errors import option as spoken
-from kgtrace.io import LOCK, MANIFEST, MARKER, atomic_write_text, foreign_files, remove_written, written_files
+from kgtrace.core.errors import KgtraceError, option_name
+from kgtrace.core.errors import option as spoken
+from kgtrace.core.io import LOCK, MANIFEST, MARKER, atomic_write_text, foreign_files, remove_written, written_files
 
 KINDS = {"run": "a run folder", "dataset": "a dataset folder", "prover-run": "a prover run folder",
          "pykeen-export": "an export-pykeen folder", "tracin-index": "a TracIn index folder"}

@@ -16,7 +16,7 @@ invariants so that no caller has to think about them:
   leave ``__call__``: a CUDA-graph replay overwrites the previous replay's outputs. This
   is the only place that clones; callers never add ad-hoc clones.
 * No silent fallback. ``fullgraph=True`` makes a graph break an error, and any failure to
-  compile raises :class:`~kgtrace.errors.KgtraceError` naming the entry point, the cause
+  compile raises :class:`~kgtrace.core.errors.KgtraceError` naming the entry point, the cause
   and the fix (``--no-compile``); nothing ever quietly runs eagerly instead.
 * One cache per entry point. Dynamo caches compiled code (and counts recompilations
   against ``recompile_limit``) per Python code object, so each CompiledCall compiles its
@@ -52,8 +52,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_write_text
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_write_text
 
 __all__ = ["CompileLog", "CompileStats", "CompiledCall", "compile_log", "logged_compilation"]
 

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from kgtrace.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError
 
 __all__ = ["DISTRIBUTED_COMMANDS", "ONE", "LostPeer", "StoppedByPeer", "World", "block_split", "current", "session",
            "world_from_env"]

@@ -23,15 +23,15 @@ import torch
 
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.explanations import explain_triples, predicted_triples
-from kgtrace.checkpoint import latest_checkpoint
-from kgtrace.config import TrainConfig, read_yaml
-from kgtrace.errors import ConfigError, KgtraceError
-from kgtrace.evaluation.run import write_test_metrics
-from kgtrace.layout import RunLayout
-from kgtrace.owned import contents, folder_lock, read_mark
+from kgtrace.compute.system import resolve_device
+from kgtrace.core.checkpoint import latest_checkpoint
+from kgtrace.core.config import TrainConfig, read_yaml
+from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import contents, folder_lock, read_mark
+from kgtrace.evaluation.run_metrics import write_test_metrics
 from kgtrace.report import write_report
-from kgtrace.run import load_run
-from kgtrace.system import resolve_device
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import dataset_source, resume, train
 
 __all__ = ["JobSettings", "run_job"]

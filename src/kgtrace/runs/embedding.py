@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from kgtrace.config import TrainConfig, from_sources
+from kgtrace.core.config import TrainConfig, from_sources
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.pinned import load_pinned_dataset
-from kgtrace.errors import KgtraceError
-from kgtrace.layout import RunLayout
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.layout import RunLayout
 from kgtrace.models import build_model
-from kgtrace.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
+from kgtrace.core.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
                                          load_checkpoint)
 
 

@@ -1,7 +1,7 @@
 """Atomic file and folder writes: a crash leaves the old file (or folder) or none, never half a new one.
 
 Every file written here inside a folder kgtrace owns (one holding the ``.kgtrace`` marker, see
-:mod:`kgtrace.owned`) is listed in that folder's ``.kgtrace.files``: what ``--overwrite`` may remove.
+:mod:`kgtrace.core.owned`) is listed in that folder's ``.kgtrace.files``: what ``--overwrite`` may remove.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
-from kgtrace.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError
 
-
-MARKER = ".kgtrace"  # the marker of a folder kgtrace owns (kgtrace.owned)
+MARKER = ".kgtrace"  # the marker of a folder kgtrace owns (kgtrace.core.owned)
 MANIFEST = ".kgtrace.files"  # beside it: the files kgtrace wrote there, one path (relative to the folder) a line
-LOCK = ".kgtrace.lock"  # the lock of a folder kgtrace writes (kgtrace.owned.folder_lock)
+LOCK = ".kgtrace.lock"  # the lock of a folder kgtrace writes (kgtrace.core.owned.folder_lock)
 
 
 def owner_folder(path: Path) -> Path | None:

@@ -1,6 +1,6 @@
 """The files of a run folder, named once: every module that reads or writes a run asks here.
 
-    .kgtrace, .kgtrace.lock   kgtrace's marker and the writer's lock (kgtrace.owned)
+    .kgtrace, .kgtrace.lock   kgtrace's marker and the writer's lock (kgtrace.core.owned)
     config.yaml               the resolved TrainConfig (a prover run: prover.yaml and rules.txt)
     node_dict, rel_dict       the id maps the run was trained with (label<TAB>id)
     data.json                 each split's digest and the id maps' (kgtrace.data.pinned)

@@ -12,7 +12,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from kgtrace.io import atomic_open  # noqa: E402
+from kgtrace.core.io import atomic_open  # noqa: E402
 
 
 def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:

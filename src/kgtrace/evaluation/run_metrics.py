@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kgtrace.distributed import ONE, World
+from kgtrace.compute.distributed import ONE, World
+from kgtrace.core.io import atomic_write_text
+from kgtrace.core.layout import RunLayout
+from kgtrace.core.owned import retire
+from kgtrace.display.plots import rank_histogram
 from kgtrace.evaluation.evaluate import Metrics, QueryRanks, metrics_of
 from kgtrace.evaluation.output import query_table, write_query_table
 from kgtrace.evaluation.sharded import evaluate_sharded, rank_queries_sharded
-from kgtrace.io import atomic_write_text
-from kgtrace.layout import RunLayout
-from kgtrace.owned import retire
-from kgtrace.plots import rank_histogram
-from kgtrace.run import Run, load_run
+from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["evaluate_run", "write_evaluation", "write_test_metrics"]
 

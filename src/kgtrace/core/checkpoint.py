@@ -12,23 +12,22 @@ early_stopping ({"best_mrr", "best_epoch", "bad_validations"}).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kgtrace.errors import KgtraceError
-from kgtrace.io import atomic_open
-from kgtrace.layout import EPOCH_FILE, epoch_file
+from kgtrace.core.errors import KgtraceError
+from kgtrace.core.io import atomic_open
+from kgtrace.core.layout import EPOCH_FILE, epoch_file
 
 FORMAT = "kgtrace-checkpoint"
 VERSION = 1
 
 
 def epoch_path(folder: Path, epoch: int) -> Path:
-    """A checkpoints folder's file of ``epoch`` (kgtrace.layout names it)."""
+    """A checkpoints folder's file of ``epoch`` (kgtrace.core.layout names it)."""
     return folder / epoch_file(epoch)
 
 

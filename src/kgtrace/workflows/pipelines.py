@@ -14,12 +14,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kgtrace.config import TrainConfig
-from kgtrace.errors import ConfigError
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError
+from kgtrace.display.frames import FrameKind
 from kgtrace.evaluation.evaluate import Metrics
-from kgtrace.evaluation.run import write_test_metrics
-from kgtrace.frames import FrameKind
-from kgtrace.run import load_run
+from kgtrace.evaluation.run_metrics import write_test_metrics
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import TrainResult, train
 
 __all__ = ["PipelineResult", "pipeline"]
@@ -51,7 +51,7 @@ def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | N
     :param model: a registered model in any spelling ("conve", "ConvE").
     :param out: the run folder; default ``runs/DATASET-MODEL``.
     :param overwrite: replace a run kgtrace wrote into ``out`` (never a folder holding anything else).
-    :param settings: any other field of :class:`~kgtrace.config.TrainConfig` (``epochs=30``, ``lr=0.003``,
+    :param settings: any other field of :class:`~kgtrace.core.config.TrainConfig` (``epochs=30``, ``lr=0.003``,
         ``model_args={"embedding_dim": 100}``); an unknown one is refused with the fields' names.
     """
     known = {f.name for f in fields(TrainConfig)}

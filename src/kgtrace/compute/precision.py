@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
-from kgtrace.config import PRECISIONS
+from kgtrace.core.config import PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 assert tuple(DTYPES) == PRECISIONS

@@ -1,6 +1,6 @@
 """One loader for any run folder: an embedding run (``kgtrace train``) or a prover run (``kgtrace prove``).
 
-The folder says which it holds (:attr:`kgtrace.layout.RunLayout.kind`); only a prover run's loading enters
+The folder says which it holds (:attr:`kgtrace.core.layout.RunLayout.kind`); only a prover run's loading enters
 :mod:`kgtrace.prover`. ``kgtrace.load_run`` is this loader.
 """
 
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import torch
 
-from kgtrace.layout import RunLayout
+from kgtrace.core.layout import RunLayout
 from kgtrace.prover.run import ProverRun, load_prover_run
-from kgtrace.run import Run, load_run
+from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["load_any_run"]
 
 
 def load_any_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: torch.device | str = "cpu", *,
                  compile: bool | None = None) -> Run | ProverRun:
-    """The run in ``run_dir``: a :class:`~kgtrace.run.Run` (model, dataset, checkpoints) or a
+    """The run in ``run_dir``: a :class:`~kgtrace.runs.embedding.Run` (model, dataset, checkpoints) or a
     :class:`~kgtrace.prover.run.ProverRun` (rules, engine, scorer), each with its ``model`` scoring triples.
 
     checkpoint: None/'best', 'last' or a file (a BFS prover run has none). compile: a prover run's engine step

@@ -57,14 +57,14 @@ from torch import Tensor, nn
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.compiled import ENTRY_POINTS, entry_points_for
 from kgtrace.attribution.grads import ScoreHRT
-from kgtrace.compile import CompiledCall
-from kgtrace.config import TrainConfig, parse_size
+from kgtrace.compute.compile import CompiledCall
+from kgtrace.compute.precision import precision_context
+from kgtrace.compute.system import resolve_device
+from kgtrace.core.config import TrainConfig, parse_size
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.compiled import balanced_batch, compiled_ranker, filter_mask, rank_chunk
 from kgtrace.evaluation.sides import query_chunk_size, side_queries
-from kgtrace.precision import precision_context
-from kgtrace.run import load_run
-from kgtrace.system import resolve_device
+from kgtrace.runs.embedding import load_run
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import ROWS, step_inputs, step_static, train_call
 from kgtrace.training.graphed import GraphedTraining

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from kgtrace.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError
 
 __all__ = ["FrameKind", "as_frame"]
 

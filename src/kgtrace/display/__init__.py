@@ -1,0 +1,1 @@
+"""Results for people: data frames for a notebook (frames) and matplotlib figures (plots)."""
