@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -167,3 +169,10 @@ def print_metrics(metrics: Metrics, split: str) -> None:
     for side, m in [*rows, ("both", metrics.both)]:
         r = m.realistic
         print(f"{side:<6} {r.mrr:7.4f} {r.mr:8.2f}" + "".join(f" {r.hits_at[k]:7.4f}" for k in metrics.ks))
+
+
+def field_defaults(config_class: type) -> SimpleNamespace:
+    """A settings dataclass's field defaults, for the help of its options: read from the class, so that building a
+    parser runs none of the class's code (``kgtrace evaluate`` calls nothing in the prover)."""
+    return SimpleNamespace(**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                              for f in dataclasses.fields(config_class)})

@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kgtrace.cli.common import HelpFormatter, named_output, parse_list, train_help
+from kgtrace.cli.common import HelpFormatter, field_defaults, named_output, parse_list, train_help
 from kgtrace.core.errors import KgtraceError
 from kgtrace.core.owned import check_outputs
 from kgtrace.data.dataset import dataset_inputs
@@ -34,7 +34,7 @@ def add_rules_args(p: argparse.ArgumentParser) -> None:
 def add_mining_args(p: argparse.ArgumentParser) -> None:
     from kgtrace.prover.config import MiningConfig
 
-    defaults = MiningConfig()
+    defaults = field_defaults(MiningConfig)
     p.add_argument("--min-support", type=int, default=defaults.min_support,
                    help="distinct (x, y) pairs a rule must predict correctly")
     p.add_argument("--min-head-coverage", type=float, default=defaults.min_head_coverage,
@@ -147,7 +147,7 @@ POLICY_KEYS = tuple(key for key, _ in POLICY_OPTIONS)  # the ProverConfig fields
 def add_policy_args(p: argparse.ArgumentParser) -> None:
     from kgtrace.prover.config import ProverConfig
 
-    defaults = ProverConfig()
+    defaults = field_defaults(ProverConfig)
     for key, help_text in POLICY_OPTIONS:
         default = getattr(defaults, key)
         p.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
@@ -163,7 +163,7 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
 def add_prover_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
     from kgtrace.prover.config import ProverConfig
 
-    defaults = ProverConfig()
+    defaults = field_defaults(ProverConfig)
     p.add_argument("--dataset", default="umls", help=train_help("dataset"))
     p.add_argument("--out", required=True, help="run folder to write")
     rules = p.add_mutually_exclusive_group(required=not resumable)
