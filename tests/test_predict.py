@@ -151,7 +151,8 @@ def test_cli_predict_and_score_write_json_and_tsv(run_dir, run, tmp_path, capsys
     assert data["query"]["head"] == head and len(data["rows"]) == 4
     tsv = out.with_suffix(".tsv").read_text().splitlines()
     assert tsv[0].split("\t")[:4] == ["rank", "id", "label", "name"] and len(tsv) == 5
-    assert f"({head}, {rel}, ?)" in capsys.readouterr().out
+    named = head if ds.entity_name(head) == head else f"{ds.entity_name(head)} ({head})"
+    assert f"({named}, {rel}, ?)" in capsys.readouterr().out
     query = tmp_path / "q.tsv"
     query.write_text(f"{head}\t{rel}\t{ds.entity_label(t)}\nnope\t{rel}\tusa\n")
     assert main(["score", str(run_dir), "--triples", str(query), "--out", str(tmp_path / "s.json")]) == 0

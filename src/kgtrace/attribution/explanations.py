@@ -36,7 +36,8 @@ from kgtrace.compute.system import resolve_device
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.data.dataset import Dataset
 from kgtrace.data.lookup import parse_triple
-from kgtrace.evaluation.evaluate import rank_queries
+from kgtrace.evaluation.candidates import restriction_of
+from kgtrace.evaluation.evaluate import Candidates, rank_queries
 from kgtrace.evaluation.predict import predict
 from kgtrace.runs.embedding import Run, load_run
 
@@ -48,13 +49,16 @@ Named = tuple[str | int, str | int, str | int]
 # ----------------------------------------------------------------------------- targets
 
 
-def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int) -> Tensor:
+def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int,
+                      restrict: Sequence[str] = ()) -> Tensor:
     """The model's ``top_n`` best new tails of (head, relation, ?), as triples [n, 3], best first.
 
     "New": not a known triple of any split (:func:`~kgtrace.evaluation.predict.predict`
-    with ``new_only``). Raises when the query has no new tail left.
+    with ``new_only``); among the candidates ``restrict`` allows (by default the categories the
+    relation's tails have in training, where the dataset has categories). Raises when the query
+    has no new tail left.
     """
-    found = predict(run, head=head, relation=relation, top_n=top_n, new_only=True)
+    found = predict(run, head=head, relation=relation, top_n=top_n, new_only=True, restrict=restrict)
     if found.table.height == 0:
         raise KgtraceError(f"({head}, {relation}, ?): every entity is already a known tail; nothing new to explain")
     h, r = run.dataset.entities.to_id[found.query["head"]], run.dataset.relations.to_id[found.query["relation"]]
@@ -107,14 +111,16 @@ def _influencers(ds: Dataset, test: Tensor, index: Tensor, values: Tensor, parts
 
 
 def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: Sequence[int],
-                    memory_budget: int = 2 << 30, method: str = "tracin", method_reason: str = "") -> Explanations:
+                    memory_budget: int = 2 << 30, method: str = "tracin", method_reason: str = "",
+                    restrict: Sequence[str] = ()) -> Explanations:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
     found: each test triple's :class:`TopK` (``TracIn.top_k``, ``ProjectedIndex.top_k`` or
     :func:`~kgtrace.attribution.methods.matrix_top_k`), whose parts follow the checkpoints
     ``epochs`` (or hold one part, the whole value, for methods not summed over checkpoints).
     memory_budget: bytes for the ranking's scores at once. method, method_reason: the method and
-    why it was used, recorded in each explanation.
+    why it was used, recorded in each explanation. restrict: the candidates of the ranks (by default
+    each relation's categories in training, where the dataset has categories; "none": all).
     """
     ds = run.dataset
     test = torch.as_tensor(test, dtype=torch.long).reshape(-1, 3).cpu()
@@ -122,7 +128,8 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: Sequence[
     run.model.eval()
     with torch.no_grad():
         scores = run.model.score_hrt(test.to(device)).float().cpu()
-    ranks = rank_queries(run.model, test, known=ds.all_triples(), memory_budget=memory_budget)
+    candidates = Candidates(restriction=restriction_of(ds, restrict))
+    ranks = rank_queries(run.model, test, known=ds.all_triples(), candidates=candidates, memory_budget=memory_budget)
     realistic = {side: c.rank("realistic") for side, c in ranks.counts.items()}
     splits = ds.split_of(test)
     return Explanations(tuple(
@@ -182,7 +189,7 @@ def method_for(run: Run, method: str | MethodChoice, index: str | Path | None = 
 def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *, method: str | MethodChoice = "auto",
             top_k: int = 10, inputs: AttributionInputs | None = None, tracin: Mapping[str, Any] | None = None,
             index: str | Path | None = None, progress: bool = False, state: str | Path | None = None,
-            save_every: float | None = None, memory_budget: int = 2 << 30,
+            save_every: float | None = None, memory_budget: int = 2 << 30, restrict: Sequence[str] = (),
             device: str | torch.device = "auto") -> Explanations:
     """The ``top_k`` training triples that most raised (proponents) and most lowered (opponents) each prediction.
 
@@ -193,8 +200,10 @@ def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *,
     tracin: :class:`~kgtrace.attribution.tracin.TracIn`'s keyword arguments (params,
     checkpoints, precision, ...). index: a projected index folder (``kgtrace index``) to answer
     from instead of a pass over the training set (approximate). state, save_every: where and how
-    often TracIn's pass saves its progress, to resume. device: TracIn's; the other methods run on
-    the CPU (the run's model moves there). Each explanation records the method and why it was used.
+    often TracIn's pass saves its progress, to resume. restrict: the candidates the triples' ranks
+    are among (by default each relation's categories in training, where the dataset has categories).
+    device: TracIn's; the other methods run on the CPU (the run's model moves there). Each
+    explanation records the method and why it was used.
     """
     if not isinstance(run, Run):
         run = load_run(run, device=resolve_device(device))
@@ -208,7 +217,7 @@ def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *,
     found, epochs, run = _top_k(run, test, choice.method, top_k, inputs or AttributionInputs(progress=progress),
                                 dict(tracin or {}), index, progress, state, save_every, device)
     return explain_triples(run, test, found, epochs, memory_budget=memory_budget, method=choice.method,
-                           method_reason=choice.reason)
+                           method_reason=choice.reason, restrict=restrict)
 
 
 def _top_k(run: Run, test: Tensor, method: str, k: int, inputs: AttributionInputs, tracin: dict[str, Any],

@@ -20,10 +20,12 @@ from kgtrace.core.config import TrainConfig, help_of, parse_size, read_yaml
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.core.layout import RunLayout
 from kgtrace.core.owned import Output, check_outputs
+from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, model_names, spec_named
 from kgtrace.data.dataset import dataset_inputs
 
 if TYPE_CHECKING:
     from kgtrace.evaluation.evaluate import Metrics
+    from kgtrace.evaluation.run_metrics import RunEvaluation
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -162,8 +164,9 @@ def candidates_label(metrics: Metrics) -> str:
 
 def print_metrics(metrics: Metrics, split: str) -> None:
     """A small table: filtered realistic MRR, MR and Hits@k per side, one column per k computed."""
+    allowed = " allowed by category" if metrics.restricted else ""
     print(f"filtered {split} metrics ({metrics.num_queries} triples, realistic ties, candidates: "
-          f"{candidates_label(metrics)})")
+          f"{candidates_label(metrics)}{allowed})")
     print(f"{'side':<6} {'MRR':>7} {'MR':>8}" + "".join(f" {f'H@{k}':>7}" for k in metrics.ks))
     rows = [(side, metrics.sides[side]) for side in ("head", "tail") if side in metrics.sides]
     for side, m in [*rows, ("both", metrics.both)]:
@@ -171,8 +174,36 @@ def print_metrics(metrics: Metrics, split: str) -> None:
         print(f"{side:<6} {r.mrr:7.4f} {r.mr:8.2f}" + "".join(f" {r.hits_at[k]:7.4f}" for k in metrics.ks))
 
 
+def print_evaluation(evaluation: RunEvaluation, split: str) -> None:
+    """What the candidates were, the metrics table, and the unrestricted figures when the candidates were restricted."""
+    print(evaluation.note)
+    print_metrics(evaluation.metrics, split)
+    if evaluation.unrestricted is not None:
+        r, ks = evaluation.unrestricted.both.realistic, evaluation.unrestricted.ks
+        print(f"against every entity (the figure the field publishes): MRR {r.mrr:.4f}, MR {r.mr:.2f}, "
+              + ", ".join(f"H@{k} {r.hits_at[k]:.4f}" for k in ks))
+
+
+def add_restrict_arg(p: argparse.ArgumentParser) -> None:
+    """--restrict, as every command that ranks or lists candidates takes it."""
+    p.add_argument("--restrict", action="append", default=[], metavar="RULE",
+                   help="candidates by node category: auto (default): where the dataset has node categories, each "
+                        "relation's heads and tails only among the categories it takes in training (a drug's "
+                        "treats answers are diseases), else every entity; none: every entity; typed: as auto, "
+                        "refused without categories; or RELATION:tail=CAT1|CAT2 (repeatable). Restricted metrics "
+                        "keep the unrestricted ones beside them")
+
+
 def field_defaults(config_class: type) -> SimpleNamespace:
     """A settings dataclass's field defaults, for the help of its options: read from the class, so that building a
     parser runs none of the class's code (``kgtrace evaluate`` calls nothing in the prover)."""
     return SimpleNamespace(**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                               for f in dataclasses.fields(config_class)})
+
+
+def trak_ridges() -> str:
+    """The registered models' TRAK ridges for --trak-ridge's help: "0.3; ConvE 1" (the default, then the others)."""
+    specs = [spec_named(name) for name in model_names()]
+    others = [f"{spec.model_class.__name__} {spec.trak_ridge:g}" for spec in specs
+              if spec.trak_ridge != DEFAULT_TRAK_RIDGE]
+    return "; ".join([f"{DEFAULT_TRAK_RIDGE:g}", *others])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kgtrace.cli.common import (
+    add_restrict_arg,
     candidates_label,
     check_run_outputs,
     compile_stats_path,
@@ -18,7 +19,7 @@ from kgtrace.cli.common import (
     named_output,
     output_lock,
     output_problems,
-    print_metrics,
+    print_evaluation,
     run_dataset_inputs,
 )
 from kgtrace.core.errors import ConfigError, KgtraceError
@@ -38,9 +39,7 @@ def add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corruptions", type=int, default=0, metavar="K",
                    help="rank against K sampled filtered corruptions per query instead of all entities (0: all)")
     p.add_argument("--modes", default="head,tail", help="sides to rank: head, tail or head,tail")
-    p.add_argument("--restrict", action="append", default=[], metavar="RULE",
-                   help="restrict candidates by node category: 'typed' infers each relation's domain and range "
-                        "from training, or RELATION:tail=CAT1|CAT2 (repeatable)")
+    add_restrict_arg(p)
     p.add_argument("--ks", default="1,3,10", help="k of Hits@k, comma-separated")
     p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled corruptions")
@@ -93,7 +92,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.compute.compile import compile_default
     from kgtrace.compute.system import resolve_device
     from kgtrace.evaluation.candidates import restriction_of
-    from kgtrace.evaluation.evaluate import Candidates
     from kgtrace.workflows.any_run import load_any_run
 
     options = evaluate_options(args)
@@ -114,30 +112,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not len(getattr(ds, args.split)):
         raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
                            "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
-    candidates = Candidates(corruptions=args.corruptions, seed=args.seed,
-                            restriction=restriction_of(ds, args.restrict),
-                            compile=not prover and compile_default(device, args.compile))
+    restriction_of(ds, args.restrict)  # a bad --restrict rule is refused before any ranking
+    compile_ = not prover and compile_default(device, args.compile)
     with output_lock(args.out, args.world):
-        return evaluate_loaded(args, run, prover, candidates, sides, ks, budget)
+        return evaluate_loaded(args, run, prover, compile_, sides, ks, budget)
 
 
-
-def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sides: tuple, ks: tuple,
+def evaluate_loaded(args: argparse.Namespace, run, prover: bool, compile_: bool, sides: tuple, ks: tuple,
                     budget: int) -> int:
     """Rank the loaded run as evaluate's options say, write and print the metrics."""
     from kgtrace.compute.compile import logged_compilation
-    from kgtrace.evaluation.evaluate import metrics_of
-    from kgtrace.evaluation.run_metrics import write_evaluation
-    from kgtrace.evaluation.sharded import rank_queries_sharded
+    from kgtrace.evaluation.run_metrics import rank_run, write_evaluation
 
-    ds = run.dataset
-    compile_ = candidates.compile
-    known = ds.known_triples(args.split)
     with logged_compilation(compile_stats_path(args.out, Path(args.run_dir) / "evaluate.json"),
                             (compile_ or (prover and run.config.compile)) and args.world.is_main):
-        ranks = rank_queries_sharded(run.model, getattr(ds, args.split), world=args.world, known=known, sides=sides,
-                                     candidates=candidates, memory_budget=budget)
-    metrics = metrics_of(ranks, ks)
+        evaluation = rank_run(run, args.split, restrict=args.restrict, corruptions=args.corruptions, seed=args.seed,
+                              compile=compile_, sides=sides, ks=ks, memory_budget=budget, world=args.world)
     extra = {}
     if prover:
         from kgtrace.prover.scorer import prover_report
@@ -145,11 +135,11 @@ def evaluate_loaded(args: argparse.Namespace, run, prover: bool, candidates, sid
         extra["prover"] = prover_report(run.model).to_dict()
         print(f"prover: {json.dumps(extra['prover'])}")
     if args.world.is_main:
-        write_evaluation(run, ranks, metrics, out=args.out, per_query=args.per_query, histogram=args.histogram,
-                         title=f"{run.path.name}: {args.split}, candidates {candidates_label(metrics)}", extra=extra)
-    print_metrics(metrics, args.split)
+        title = f"{run.path.name}: {args.split}, candidates {candidates_label(evaluation.metrics)}"
+        write_evaluation(run, evaluation, out=args.out, per_query=args.per_query, histogram=args.histogram,
+                         title=title, extra=extra)
+    print_evaluation(evaluation, args.split)
     return 0
-
 
 
 def add_predict_args(p: argparse.ArgumentParser) -> None:
@@ -163,6 +153,7 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-n", type=int, default=20, help="candidates to list")
     p.add_argument("--new-only", action="store_true", help="hide candidates whose triple is in train, valid or test")
     p.add_argument("--category", help="only candidates of this node category (from the dataset's node categories)")
+    add_restrict_arg(p)
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
     p.add_argument("--out", metavar="FILE.json", help="also write the candidates as JSON, with a TSV beside it")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
@@ -178,19 +169,37 @@ def cmd_predict(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
     check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(args.out))
     found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
-                    new_only=args.new_only, category=args.category)
+                    new_only=args.new_only, category=args.category, restrict=args.restrict)
     q = found.query
     relation = q["relation"] if q["relation_name"] == q["relation"] else f"{q['relation_name']} ({q['relation']})"
-    print(f"({q['head'] or '?'}, {relation}, {q['tail'] or '?'}): best {found.table.height} {q['side']}s"
+    print(found.note)
+    head, tail = (named(run.dataset, q[side]) for side in ("head", "tail"))
+    print(f"({head}, {relation}, {tail}): best {found.table.height} {q['side']}s"
           f"{' (new only)' if args.new_only else ''}")
-    print(f"{'rank':>4}  {'score':>9}  {'known':<5}  candidate")
+    width = max([len("category"), *(len(short_category(c)) for c in found.table["categories"])])
+    print(f"{'rank':>4}  {'score':>9}  {'known':<5}  {'category':<{width}}  candidate")
     for row in found.table.iter_rows(named=True):
         where = ",".join(s for s in ("train", "valid", "test") if row[f"in_{s}"]) or "-"
         name = f"  ({row['name']})" if row["name"] != row["label"] else ""
-        print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {row['label']}{name}")
+        print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {short_category(row['categories']):<{width}}  "
+              f"{row['label']}{name}")
     if args.out:
         print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q})}")
     return 0
+
+
+def named(dataset, label: str | None) -> str:
+    """An entity of a query as people read it: 'metformin (CHEBI:6801)', the label alone without a name, '?' when asked."""
+    if label is None:
+        return "?"
+    name = dataset.entity_name(label)
+    return label if name == label else f"{name} ({label})"
+
+
+def short_category(categories: str) -> str:
+    """A candidate's first category without its CURIE prefix (``biolink:Disease`` -> Disease); '-' for none."""
+    first = categories.split("|")[0]
+    return first.rpartition(":")[2] or "-"
 
 
 def add_score_args(p: argparse.ArgumentParser) -> None:

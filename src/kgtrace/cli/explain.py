@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, method_note
 from kgtrace.attribution.results import Explanations, Influencer, SelfInfluence
 from kgtrace.cli.common import (
+    add_restrict_arg,
     check_run_outputs,
     compile_stats_path,
     indexed_outputs,
@@ -17,26 +18,18 @@ from kgtrace.cli.common import (
     named_output,
     output_lock,
     parse_list,
+    trak_ridges,
     write_json,
 )
 from kgtrace.core.config import PRECISIONS
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.core.io import check_json_out
-from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, model_names, spec_named
 from kgtrace.report.html import rank_text
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from kgtrace.attribution.methods import MethodChoice
-
-
-def trak_ridges() -> str:
-    """The registered models' TRAK ridges for --trak-ridge's help: "0.3; ConvE 1" (the default, then the others)."""
-    specs = [spec_named(name) for name in model_names()]
-    others = [f"{spec.model_class.__name__} {spec.trak_ridge:g}" for spec in specs
-              if spec.trak_ridge != DEFAULT_TRAK_RIDGE]
-    return "; ".join([f"{DEFAULT_TRAK_RIDGE:g}", *others])
 
 
 def add_explain_args(p: argparse.ArgumentParser) -> None:
@@ -103,6 +96,7 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where to compute (auto: CUDA when available)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    add_restrict_arg(p)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -227,8 +221,12 @@ def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out:
 def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, device, options: dict, compiled,
                          out: Path) -> int:
     from kgtrace.attribution.explanations import explain
+    from kgtrace.evaluation.candidates import restriction_note, restriction_of
 
     test = explain_targets(args, run)
+    if args.world.is_main:
+        print(restriction_note(restriction_of(run.dataset, args.restrict), args.restrict).replace(
+            "candidates:", "candidates (of --predict and of the ranks):", 1))
     if args.method == "auto" and args.world.is_main:
         print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")
     inputs = AttributionInputs(progress=args.progress, damping=args.damping, trak_dim=args.trak_dim,
@@ -236,7 +234,7 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     with compiled:
         items = explain(run, test, method=choice, top_k=args.top_k, inputs=inputs, tracin=options, index=args.index,
                         progress=args.progress, state=explain_state(args, out), save_every=args.save_every,
-                        memory_budget=options["memory_budget"], device=device)
+                        memory_budget=options["memory_budget"], restrict=args.restrict, device=device)
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
     print_explanations(items)
@@ -278,7 +276,7 @@ def explain_targets(args: argparse.Namespace, run) -> Tensor:
     if args.triple:
         return parse_triple(run.dataset, *args.triple).view(1, 3)
     if args.predict:
-        return predicted_triples(run, *args.predict, args.top_n)
+        return predicted_triples(run, *args.predict, args.top_n, restrict=args.restrict)
     if args.test is not None:
         if args.test < 1 or not len(run.dataset.test):
             raise ConfigError([f"--test {args.test}: must be at least 1, and the run's dataset needs a test split"])

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kgtrace.attribution.methods import attributions, lds_methods
+from kgtrace.cli.common import add_restrict_arg, trak_ridges
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.faithfulness.removals import removal_methods
 from kgtrace.faithfulness.results import FaithfulnessResult, LdsResult, LdsRow
@@ -59,6 +60,7 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the trainings run")
     p.add_argument("--keep-runs", action="store_true", help="keep every trained run under OUT/runs/ to inspect it")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
+    add_restrict_arg(p)
     lds = p.add_argument_group("linear datamodeling score (--lds)")
     lds.add_argument("--lds", action="store_true", help="score attribution methods by the LDS instead of removals")
     lds.add_argument("--subsets", type=int, default=50, help="random training subsets, one model trained on each")
@@ -69,7 +71,7 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
                      help="TRAK: project the score gradients to K random dimensions (default: the exact gradients)")
     lds.add_argument("--trak-ridge", type=float, default=None,
                      help="TRAK: the ridge, a fraction of the mean of its kernel's nonzero eigenvalues (default: "
-                          "the model's, 0.3; ConvE 1)")
+                          f"the model's, {trak_ridges()})")
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
@@ -84,11 +86,11 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         problems.append(f"--k {args.k!r}: write whole numbers separated by commas, e.g. 1,5,10")
         ks = (1,)  # a placeholder, so that the other settings are still checked
     methods = _methods(args.methods, FaithfulnessSettings.methods)
-    settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
-                                    sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
-                                    device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run)
-    try:
-        settings.validate()
+    try:  # a FaithfulnessSettings validates itself: its problems join --k's
+        settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
+                                        sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
+                                        device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run,
+                                        restrict=tuple(args.restrict))
     except ConfigError as e:
         problems += e.problems
     if problems:

@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 
-from kgtrace.cli.common import model_args, print_metrics, train_help
+from kgtrace.cli.common import add_restrict_arg, model_args, print_evaluation, train_help
 from kgtrace.core.config import TrainConfig
 from kgtrace.core.errors import ConfigError
 
@@ -25,6 +25,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queries", type=int, default=2, help="test queries whose best new tails are explained")
     p.add_argument("--overwrite", action="store_true", help="start afresh, replacing the run in --out")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_restrict_arg(p)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = JobSettings(dataset=args.dataset, model=args.model, epochs=args.epochs,
                            steps_per_epoch=args.steps_per_epoch, seed=args.seed, threads=args.threads,
-                           explain_triples=args.explain, predict_queries=args.queries)
+                           explain_triples=args.explain, predict_queries=args.queries, restrict=tuple(args.restrict))
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.dataset).name}-{args.model}"
     report = run_job(settings, out, overwrite=args.overwrite, progress=args.progress)
     print(f"open {report} in a browser")
@@ -111,10 +112,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "--device, --threads, --compile and --captured-step may change)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bars")
+    add_restrict_arg(p)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from kgtrace.core.config import from_sources, read_yaml
+    from kgtrace.evaluation.candidates import check_restrict
     from kgtrace.evaluation.run_metrics import write_test_metrics
     from kgtrace.runs.embedding import load_run
     from kgtrace.training.loop import resume, train
@@ -122,6 +125,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_args"}
     if args.model_arg:
         overrides["model_args"] = model_args(args.model_arg)
+    check_restrict(args.restrict)  # before training: a malformed rule would fail only at the end
     if args.resume and args.overwrite:
         raise ConfigError(["--resume with --overwrite: choose one; --resume continues the run in --out, "
                            "--overwrite replaces it with a new one"])
@@ -139,8 +143,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"trained {result.epochs_completed} epochs into {result.run_dir}"
               + (f"; best validation MRR {result.best_valid_mrr:.4f} at epoch {result.best_epoch}"
                  if result.best_epoch else ""))
-        metrics = write_test_metrics(load_run(result.run_dir), world=args.world)
-    print_metrics(metrics, "test")
+        evaluation = write_test_metrics(load_run(result.run_dir), restrict=args.restrict, world=args.world)
+    print_evaluation(evaluation, "test")
     return 0
 
 

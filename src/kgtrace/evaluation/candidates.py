@@ -32,14 +32,14 @@ inferred from training triples (:func:`infer_restriction`) or given as rules
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError, option
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
@@ -48,11 +48,15 @@ from kgtrace.models.base import QueryScorer, Scorer, forward_triples
 __all__ = [
     "CandidateRestriction",
     "Corruptions",
+    "check_restrict",
     "explicit_restriction",
+    "has_categories",
     "infer_restriction",
     "parse_restrict",
     "rank_side_restricted",
     "rank_side_sampled",
+    "restriction_note",
+    "restriction_of",
     "sample_corruptions",
 ]
 
@@ -120,7 +124,7 @@ def _entity_groups(dataset) -> _Groups:
             f"restricting candidates by type needs node categories, but no entity of dataset {dataset.name!r} "
             "has one. Fix: add node_categories.tsv (label<TAB>cat1|cat2, e.g. the category column of the KGX "
             "nodes file) to the dataset folder, or build the folder with kgtrace prepare --nodes NODES --edges "
-            "EDGES, which keeps the KGX categories; or evaluate without --restrict"
+            "EDGES, which keeps the KGX categories; or rank every entity (--restrict none)"
         )
     group_of: dict[tuple[str, ...], int] = {}
     ids = [group_of.setdefault(cats, len(group_of)) for cats in per_entity]
@@ -211,13 +215,14 @@ def _rule_problems(dataset, relation: str, side: str, categories: set[str], know
     return problems
 
 
-def parse_restrict(texts: list[str]) -> dict[tuple[str, str], set[str]]:
+def parse_restrict(texts: Sequence[str]) -> dict[tuple[str, str], set[str]]:
     """Parse ``RELATION:tail=CAT1|CAT2`` (or ``:head=``) rules; repeated rules for one target merge.
 
     The relation is everything before the last ':' ahead of '=', so CURIE relations such as
     ``biolink:treats:tail=biolink:Disease`` parse. ConfigError lists every malformed rule.
     """
-    fix = "fix: write RELATION:tail=CAT1|CAT2 or RELATION:head=CAT1|CAT2 (or 'typed' alone to infer types from training)"
+    fix = ("fix: write RELATION:tail=CAT1|CAT2 or RELATION:head=CAT1|CAT2 (or one of auto, typed, none alone: "
+           "auto and typed infer the categories from training, none ranks every entity)")
     rules: dict[tuple[str, str], set[str]] = {}
     problems = []
     for text in texts:
@@ -243,13 +248,48 @@ def parse_restrict(texts: list[str]) -> dict[tuple[str, str], set[str]]:
 # ----------------------------------------------------------------------------- ranking among allowed entities
 
 
-def restriction_of(dataset, rules: list[str]) -> CandidateRestriction | None:
-    """None (no rules), the inferred restriction (``["typed"]``), or the explicit ``RELATION:side=CATS`` rules."""
-    if not rules:
+def has_categories(dataset) -> bool:
+    """Whether any entity of ``dataset`` has a node category (node_categories.tsv, a KGX nodes file's)."""
+    return any(dataset.entity_categories.get(label) for label in dataset.entities.labels)
+
+
+KEYWORDS = (["auto"], ["none"], ["typed"])  # --restrict values that stand alone
+
+
+def check_restrict(rules: Sequence[str]) -> None:
+    """Refuse malformed ``--restrict`` rules before any work (their relations and categories are checked against a
+    dataset by :func:`restriction_of`)."""
+    if list(rules) and list(rules) not in KEYWORDS:
+        parse_restrict(rules)
+
+
+def restriction_of(dataset, rules: Sequence[str] = ()) -> CandidateRestriction | None:
+    """The candidates ``rules`` (``--restrict``) ask for.
+
+    None given, or "auto" (the default): where the dataset has node categories, each relation's
+    heads and tails are restricted to the categories it takes in training (:func:`infer_restriction`;
+    a drug's ``treats`` answers are diseases), else every entity. "none": every entity. "typed": the
+    inferred restriction, refused without categories. Otherwise ``RELATION:side=CATS`` rules.
+    """
+    rules = list(rules) or ["auto"]
+    if rules == ["auto"]:
+        return infer_restriction(dataset) if has_categories(dataset) else None
+    if rules == ["none"]:
         return None
     if rules == ["typed"]:
         return infer_restriction(dataset)
     return explicit_restriction(dataset, parse_restrict(rules))
+
+
+def restriction_note(restriction: CandidateRestriction | None, rules: Sequence[str] = ()) -> str:
+    """What the candidates are, in one line for a command's first output (``rules``: the ``--restrict`` given)."""
+    none = option("--restrict", "none")
+    if restriction is None:
+        return "candidates: every entity"
+    if list(rules) in ([], ["auto"], ["typed"]):
+        return (f"candidates: each relation's heads and tails restricted to the node categories it takes in training "
+                f"({none}: every entity)")
+    return f"candidates: restricted by {'; '.join(rules)} ({none}: every entity)"
 
 
 def restricted_queries_per_chunk(num_entities: int, memory_budget: int) -> int:

@@ -12,6 +12,7 @@ unknown labels are reported and skipped, the rest still scored. Both return tabl
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.lookup import find_ids, lookup_problem, lookup_relation, relation_ids, relation_matches
 from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
 from kgtrace.display.frames import FrameKind, as_frame
+from kgtrace.evaluation.candidates import restriction_note, restriction_of
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
 from kgtrace.runs.embedding import Run
@@ -44,6 +46,7 @@ class Predictions:
 
     query: dict  # {"head", "relation", "tail"} labels, the asked side None; "side": "tail" or "head"
     table: pl.DataFrame
+    note: str = "candidates: every entity"  # what the candidates were (restricted by category or not)
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
         """The candidates as a data frame: "polars" or "pandas"."""
@@ -64,11 +67,15 @@ class ScoredTriples:
 
 
 def predict(run: Run, *, relation: str | int, head: str | int | None = None, tail: str | int | None = None,
-            top_n: int = 20, new_only: bool = False, category: str | None = None) -> Predictions:
+            top_n: int = 20, new_only: bool = False, category: str | None = None,
+            restrict: str | Sequence[str] = ()) -> Predictions:
     """The ``top_n`` best tails of (head, relation, ?), or heads of (?, relation, tail): give exactly one of head, tail.
 
     Ties keep the lower entity id first. ``new_only`` drops candidates whose triple is in
     any split; ``category`` keeps only entities of that category (node_categories.tsv).
+    ``restrict``: the candidates, as :func:`~kgtrace.evaluation.candidates.restriction_of` reads
+    them: by default, where the dataset has node categories, only entities of the categories the
+    relation takes on that side in training (a drug's ``treats`` tails are diseases); "none": all.
     """
     ds = run.dataset
     ids, problems = find_ids(ds, head=head, relation=relation, tail=tail)
@@ -83,12 +90,17 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
         keep &= ~(known["train"] | known["valid"] | known["test"])
     if category is not None:
         keep &= _category_mask(ds, category)
+    rules = [restrict] if isinstance(restrict, str) else list(restrict)
+    restriction = restriction_of(ds, rules)
+    if restriction is not None:  # row r: tails of r; row r + R: its heads
+        row = ids["relation"] + (0 if side == "tail" else ds.num_relations)
+        keep &= restriction.mask(torch.tensor([row]))[0]
     order = torch.sort(scores, descending=True, stable=True).indices  # ties: lower id first
     chosen = order[keep[order]][:top_n]
     relation_label = ds.relation_label(ids["relation"])
     query = {"head": _label(ds, ids["head"]), "relation": relation_label,
              "relation_name": ds.relation_name(relation_label), "tail": _label(ds, ids["tail"]), "side": side}
-    return Predictions(query, _candidate_table(ds, chosen, scores, known))
+    return Predictions(query, _candidate_table(ds, chosen, scores, known), restriction_note(restriction, rules))
 
 
 def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> ScoredTriples:

@@ -43,6 +43,7 @@ from kgtrace.core.io import atomic_write_text
 from kgtrace.core.owned import contents, file_digest, folder_lock
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.display.plots import save_figure
+from kgtrace.evaluation.candidates import CandidateRestriction, check_restrict, restriction_note, restriction_of
 from kgtrace.faithfulness import metrics
 from kgtrace.faithfulness.metrics import Measures
 from kgtrace.faithfulness.plot import faithfulness_figure
@@ -80,6 +81,7 @@ class FaithfulnessSettings:
     device: str = "cpu"
     keep_runs: bool = False  # keep every trained run under OUT/runs/ (to inspect them)
     prover_run: str | None = None  # the prover run (kgtrace prove --out) of the proof method
+    restrict: tuple[str, ...] = ()  # the ranks' candidates (--restrict): (): by category where the data has them
 
     def __post_init__(self) -> None:
         self.validate()  # a FaithfulnessSettings cannot be built invalid
@@ -106,6 +108,10 @@ class FaithfulnessSettings:
             problems.append(f"prover_run={self.prover_run}: only the proof method uses it; fix: add proof to methods")
         if self.finetune_from is not None and self.mode != "finetune":
             problems.append(f"finetune_from={self.finetune_from}: only applies to mode finetune")
+        try:
+            check_restrict(self.restrict)
+        except ConfigError as e:
+            problems += e.problems
         if problems:
             raise ConfigError(problems)
         return self
@@ -147,10 +153,13 @@ def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: 
                     log: Callable[[str], None]) -> FaithfulnessResult:
     """The check's work in its claimed, locked folder ``out``."""
     known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
-    predictions, how = choose_predictions(run, known, settings.sample, settings.seed, triples, triples_source)
+    restriction = restriction_of(run.dataset, settings.restrict)
+    log(restriction_note(restriction, settings.restrict).replace("candidates:", "candidates of the ranks:", 1))
+    predictions, how = choose_predictions(run, known, settings.sample, settings.seed, triples, triples_source,
+                                          restriction)
     here = variant(settings.mode, start)
     log(f"explaining {len(predictions)} predictions ({how}); {here}, to epoch {epochs}")
-    before = measure(run.model, predictions, known)
+    before = measure(run.model, predictions, known, restriction=restriction)
     ranked = removals(run, predictions, settings, out / "removals.json", progress)
     cells = plan_cells(predictions, ranked, settings.ks)
     jobs = pending_jobs(run, out, here, settings, start, epochs, predictions, cells)
@@ -201,15 +210,16 @@ def claim_folder(out: Path, run: Run) -> None:
 
 
 def choose_predictions(run: Run, known: AnswerIndex, sample: int | None, seed: int, triples: Tensor | None,
-                       source: str | None) -> tuple[Tensor, str]:
+                       source: str | None, restriction: CandidateRestriction | None = None) -> tuple[Tensor, str]:
     """The predictions [N, 3] and a sentence saying where they come from (``sample`` of the rank-first
     test triples drawn by ``seed``, all of them, or the given ``triples``)."""
     if triples is not None:
         if sample is not None:
             raise ConfigError(["sample: applies to the rank-first test triples, not to given triples; drop one of them"])
         return triples.long().reshape(-1, 3), f"the triples of {source or 'the caller'}"
-    first = rank_first_test(run, known)
-    how = f"the {len(first)} test triples ranked first, tail side, filtered"
+    first = rank_first_test(run, known, restriction)
+    among = ", among the tails' categories" if restriction is not None else ""
+    how = f"the {len(first)} test triples ranked first, tail side, filtered{among}"
     if sample is None or sample >= len(first):
         return first, how
     chosen = first[sample_rows(len(first), sample, seed)]
@@ -277,7 +287,7 @@ def pending_jobs(run: Run, out: Path, here: str, settings: FaithfulnessSettings,
         keep = str(out / "runs" / here / key) if settings.keep_runs else None
         measured = tuple(dict.fromkeys(wanted + had))
         jobs.append(Job(str(run.path), settings.mode, start, epochs, removed, measured, str(result_path), keep,
-                        settings.threads, settings.device))
+                        settings.threads, settings.device, settings.restrict))
     return jobs
 
 
@@ -325,7 +335,8 @@ def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSetti
     return FaithfulnessResult(
         run=str(run.path.resolve()), checkpoint=run.checkpoint.name, epochs=epochs,
         settings=RemovalSettings(ks=settings.ks, methods=settings.methods, mode=settings.mode, variant=here,
-                                 seed=settings.seed, sample=settings.sample, prover_run=settings.prover_run),
+                                 seed=settings.seed, sample=settings.sample, prover_run=settings.prover_run,
+                                 restrict=settings.restrict),
         predictions=ExplainedPredictions(how, tuple(labels(run, row) for row in as_rows(predictions))),
         control_max_abs_score_change=control,
         table=tuple(table),

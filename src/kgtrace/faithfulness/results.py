@@ -91,14 +91,16 @@ class RemovalSettings:
     seed: int  # of the random and neighbourhood methods and of the sample
     sample: int | None  # how many rank-first test triples were drawn; None: all of them (or given triples)
     prover_run: str | None  # the prover run folder of the proof method; None: no proof method
+    restrict: tuple[str, ...] = ()  # --restrict: the ranks' candidates; (): by category where the data has them
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_plain(self), "ks": list(self.ks), "methods": list(self.methods)}
+        return {**_plain(self), "ks": list(self.ks), "methods": list(self.methods), "restrict": list(self.restrict)}
 
     @classmethod
     def from_dict(cls, data: dict) -> RemovalSettings:
-        values = _fields_of(cls, data)
-        return cls(**{**values, "ks": tuple(values["ks"]), "methods": tuple(values["methods"])})
+        values = _fields_of(cls, {"restrict": (), **data})  # files written before restrict: its default
+        return cls(**{**values, "ks": tuple(values["ks"]), "methods": tuple(values["methods"]),
+                      "restrict": tuple(values["restrict"])})
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from kgtrace.core.io import atomic_write_text
 from kgtrace.core.layout import RunLayout
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.data.dataset import Dataset, load_dataset, save_dataset
+from kgtrace.evaluation.candidates import restriction_of
 from kgtrace.faithfulness.predictions import measure
 from kgtrace.runs.embedding import Run, load_run
 from kgtrace.training.loop import resume, train, write_run_files
@@ -66,6 +67,7 @@ class Job:
     keep_run: str | None = None  # keep the trained run in this folder (else a temporary one)
     threads: int = 1
     device: str = "cpu"
+    restrict: tuple[str, ...] = ()  # the ranks' candidates (--restrict), rebuilt from the run's dataset
 
 
 def job_key(removed: tuple[int, ...]) -> str:
@@ -115,7 +117,8 @@ def run_job(job: Job) -> str:
             TRAINERS[job.mode](run, data, trained, job)
             model = load_run(trained, "last", device=job.device).model
         known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
-        measures = measure(model, torch.tensor(job.predictions, dtype=torch.long).reshape(-1, 3), known)
+        measures = measure(model, torch.tensor(job.predictions, dtype=torch.long).reshape(-1, 3), known,
+                           restriction=restriction_of(run.dataset, job.restrict))
     record = {"mode": job.mode, "start_epoch": job.start_epoch, "epochs": job.epochs, "removed": list(job.removed),
               "train_size": len(run.dataset.train) - len(job.removed), "seconds": time.perf_counter() - start,
               "predictions": [list(p) for p in job.predictions], "measures": measures.to_dict()}

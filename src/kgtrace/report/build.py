@@ -75,10 +75,12 @@ def _cards(run_dir: Path) -> list[tuple[str, str]]:
     """Summary figures for the page header: dataset, model, epochs, realistic test MRR and Hits@10."""
     layout = RunLayout(run_dir)
     config = _read_quietly(layout.config, yaml.safe_load)
-    both = _read_quietly(layout.test_metrics, json.loads).get("both", {}).get("realistic", {})
+    metrics = _read_quietly(layout.test_metrics, json.loads)
+    both = metrics.get("both", {}).get("realistic", {})
+    among = " (by category)" if metrics.get("restricted") else ""
     cards = [(label, str(config[key])) for label, key in (("dataset", "dataset"), ("model", "model"),
                                                            ("epochs", "epochs")) if key in config]
-    cards += [(label, f"{both[key]:.3f}") for label, key in (("test MRR", "mrr"), ("test Hits@10", "hits_at_10"))
+    cards += [(label + among, f"{both[key]:.3f}") for label, key in (("test MRR", "mrr"), ("test Hits@10", "hits_at_10"))
               if isinstance(both.get(key), int | float)]
     return cards
 

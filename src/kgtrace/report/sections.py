@@ -127,6 +127,13 @@ def metrics_section(run_dir: Path, name: str = "test_metrics.json") -> str:
     sides = " and ".join(side for side in ("head", "tail") if side in metrics)
     facts = (f"{number(metrics.get('num_queries', '?'))} test triples, each ranked ({sides}) against {against}, "
              "filtered: the other known true answers (train, valid and test) are left out of the ranking.")
+    if metrics.get("restricted"):
+        facts += (" Candidates are restricted by node category: each relation's heads and tails only among the "
+                  "categories it takes in training (a drug's <i>treats</i> answers are diseases).")
+        every = metrics.get("unrestricted", {}).get("both", {}).get("realistic", {})
+        if every:
+            facts += (f" Against every entity (the figure the field publishes): MRR <b>{number(every.get('mrr'))}"
+                      f"</b>, Hits@10 <b>{number(every.get('hits_at_10'))}</b>.")
     ties = ('<p class="facts">Ties: when candidates score exactly as the true answer, <i>realistic</i> ranks it in '
             "the middle of them (the figure to quote), <i>optimistic</i> first and <i>pessimistic</i> last; a side "
             "shows one row when the three agree.</p>")

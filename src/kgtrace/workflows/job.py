@@ -29,6 +29,7 @@ from kgtrace.core.config import TrainConfig, read_yaml
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.core.layout import RunLayout
 from kgtrace.core.owned import contents, folder_lock, read_mark
+from kgtrace.evaluation.candidates import check_restrict
 from kgtrace.evaluation.run_metrics import write_test_metrics
 from kgtrace.report import write_report
 from kgtrace.runs.embedding import load_run
@@ -51,6 +52,7 @@ class JobSettings:
     predict_queries: int = 2  # test queries whose best new tails are explained
     top_n: int = 3  # new tails per query
     top_k: int = 10  # proponents and opponents per explained triple
+    restrict: tuple[str, ...] = ()  # candidates (--restrict); () or ("auto",): each relation's categories in training
 
     def plan(self, out: Path) -> str:
         """One line: what the job will do, and where."""
@@ -66,6 +68,7 @@ class JobSettings:
                      ("top_n", self.top_n), ("top_k", self.top_k)) if value < 1]
         if problems:
             raise ConfigError(problems)
+        check_restrict(self.restrict)
         return TrainConfig(dataset=self.dataset, model=self.model, epochs=self.epochs, seed=self.seed,
                            steps_per_epoch=self.steps_per_epoch, threads=self.threads,
                            checkpoint_every=max(1, self.epochs // 5)).validate()
@@ -80,7 +83,7 @@ def run_job(settings: JobSettings, out: str | Path, *, overwrite: bool = False, 
         redo = _train_step(settings, out, overwrite, progress, log, hold)
         hold.enter_context(folder_lock(out, "run folder"))
         run = load_run(out, device=resolve_device("auto"))
-        redo = _evaluate_step(run, redo, log)
+        redo = _evaluate_step(run, settings.restrict, redo, log)
         redo = _explain_step(run, settings, redo, progress, log)
         return _report_step(out, redo, log)
 
@@ -130,15 +133,16 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     return saved
 
 
-def _evaluate_step(run, redo: bool, log) -> bool:
+def _evaluate_step(run, restrict: tuple[str, ...], redo: bool, log) -> bool:
     """test_metrics.json and test_ranks.tsv of the run's best checkpoint."""
 
     layout = RunLayout(run.path)
     if not redo and layout.test_metrics.is_file() and layout.test_ranks.is_file():
         log("evaluate: reusing test_metrics.json and test_ranks.tsv")
         return False
-    metrics = write_test_metrics(run)
-    m = metrics.both.realistic
+    evaluation = write_test_metrics(run, restrict=restrict)
+    log(f"evaluate: {evaluation.note}")
+    m = evaluation.metrics.both.realistic
     log(f"evaluate: test MRR {m.mrr:.4f}, Hits@1 {m.hits_at[1]:.4f}, Hits@10 {m.hits_at[10]:.4f} (realistic)")
     return True
 
@@ -153,11 +157,12 @@ def _explain_step(run, settings: JobSettings, redo: bool, progress: bool, log) -
     tracin = TracIn(run, params="last", device=next(run.model.parameters()).device)
     chosen = _well_predicted(run, settings.explain_triples)
     queries = chosen[: settings.predict_queries]
-    predicted = torch.cat([predicted_triples(run, int(h), int(r), settings.top_n) for h, r, _ in queries.tolist()])
+    predicted = torch.cat([predicted_triples(run, int(h), int(r), settings.top_n, restrict=settings.restrict)
+                           for h, r, _ in queries.tolist()])
     epochs = [c.epoch for c in tracin.checkpoints]
     for triples, path in ((chosen, test_path), (predicted, predicted_path)):
         found = tracin.top_k(triples, settings.top_k, progress=progress)
-        explain_triples(run, triples, found, epochs).write(path)
+        explain_triples(run, triples, found, epochs, restrict=settings.restrict).write(path)
     log(f"explain: {len(chosen)} test triples and {len(predicted)} new predictions, {len(epochs)} checkpoints")
     return True
 

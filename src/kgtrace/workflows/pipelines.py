@@ -9,6 +9,7 @@ command and function (``kgtrace.load_run``, ``kgtrace.TracIn``, ``kgtrace explai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -32,6 +33,8 @@ class PipelineResult:
     run_dir: Path
     training: TrainResult  # epochs, losses and validation MRRs (``training.to_df()``: one row per epoch)
     metrics: Metrics  # filtered test metrics of the best checkpoint (``metrics.to_df()``)
+    unrestricted: Metrics | None = None  # against every entity, when the candidates were restricted by category
+    candidates: str = "candidates: every entity"  # what the test triples were ranked against
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
         """The test metrics as a frame (one row per side, tie policy and metric); kind "polars" or "pandas"."""
@@ -44,13 +47,16 @@ class PipelineResult:
 
 
 def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | None = None, overwrite: bool = False,
-             progress: bool = False, log=print, **settings: Any) -> PipelineResult:
+             restrict: Sequence[str] = (), progress: bool = False, log=print, **settings: Any) -> PipelineResult:
     """Train ``model`` on ``dataset`` and rank the test split; see the module docstring.
 
     :param dataset: a registered dataset in any spelling ("umls", "FB15k-237"), or a dataset folder.
     :param model: a registered model in any spelling ("conve", "ConvE").
     :param out: the run folder; default ``runs/DATASET-MODEL``.
     :param overwrite: replace a run kgtrace wrote into ``out`` (never a folder holding anything else).
+    :param restrict: the test ranking's candidates: by default, where the dataset has node categories, each
+        relation's categories in training (the metrics against every entity are kept in ``unrestricted``);
+        ``("none",)``: every entity.
     :param settings: any other field of :class:`~kgtrace.core.config.TrainConfig` (``epochs=30``, ``lr=0.003``,
         ``model_args={"embedding_dim": 100}``); an unknown one is refused with the fields' names.
     """
@@ -63,5 +69,5 @@ def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | N
     run_dir = Path(out) if out is not None else Path("runs") / f"{Path(config.dataset).name}-{config.model}"
     with ExitStack() as hold:  # the run stays locked from training to its test metrics, as kgtrace train keeps it
         trained = train(config, run_dir, overwrite=overwrite, progress=progress, log=log, hold=hold)
-        metrics = write_test_metrics(load_run(run_dir))
-    return PipelineResult(run_dir, trained, metrics)
+        evaluation = write_test_metrics(load_run(run_dir), restrict=restrict)
+    return PipelineResult(run_dir, trained, evaluation.metrics, evaluation.unrestricted, evaluation.note)
