@@ -1,7 +1,7 @@
 """Training-data attribution: TracInCP influence of training triples on predictions.
 
-Public names: :class:`TracIn`, :class:`TopK`, :func:`select_parameters`, and the projected
-index :func:`build_index` / :class:`ProjectedIndex`.
+Public names: `TracIn`, `TopK`, `select_parameters`, and the projected
+index `build_index` / `ProjectedIndex`.
 """
 
 from kgtrace.attribution.index import ProjectedIndex, build_index

@@ -2,7 +2,7 @@
 
 Checkpoints a group at a time: with a ``memory_budget`` smaller than the checkpoints' models
 together, the pass goes over the training set once per group of checkpoints that fits; top-k
-keeps the earlier groups' parts on disk (:mod:`.spill`) and ranks in the last group's pass.
+keeps the earlier groups' parts on disk (`.spill`) and ranks in the last group's pass.
 Memory then holds one group's models, whatever the number of checkpoints.
 """
 

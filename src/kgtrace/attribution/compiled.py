@@ -1,20 +1,20 @@
 """TracIn's gradient functions under torch.compile (``TracIn(compile=True)``, ``kgtrace explain --compile``).
 
-Each entry point goes through :class:`~kgtrace.compute.compile.CompiledCall` (static buffers, padded
+Each entry point goes through `CompiledCall` (static buffers, padded
 last chunk, mark-step, clone at the boundary, no eager fallback):
 
 * ``tracin_general``: per-triple gradients [B, P] of the general path (``vmap(grad)`` over
-  ``functional_call``, :func:`~.grads.wrapped_gradients`);
+  ``functional_call``, `wrapped_gradients`);
 * ``tracin_rows``: the embedding-row form (the rows path, and DistMult's and ComplEx's fast
-  path): dense gradients and row gradients per id space (:func:`~.rows.row_gradients`);
+  path): dense gradients and row gradients per id space (`row_gradients`);
 * ``tracin_conve_band_head``, ``tracin_conve_band_pair``, ``tracin_conve_band_relation``:
   ConvE's fast path, one band of fc's input and its part of fc's product per distinct head,
-  pair or relation (:func:`~.conve_bands.band_values`, the convolution and the fc layer: the
+  pair or relation (`band_values`, the convolution and the fc layer: the
   factors' costly part); a model whose kernel is taller than an embedding has only the pair
   band. The per-triple closed form, O(D) per triple, stays eager; so do the pull-backs of the
-  upstream parameters' gradients (:mod:`.conve_block`) and forward mode's JVPs.
+  upstream parameters' gradients (`.conve_block`) and forward mode's JVPs.
 
-Not compiled: the products of factors (:func:`~.factors.dot`): their shapes follow the data
+Not compiled: the products of factors (`dot`): their shapes follow the data
 (distinct pairs, shared ids), which a static graph cannot take.
 
 The model is in eval mode (batch norm on running statistics, no dropout), so rows are
@@ -63,7 +63,7 @@ def _band(model: nn.Module, ids: Tensor, valid: Tensor, key: str) -> tuple[Tenso
 
 def entry_points_for(model: nn.Module, path: str, names: Sequence[str]) -> list[str]:
     """The entry points TracIn's resolved ``path`` ("fast", "rows" or "general") compiles for this model and
-    parameter set (the fast path's: :attr:`.fast.FastPath.entry_points`)."""
+    parameter set (the fast path's: `.fast.FastPath.entry_points`)."""
     if path == "general":
         return ["tracin_general"]
     fast = fast_path(model) if path == "fast" else None
@@ -74,7 +74,7 @@ class CompiledGradients:
     """Compiled stand-ins for TracIn's gradient functions, each entry point compiled on first use.
 
     batch_size: triples per compiled run of the general and rows forms (TracIn's chunk size,
-    which bounds their memory); ConvE's band passes run :data:`BAND_BATCH` rows at a time.
+    which bounds their memory); ConvE's band passes run `BAND_BATCH` rows at a time.
     """
 
     def __init__(self, batch_size: int, device: torch.device):
@@ -100,21 +100,21 @@ class CompiledGradients:
         return list(self._calls.values())
 
     def dense_factors(self, model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
-        """As :func:`~.grads.dense_factors`, compiled."""
+        """As `dense_factors`, compiled."""
         (grads,) = self.call("tracin_general")(ScoreHRT(model), tuple(names), triples=triples)
         return Factors(len(triples), grads)
 
     def row_factors(self, model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
-        """As :func:`~.rows.row_factors`, compiled."""
+        """As `row_factors`, compiled."""
         grads = self.call("tracin_rows")(ScoreHRT(model), tuple(names), triples=triples)
         return rows_to_factors(model, triples, names, grads)
 
     def band_values(self, model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """As :func:`~.conve_bands.band_values`, compiled (one entry point per band)."""
+        """As `band_values`, compiled (one entry point per band)."""
         return self.call(f"tracin_conve_band_{key}")(model, ids=ids)
 
     def call(self, name: str) -> CompiledCall:
-        """The compiled call of entry point ``name`` (see :data:`ENTRY_POINTS`), built on first use."""
+        """The compiled call of entry point ``name`` (see `ENTRY_POINTS`), built on first use."""
         if name not in self._calls:
             fn, key, width = ENTRY_POINTS[name]
             batch_size = min(self.batch_size, BAND_BATCH) if key == "ids" else self.batch_size

@@ -16,13 +16,13 @@ With l = softplus(-score) and g = dl/dscore = -sigmoid(-score), going backwards:
 
 Everything up to ``delta`` is closed form and costs O(D) per triple once each distinct (h, r)
 pair's a and z are known (computed once per pair: a depends only on (h, r); in bands of which
-two depend on h alone and on r alone: :mod:`.conve_bands`). The parameters before fc (the
+two depend on h alone and on r alone: `.conve_bands`). The parameters before fc (the
 "upstream" ones: conv, bn0, bn1 and the head and relation rows) need dl/da = W^T delta per
-triple, [n, F], pulled back through the convolution block (:mod:`.conve_block`, by hand), band
+triple, [n, F], pulled back through the convolution block (`.conve_block`, by hand), band
 by band, each through the image rows its band sees; only when such a parameter is selected is
 that cost paid. Against test triples,
-:func:`conve_influence` takes those terms band by band, each in the cheaper mode
-(:func:`band_plan`): reverse (that pull-back, per training triple) or forward (one
+`conve_influence` takes those terms band by band, each in the cheaper mode
+(`band_plan`): reverse (that pull-back, per training triple) or forward (one
 Jacobian-vector product per test triple and distinct value of the band).
 """
 
@@ -81,7 +81,7 @@ def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per distinct (head, relation) pair [U, 2]: fc input a [U, F], bn2-normalised z_hat [U, D] and y [U, D].
 
     The whole fc input per pair, through the model's own layers: the reference that the bands
-    (:func:`~.conve_bands.band_pass`, which the factors use) are tested against.
+    (`band_pass`, which the factors use) are tested against.
     """
     a = model._features(pairs)  # [U, F]
     z_hat, y = _bn2(model, model.fc(a))  # [U, D], [U, D]
@@ -89,7 +89,7 @@ def pair_pass(model: nn.Module, pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _forward(model: nn.Module, triples: Tensor, band_fn: BandFn = band_values) -> _Pass:
-    """The eval-mode pass, fc's input in bands (:mod:`.conve_bands`): per distinct head, pair and relation."""
+    """The eval-mode pass, fc's input in bands (`.conve_bands`): per distinct head, pair and relation."""
     if model.training:
         raise RuntimeError("ConvE factored gradients need the model in eval mode")
     pairs, index = unique_pairs(triples[:, :2], model.relation_embeddings.shape[0])
@@ -111,8 +111,8 @@ def conve_factors(model: nn.Module, triples: Tensor, names: Sequence[str], upstr
                   band_fn: BandFn = band_values) -> Factors:
     """Factored gradients of softplus(-score) of ``triples`` [n, 3] over the parameters ``names``.
 
-    ``model`` must be a ConvE in eval mode. fc's input is computed in bands (:mod:`.conve_bands`)
-    by band_fn (:func:`~.conve_bands.band_values` or its compiled form); per-triple upstream
+    ``model`` must be a ConvE in eval mode. fc's input is computed in bands (`.conve_bands`)
+    by band_fn (`band_values` or its compiled form); per-triple upstream
     gradients are pulled back band by band, each through the image rows its band sees.
     """
     fw = _forward(model, triples, band_fn)
@@ -152,7 +152,7 @@ def _fc_bias_in_outer(names: Sequence[str]) -> bool:
 
 
 def _dense_names(names: Sequence[str]) -> tuple[str, ...]:
-    """The selected parameters of the dense block, in its order (:func:`_fc_bias_in_outer`)."""
+    """The selected parameters of the dense block, in its order (`_fc_bias_in_outer`)."""
     folded = {"fc.bias"} if _fc_bias_in_outer(names) else set()
     return tuple(name for name in UPSTREAM + DOWNSTREAM if name in names and name not in folded)
 
@@ -163,13 +163,13 @@ def needs_upstream(names: Sequence[str]) -> bool:
 
 
 def band_plan(model: nn.Module, names: Sequence[str], n_test: int, triples: Tensor, n_train: int) -> frozenset[str] | None:
-    """The bands of fc's input (:func:`~.conve_bands.bands`) whose upstream terms :func:`conve_influence` takes in
+    """The bands of fc's input (`bands`) whose upstream terms `conve_influence` takes in
     forward mode for this chunk of ``triples``; None without upstream parameters (the factors alone serve).
 
     Per band, reverse mode costs a [D] x [D, F_b] product per training triple, forward mode one per
     test triple and distinct value of the band in the chunk (head, pair). The relation band's
     forward products are computed once per pass for every relation id and kept, so they are set
-    against the pass's ``n_train`` triples (and not kept past :data:`RELATION_PRODUCTS` rows).
+    against the pass's ``n_train`` triples (and not kept past `RELATION_PRODUCTS` rows).
     """
     if not needs_upstream(names):
         return None
@@ -193,14 +193,14 @@ def conve_influence(model: nn.Module, test: Factors, triples: Tensor, names: Seq
     """<grad l(test_i), grad l(triple_j)> [n_test, n] from the test triples' full factors, band by band.
 
     The downstream terms are the ordinary factored products. The upstream terms are sums over
-    the bands of fc's input (:mod:`.conve_bands`), each taken in the mode :func:`band_plan` chose:
+    the bands of fc's input (`.conve_bands`), each taken in the mode `band_plan` chose:
 
     * reverse: the band's part of each training triple's upstream gradients, J_b^T W_b^T delta_j,
-      pulled back through the band's rows of the image (:func:`_upstream`), in the factors;
+      pulled back through the band's rows of the image (`_upstream`), in the factors;
     * forward: <u_i, J_b^T W_b^T delta_j> = <W_b (J_b u_i), delta_j>, one Jacobian-vector product
       of the band's fc input along the test gradient u_i (its upstream parameters, and its entity
       and relation rows where the band's head or relation is one of them) per test triple and
-      distinct value of the band (band_fn: :func:`~.conve_bands.band_values` or its compiled form).
+      distinct value of the band (band_fn: `band_values` or its compiled form).
       The relation band's are made for every relation id once and kept in ``memo`` (one dict per
       checkpoint model and test set, for one pass over the training triples).
     """
@@ -238,7 +238,7 @@ def _band_products(model: nn.Module, test: Factors, names: Sequence[str], band: 
 def _add_products(out: Tensor, products: Tensor, index: Tensor, delta: Tensor) -> None:
     """out[i, j] += <products[i, index_j], delta_j>: products [n_test, U_b, D] per band value, index [n], delta [n, D].
 
-    Few test triples: a gather of [n, D] per test triple. More (from :data:`GROUPED_FROM`): the
+    Few test triples: a gather of [n, D] per test triple. More (from `GROUPED_FROM`): the
     triples grouped by value, one [n_g, D] x [D, n_test] product per group, and no [n_test, n, D] gather.
     """
     if len(products) < GROUPED_FROM:
@@ -257,7 +257,7 @@ def _add_products(out: Tensor, products: Tensor, index: Tensor, delta: Tensor) -
 
 
 def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
-    """Where each selected dense parameter sits in the dense block of :func:`conve_factors`."""
+    """Where each selected dense parameter sits in the dense block of `conve_factors`."""
     params, columns, at = dict(model.named_parameters()), {}, 0
     for name in _dense_names(names):
         columns[name] = slice(at, at + params[name].numel())
@@ -266,7 +266,7 @@ def _dense_columns(model: nn.Module, names: Sequence[str]) -> dict[str, slice]:
 
 
 def _downstream_part(model: nn.Module, test: Factors, names: Sequence[str]) -> Factors:
-    """The blocks of full test factors that meet the factors :func:`_assemble` makes with no band in reverse mode
+    """The blocks of full test factors that meet the factors `_assemble` makes with no band in reverse mode
     (no upstream blocks, no relation rows, the tail's entity slot only)."""
     columns = _dense_columns(model, names)
     keep = [columns[n] for n in DOWNSTREAM if n in columns]
@@ -343,7 +343,7 @@ def _upstream(model: nn.Module, fw: _Pass, chunk: int, reverse: list[Band]) -> t
     of fc's input (all bands: the whole gradients; else a part that forward mode completes).
 
     dl/da_b = W_b^T delta [c, F_b] is formed ``chunk`` triples at a time and pulled back through
-    the band's rows of the image by hand (:func:`~.conve_block.block_vjp`).
+    the band's rows of the image by hand (`block_vjp`).
     """
     total = None
     for band in reverse:
@@ -360,7 +360,7 @@ def _upstream(model: nn.Module, fw: _Pass, chunk: int, reverse: list[Band]) -> t
 
 def _added(x: tuple[dict[str, Tensor], Tensor, Tensor],
            y: tuple[dict[str, Tensor], Tensor, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """Two bands' parts of :func:`_upstream`'s gradients, summed (into x's tensors)."""
+    """Two bands' parts of `_upstream`'s gradients, summed (into x's tensors)."""
     for name, grad in y[0].items():
         x[0][name] += grad
     return x[0], x[1].add_(y[1]), x[2].add_(y[2])

@@ -15,13 +15,13 @@ identity), so each band of fc's input is a function of what it sees, and
 
 with W_band fc's weight columns of that band. The head and relation bands are computed once
 per distinct head and relation instead of once per distinct pair, and so are their Grams
-(:class:`~.factors.Part`) and forward mode's Jacobian-vector products. On UMLS (H = 10,
+(`Part`) and forward mode's Jacobian-vector products. On UMLS (H = 10,
 kh = 3: 8, 2 and 8 of 18 rows; 810 distinct training pairs over 135 heads and 46 relations)
 the fc product and the Gram of fc inputs cost about a quarter of the whole-input ones.
-Equal to :func:`~.conve.pair_pass` up to float rounding (tests/test_conve_bands.py; the
+Equal to `pair_pass` up to float rounding (tests/test_conve_bands.py; the
 influences: tests/test_tracin.py). With kh > H every row sees both halves: one band, the pair's.
 Per-triple (reverse-mode) upstream gradients are pulled back band by band too, each band through the
-image rows it sees (:func:`~.conve_block.block_vjp`), and they sum to the whole image's.
+image rows it sees (`block_vjp`), and they sum to the whole image's.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     """Band ``key``'s fc input a [U_b, C * L_b] for pairs ``ids`` [U_b, 2], and its part of fc's product [U_b, D].
 
     The costly part of the banded factors, and the one compiled under ``TracIn(compile=True)``.
-    The fc product goes through :func:`kgtrace.compute.matmul.linear` (oneDNN on a CPU other than Intel's).
+    The fc product goes through `kgtrace.compute.matmul.linear` (oneDNN on a CPU other than Intel's).
     """
     rows = dict(bands(model))[key]
     weight, bias = folded_conv(model)  # [C, K], [C]
@@ -114,12 +114,12 @@ def band_values(model: nn.Module, key: str, ids: Tensor) -> tuple[Tensor, Tensor
     return a, linear(a, band_weight(model, rows))  # [U_b, D]
 
 
-#: (model, band key, ids [U_b, 2]) -> (a [U_b, F_b], fc's product [U_b, D]): :func:`band_values` or its compiled form.
+#: (model, band key, ids [U_b, 2]) -> (a [U_b, F_b], fc's product [U_b, D]): `band_values` or its compiled form.
 BandFn = Callable[[nn.Module, str, Tensor], tuple[Tensor, Tensor]]
 
 
 def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) -> tuple[list[Band], Tensor]:
-    """fc's input for distinct pairs [U, 2] in :func:`bands`, and fc's output z [U, D]."""
+    """fc's input for distinct pairs [U, 2] in `bands`, and fc's output z [U, D]."""
     out, z = [], model.fc.bias.expand(len(pairs), -1)  # [U, D]
     for key, rows in bands(model):
         ids, index = _distinct(pairs, KEYS[key])  # [U_b, 2], [U]
@@ -130,7 +130,7 @@ def band_pass(model: nn.Module, pairs: Tensor, band_fn: BandFn = band_values) ->
 
 
 def every_relation_band(model: nn.Module, band_fn: BandFn = band_values) -> Band:
-    """The relation band with a row for every relation id r (ids (0, r), index the identity), from :func:`relation_band`."""
+    """The relation band with a row for every relation id r (ids (0, r), index the identity), from `relation_band`."""
     rows = dict(bands(model))["relation"]
     ids = _every_relation_id(model, torch.long, model.relation_embeddings.device)
     a, _ = relation_band(model, ids, band_fn)

@@ -9,8 +9,8 @@ For a (head, relation) pair the block maps the image x = [e_h ; w_r] viewed as [
 
 Input and feature-map dropout are the identity in eval mode. Written out, a triple's gradient
 needs only batched matmuls over cached per-pair pieces (patches, fc inputs), and no autograd
-or torch.func machinery: the reverse pass (:func:`block_vjp`, one per training triple) and the
-forward pass (:func:`block_jvp`, one per test direction and pair) are each a few matmuls.
+or torch.func machinery: the reverse pass (`block_vjp`, one per training triple) and the
+forward pass (`block_jvp`, one per test direction and pair) are each a few matmuls.
 tests/test_conve_block.py checks both against autograd and torch.func, with and without batch
 norm; tests/test_tracin.py checks the influences they give against the reference.
 """
@@ -40,7 +40,7 @@ class ConvBlock:
     inv1: Tensor  # [C] 1 / sqrt(var1 + eps) (ones without batch norm)
     mean1: Tensor  # [C] mu1 (zeros without batch norm)
     gain0: Tensor  # [] gamma0 * inv0 (one without batch norm)
-    # Which rows of the stacked [2H, W] image: all, or a band's (:mod:`.conve_bands`).
+    # Which rows of the stacked [2H, W] image: all, or a band's (`.conve_bands`).
     image_rows: slice = field(default_factory=lambda: slice(None))
 
     def part(self, start: int, stop: int) -> "ConvBlock":
@@ -63,7 +63,7 @@ def taps(x: Tensor, kernel: tuple[int, int], ones: bool = False) -> Tensor:
 
 
 def _fold(dp: Tensor, kernel: tuple[int, int], height: int, width: int) -> Tensor:
-    """Adjoint of :func:`taps`: patch gradients [n, K, L] -> image gradients [n, height, width]."""
+    """Adjoint of `taps`: patch gradients [n, K, L] -> image gradients [n, height, width]."""
     kh, kw = kernel
     ch, cw = height - kh + 1, width - kw + 1
     out = dp.new_zeros(dp.shape[0], height, width)
@@ -77,7 +77,7 @@ def conv_block(model: nn.Module, pairs: Tensor, a: Tensor, image_rows: slice = s
     """The block's pieces for distinct pairs [U, 2] whose fc inputs are a [U, F] (``model._features``).
 
     image_rows: a band's rows of the image, with ``a`` the fc input of the conv rows they give
-    (:class:`~.conve_bands.Band`); such a block serves :func:`block_jvp` only.
+    (`Band`); such a block serves `block_jvp` only.
     """
     x = model._image(pairs)[:, 0, image_rows]  # [U, R, W]
     w = model.conv.weight.view(model.conv.out_channels, -1)  # [C, K]
@@ -124,7 +124,7 @@ def block_vjp(model: nn.Module, block: ConvBlock, index: Tensor, da: Tensor) -> 
     """Per-triple gradients given dl/da [n, F] of triples whose pairs are ``index`` [n].
 
     Returns ({parameter name: [n, *shape]} for conv, bn0, bn1), head rows [n, D], relation rows [n, D].
-    A band's block (rows of the image, :mod:`.conve_bands`) takes dl/da on the band's columns [n, F_b] and
+    A band's block (rows of the image, `.conve_bands`) takes dl/da on the band's columns [n, F_b] and
     gives the band's part of the gradients: zero on the image rows it does not see.
     """
     n, channels = len(index), block.weight.shape[0]
@@ -191,7 +191,7 @@ def _bn0_part(model: nn.Module, block: ConvBlock, tangent: dict[str, Tensor],
               d_bias: Tensor) -> tuple[Tensor, float, Tensor | None]:
     """W' taps(t_w * normalised + t_b) as (d_bias plus a per-channel shift [C], a multiple of a, extra [U, C, L]).
 
-    Exact wherever relu passes (see :func:`block_jvp`); ``extra`` is None unless gamma0 = 0.
+    Exact wherever relu passes (see `block_jvp`); ``extra`` is None unless gamma0 = 0.
     """
     bn0 = model.bn0
     t_w = tangent.get("bn0.weight", torch.zeros_like(bn0.weight))  # [1]

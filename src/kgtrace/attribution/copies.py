@@ -2,7 +2,7 @@
 
 A weightless copy holds the model's structure and shapes on the meta device (TracIn's template
 for its choices, no memory). A private copy is a new module object over the model's own tensors:
-each worker of a pass side by side (:func:`kgtrace.compute.system.side_by_side`) computes with copies of
+each worker of a pass side by side (`kgtrace.compute.system.side_by_side`) computes with copies of
 its own, so that what one worker's call swaps on a module no other worker sees.
 """
 
@@ -29,7 +29,7 @@ def weightless_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo).eval()
 
 
-#: model -> its private copies (:func:`private_maker`), the k-th for the k-th worker of a pass.
+#: model -> its private copies (`private_maker`), the k-th for the k-th worker of a pass.
 _PRIVATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -52,7 +52,7 @@ def private_maker(models: Sequence[nn.Module]) -> Callable[[], list[nn.Module]]:
 
 
 def private_copy(model: nn.Module, k: int) -> nn.Module:
-    """The k-th private copy of ``model`` (:func:`private_maker`), made the first time it is asked for."""
+    """The k-th private copy of ``model`` (`private_maker`), made the first time it is asked for."""
     copies = _PRIVATE.setdefault(model, [])
     while len(copies) <= k:
         memo = {id(t): t for t in chain(model.parameters(), model.buffers())}

@@ -1,12 +1,12 @@
 """Explaining predictions by training triples: which ones raised or lowered each prediction, in names.
 
-:func:`explain` is the whole path for a notebook or the CLI: the triples to explain (ids,
+`explain` is the whole path for a notebook or the CLI: the triples to explain (ids,
 labels or names), a method (``auto`` chooses by cost, see
-:func:`~kgtrace.attribution.methods.choose_method`), and the answer as typed
-:class:`~kgtrace.attribution.results.Explanations`. :func:`explain_triples` turns any method's
-top-k (:class:`~kgtrace.attribution.topk.TopK`) into explanations; :func:`self_influence_ranking`
+`choose_method`), and the answer as typed
+`Explanations`. `explain_triples` turns any method's
+top-k (`TopK`) into explanations; `self_influence_ranking`
 ranks training triples by self-influence (high: hard to fit, e.g. a mislabelled edge);
-:func:`predicted_triples` gives the model's best new tails of a query, to explain them.
+`predicted_triples` gives the model's best new tails of a query, to explain them.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int
                       restrict: Sequence[str] = ()) -> Tensor:
     """The model's ``top_n`` best new tails of (head, relation, ?), as triples [n, 3], best first.
 
-    "New": not a known triple of any split (:func:`~kgtrace.evaluation.predict.predict`
+    "New": not a known triple of any split (`predict`
     with ``new_only``); among the candidates ``restrict`` allows (by default the categories the
     relation's tails have in training, where the dataset has categories). Raises when the query
     has no new tail left.
@@ -115,8 +115,8 @@ def explain_triples(run: Run, test: Tensor, found: list[TopK], epochs: Sequence[
                     restrict: Sequence[str] = ()) -> Explanations:
     """Per test triple [n, 3]: the triple, its score and filtered ranks, its proponents and opponents.
 
-    found: each test triple's :class:`TopK` (``TracIn.top_k``, ``ProjectedIndex.top_k`` or
-    :func:`~kgtrace.attribution.methods.matrix_top_k`), whose parts follow the checkpoints
+    found: each test triple's `TopK` (``TracIn.top_k``, ``ProjectedIndex.top_k`` or
+    `matrix_top_k`), whose parts follow the checkpoints
     ``epochs`` (or hold one part, the whole value, for methods not summed over checkpoints).
     memory_budget: bytes for the ranking's scores at once. method, method_reason: the method and
     why it was used, recorded in each explanation. restrict: the candidates of the ranks (by default
@@ -159,7 +159,7 @@ def self_influence_ranking(run: Run, tracin: TracIn, top_k: int, progress: bool 
 
 
 def _ranked(ds: Dataset, index: Tensor, values: Tensor) -> pl.DataFrame:
-    """Training triples ``index`` [n] with their self-influences [n], in that order, as :data:`SELF_COLUMNS`."""
+    """Training triples ``index`` [n] with their self-influences [n], in that order, as `SELF_COLUMNS`."""
     named = [NamedTriple.of(ds, ds.train[i]) for i in index.tolist()]
     columns = {"rank": range(1, len(named) + 1), "train_index": index.tolist(),
                **{key: [getattr(t, key) for t in named] for key in SELF_COLUMNS[2:-1]},
@@ -174,7 +174,7 @@ def _ranked(ds: Dataset, index: Tensor, values: Tensor) -> pl.DataFrame:
 
 def method_for(run: Run, method: str | MethodChoice, index: str | Path | None = None) -> MethodChoice:
     """The method to use and why: as given, TracIn with a projected ``index`` (it holds TracIn's gradients), or
-    for ``auto`` the cheaper of TRAK and TracIn for this run (:func:`~kgtrace.attribution.methods.choose_method`)."""
+    for ``auto`` the cheaper of TRAK and TracIn for this run (`choose_method`)."""
     if isinstance(method, MethodChoice):
         return method
     if method not in ("auto", *explain_methods()):
@@ -193,17 +193,29 @@ def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *,
             device: str | torch.device = "auto") -> Explanations:
     """The ``top_k`` training triples that most raised (proponents) and most lowered (opponents) each prediction.
 
-    run: a run, or its folder (loaded from its best checkpoint). triples: ids [n, 3], or one
-    (head, relation, tail) or a list of them in ids, labels or names. method: ``auto``, a name of
-    ``kgtrace explain --method`` (``tracin``, ``trak``, ...) or a :class:`MethodChoice`.
-    inputs: settings of the methods other than TracIn (damping, TRAK's dimension and ridge).
-    tracin: :class:`~kgtrace.attribution.tracin.TracIn`'s keyword arguments (params,
-    checkpoints, precision, ...). index: a projected index folder (``kgtrace index``) to answer
-    from instead of a pass over the training set (approximate). state, save_every: where and how
-    often TracIn's pass saves its progress, to resume. restrict: the candidates the triples' ranks
-    are among (by default each relation's categories in training, where the dataset has categories).
-    device: TracIn's; the other methods run on the CPU (the run's model moves there). Each
-    explanation records the method and why it was used.
+    Each explanation records the method and why it was used; ``.to_df()`` lists every influencer.
+
+    Args:
+        run: a run, or its folder (loaded from its best checkpoint).
+        triples: ids [n, 3], or one (head, relation, tail) or a list of them in ids, labels or names
+            (``("metformin", "biolink:treats", "type 2 diabetes mellitus")``).
+        method: ``auto`` (the cheaper of TRAK and TracIn for this run), a name of ``kgtrace explain --method``
+            (``tracin``, ``trak``, ...) or a `MethodChoice`.
+        top_k: proponents and opponents per triple.
+        inputs: settings of the methods other than TracIn (damping, TRAK's dimension and ridge).
+        tracin: `TracIn`'s keyword arguments (params, checkpoints, precision, ...).
+        index: a projected index folder (``kgtrace index``) to answer from instead of a pass over the training
+            set (approximate).
+        progress: show progress bars.
+        state: where TracIn's pass saves its progress, to resume after a kill.
+        save_every: seconds between those saves.
+        memory_budget: bytes for the ranking's scores at once.
+        restrict: the candidates the triples' ranks are among (by default each relation's categories in
+            training, where the dataset has categories; ``("none",)``: every entity).
+        device: TracIn's; the other methods run on the CPU (the run's model moves there).
+
+    Returns:
+        One `Explanation` per triple, in the order given.
     """
     if not isinstance(run, Run):
         run = load_run(run, device=resolve_device(device))

@@ -2,7 +2,7 @@
 
 TracIn needs <grad l(z), grad l(z')> for many pairs of triples. Materialising a gradient over
 every parameter is what makes naive TracIn slow (ConvE's fc layer alone has 2M weights). A
-:class:`Factors` holds the same gradients of n triples in three kinds of blocks:
+`Factors` holds the same gradients of n triples in three kinds of blocks:
 
 * ``dense`` [n, P]: small parameters (biases, batch norm, the convolution), materialised;
 * ``rows``: per id space ("entity", "relation"), the embedding rows a triple's gradient
@@ -11,7 +11,7 @@ every parameter is what makes naive TracIn slow (ConvE's fc layer alone has 2M w
   where their ids are equal; the tables of one space (ConvE's entity embeddings and entity
   bias) are concatenated along W because they share the ids;
 * ``outer``: a linear layer whose weight gradient is the outer product delta a^T, kept as
-  its output gradient delta [n, D] and its input a, in one or more :class:`Part` s (each a
+  its output gradient delta [n, D] and its input a, in one or more `Part` s (each a
   slice of the input's columns, one row per distinct value [U, F_p] with ``index`` [n] into
   them: ConvE's fc input has parts that depend on the head alone, on the pair, on the
   relation alone); <delta a^T, delta' a'^T> = <a, a'> <delta, delta'>, and <a, a'> is the
@@ -38,7 +38,7 @@ from torch import Tensor
 
 __all__ = ["Factors", "Outer", "Part", "dot", "self_dot"]
 
-#: Share of (x, y) pairs meeting on a row (among the y that meet some x) above which :func:`dot`
+#: Share of (x, y) pairs meeting on a row (among the y that meet some x) above which `dot`
 #: multiplies their row gradients in one masked matmul instead of gathering the pairs that meet.
 #: Break-even measured on one CPU thread ([100, 200] against [4096, 200] row gradients, all y):
 #: 2.5 ms either way at a share of 1%; at 10% 3.1 ms against 52 ms, at 0.1% 2.5 ms against 0.9 ms.
@@ -142,7 +142,7 @@ def _add_row_products(out: Tensor, ids_x: Tensor, g_x: Tensor, ids_y: Tensor, g_
     looked at (a sorted membership test: with few test triples most of a chunk's j meet none). Where
     the pairs are few they are gathered; where they are many (small graphs, many test triples) one
     matmul over those columns, masked, is cheaper: it computes every product, but at matmul speed
-    (:data:`DENSE_ROWS`).
+    (`DENSE_ROWS`).
     """
     columns = torch.nonzero(torch.isin(ids_y, ids_x)).squeeze(1)  # [k] the j that meet some i
     if not len(columns):

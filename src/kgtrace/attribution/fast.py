@@ -1,8 +1,8 @@
-"""TracIn's fast path per factoriser kind: the implementations behind :attr:`ModelSpec.factoriser`.
+"""TracIn's fast path per factoriser kind: the implementations behind `ModelSpec.factoriser`.
 
-A model's :class:`~kgtrace.core.specs.ModelSpec` names the kind of its exact factored gradients
-("conve", "rows"); :data:`FAST_PATHS` maps each kind to its functions, and :func:`fast_path`
-finds a model's (subclasses included, through :func:`~kgtrace.core.specs.spec_of`). A model
+A model's `ModelSpec` names the kind of its exact factored gradients
+("conve", "rows"); `FAST_PATHS` maps each kind to its functions, and `fast_path`
+finds a model's (subclasses included, through `spec_of`). A model
 whose spec names no kind, or that has no spec, has no fast path.
 """
 
@@ -30,7 +30,7 @@ class FastPath:
 
     #: Exact factored per-triple gradients: (model, triples [n, 3], parameter names) -> Factors.
     factors: Factoriser
-    #: The compiled entry points (:data:`~.compiled.ENTRY_POINTS`) it runs: (model, names) -> names.
+    #: The compiled entry points (`ENTRY_POINTS`) it runs: (model, names) -> names.
     entry_points: Callable[[nn.Module, Sequence[str]], list[str]]
     #: Influence on test triples with some terms in forward mode: (the plan for a chunk, or None for the factors
     #: alone; the influence given that plan and a memo kept per checkpoint over a pass); None: never.

@@ -2,7 +2,7 @@
 
 influence(z, z') = grad l(z')^T (F + lambda I)^{-1} grad l(z)
 
-with l the triple's loss softplus(-score_hrt) (as TracIn and :mod:`.influence` take it), the
+with l the triple's loss softplus(-score_hrt) (as TracIn and `.influence` take it), the
 gradients at the run's final weights (model in eval mode), and F the empirical Fisher of the
 training triples, F = (1/n) sum_j grad l(z_j) grad l(z_j)^T, kept block-diagonal:
 
@@ -38,7 +38,7 @@ _GRADIENT_ELEMENTS = 1 << 22
 class BlockFisher:
     """The damped block-diagonal Fisher of ``model`` over ``train`` (module doc), ready to solve with.
 
-    Gradients come factored (:func:`~kgtrace.attribution.rows.row_gradients`): the parameters
+    Gradients come factored (`row_gradients`): the parameters
     that are not tables densely [n, P_dense], and per id space the rows each triple reads
     [n, S, W] (the space's tables side by side, e.g. ConvE's entity vector and entity bias: one
     block per entity covers both).
@@ -106,7 +106,7 @@ class BlockFisher:
         return dense / (self.diagonal + self.damping), solved_rows
 
     def inner(self, triples: Tensor, solved: tuple[Tensor, dict[str, Tensor]]) -> Tensor:
-        """<grad l(z_j), solved_i> [n, N] for ``triples`` z_j and the solved vectors of :meth:`solve`."""
+        """<grad l(z_j), solved_i> [n, N] for ``triples`` z_j and the solved vectors of `solve`."""
         dense, rows = self.gradients(triples)
         out = dense @ solved[0].T  # [n, N]
         for space, (ids, g) in rows.items():

@@ -2,7 +2,7 @@
 
 For one checkpoint (the model's current weights), per-triple gradients of
 l(z) = softplus(-score_hrt(z)) over the selected parameters are computed with
-``vmap(grad(...))`` over ``functional_call`` and flattened to [n, P]: a :class:`Factors`
+``vmap(grad(...))`` over ``functional_call`` and flattened to [n, P]: a `Factors`
 with only a dense block. The caller bounds n (memory is n x P, and vmap's intermediates
 are measured at ~35x that on CPU). The model must be in eval mode (callers ensure it):
 each vmapped sample is a batch of one, so BatchNorm uses running statistics.
@@ -42,7 +42,7 @@ def per_sample_gradients(model: nn.Module, triples: Tensor, names: Sequence[str]
 
 
 def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str], of: str = "loss") -> Tensor:
-    """:func:`per_sample_gradients` of ``wrapper.model``; the wrapper is built by the caller
+    """`per_sample_gradients` of ``wrapper.model``; the wrapper is built by the caller
     (outside a compiled region, where building a module is not allowed)."""
     all_params = dict(wrapper.model.named_parameters())
     params = {f"model.{n}": all_params[n].detach() for n in names}
@@ -57,5 +57,5 @@ def wrapped_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str], 
 
 
 def dense_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Factors:
-    """The per-sample gradients as :class:`Factors` with one dense block."""
+    """The per-sample gradients as `Factors` with one dense block."""
     return Factors(len(triples), per_sample_gradients(model, triples, names))

@@ -1,20 +1,20 @@
 """A projected TracIn index: training gradients indexed once on disk, queried many times.
 
 Each training triple's gradient at each checkpoint is stored in factored form
-(:class:`~.factors.Factors`), with the one block that is too large to store, a linear
+(`Factors`), with the one block that is too large to store, a linear
 layer's weight gradient delta a^T (ConvE's fc: 2M numbers), randomly projected:
 a -> a @ A with A [F, dim] ~ N(0, 1/dim), i.e. the gradient is mapped by (A^T (x) I_D), a
 Johnson-Lindenstrauss map with E[<P g, P g'>] = <g, g'>, kept as its two factors (dim + D
 numbers instead of F * D). Every other block (delta itself, biases, batch norm, the
 convolution, embedding rows with their ids) is small or sparse and stored exactly (a layer
-bias that rides in its outer factor, :class:`~.factors.Outer`, as a column of ones after
+bias that rides in its outer factor, `Outer`, as a column of ones after
 a A), so the only error is that of the estimate <a A, a' A> of <a, a'>; it shrinks as 1/sqrt(dim)
 (``benchmarks/tracin_index.py`` reports it on the bundled data). Paths without such a
 layer (DistMult, ComplEx: embedding rows only) are stored exactly.
 
 A query factors its own gradients at each checkpoint, projects them with the same A, and
 scores every stored training gradient with the same inner products as exact TracIn
-(:func:`~.factors.dot`), streaming over memory-mapped ``.npy`` files: no training gradient
+(`dot`), streaming over memory-mapped ``.npy`` files: no training gradient
 is recomputed.
 
 Folder layout: ``index.json`` (written last: an index without it is incomplete), one
@@ -57,7 +57,7 @@ INDEX_KIND = "tracin-index"  # the marker kind of an index folder (kgtrace.core.
 
 
 class Projector:
-    """Projects the linear-layer inputs of :class:`Factors` to ``dim`` numbers; same seed, same map."""
+    """Projects the linear-layer inputs of `Factors` to ``dim`` numbers; same seed, same map."""
 
     def __init__(self, dim: int, seed: int, device: torch.device | str = "cpu"):
         self.dim, self.seed, self.device = dim, seed, torch.device(device)
@@ -281,7 +281,7 @@ class ProjectedIndex:
         return torch.cat(pieces, dim=1).float().cpu()
 
     def top_k(self, test: Tensor, k: int = 10) -> list[TopK]:
-        """Approximate strongest proponents and opponents per test triple, as :meth:`TracIn.top_k`."""
+        """Approximate strongest proponents and opponents per test triple, as `TracIn.top_k`."""
         test = self.tracin._check_test(test)
         k = min(int(k), self.meta.num_train)
         best = RunningTopK(len(test), k, len(self.epochs), largest=True, device=test.device)

@@ -3,7 +3,7 @@
 influence(z, z') = grad l(z')^T (H + lambda I)^{-1} grad l(z)
 
 * l(z) = softplus(-score_hrt(z)), the triple's own BCE-with-logits loss against label 1, as
-  TracIn takes it (:mod:`.tracin`), so that the two compare; gradients over the selected
+  TracIn takes it (`.tracin`), so that the two compare; gradients over the selected
   parameters at the run's final weights, model in eval mode (dropout off).
 * H: the Hessian of the run's training objective at those weights: the mean over every
   training example of the run's loss (KvsAll: BCE over all entities with the run's label
@@ -51,7 +51,7 @@ class InfluenceFunction:
     """Exact-Hessian influence of a run's training triples on test triples (module doc).
 
     run: a loaded run; the weights are those of its last epoch checkpoint (the final weights, as
-        the other methods of :mod:`.methods` take them), whichever checkpoint ``run.model`` holds.
+        the other methods of `.methods` take them), whichever checkpoint ``run.model`` holds.
     params: "all" (default), "last" or a list of parameter names.
     damping: the first lambda tried (module doc).
     """

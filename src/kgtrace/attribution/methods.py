@@ -1,24 +1,24 @@
 """Attribution methods: each gives every training triple's attribution to each prediction, and declares itself
-once, in a :class:`MethodSpec` (:data:`METHOD_SPECS`), from which explain, faithfulness, the LDS and the report
+once, in a `MethodSpec` (`METHOD_SPECS`), from which explain, faithfulness, the LDS and the report
 take what they offer and say.
 
 A method maps (run, predictions [N, 3], inputs) to a matrix [N, n_train]: entry (i, j) says
 how much training triple j raises prediction i's score (positive: a proponent). Methods:
 
 * ``tracin-last`` / ``tracin-all``: TracInCP over every epoch checkpoint (lr-weighted), with
-  the last-layer or all parameters (:class:`~kgtrace.attribution.TracIn`);
+  the last-layer or all parameters (`TracIn`);
 * ``tracin-last-final`` / ``tracin-all-final``: the same over the last checkpoint only;
 * ``grad-dot``: the dot product of the two triples' loss gradients at the final weights, over
   every parameter (Bhardwaj et al., 2021): ``tracin-all-final`` without the learning rate;
 * ``grad-cos``: their cosine, grad-dot over the product of the two gradients' norms;
 * ``influence`` / ``influence-last``: influence functions with the exact, damped Hessian of the
-  training objective at the final weights (:class:`~kgtrace.attribution.influence.InfluenceFunction`),
+  training objective at the final weights (`InfluenceFunction`),
   over every parameter or the last layer; refused for models too large to form the Hessian;
 * ``influence-fisher``: influence functions for any model size, the Hessian replaced by the
   training triples' empirical Fisher kept block-diagonal (a W x W block per embedding row, the
-  diagonal elsewhere; :mod:`~kgtrace.attribution.fisher`);
+  diagonal elsewhere; `fisher`);
 * ``trak``: TRAK's projected-gradient estimator averaged over the run's checkpoints
-  (:func:`~kgtrace.attribution.trak.trak`);
+  (`trak`);
 * ``random``: independent standard normal draws, seeded (a baseline: LDS near 0);
 * ``neighbourhood``: 1 for a training triple that shares an entity with the prediction, else 0
   (GradRollback's baseline as a score).
@@ -169,7 +169,7 @@ class MethodSpec:
         return [run.checkpoints[-1].epoch]
 
 
-#: Every attribution method, by name, in the order they are offered (:func:`register` adds one).
+#: Every attribution method, by name, in the order they are offered (`register` adds one).
 METHOD_SPECS: dict[str, MethodSpec] = {}
 
 
@@ -300,7 +300,7 @@ def choose_method(run: Run) -> MethodChoice:
 
 def matrix_top_k(matrix: Tensor, test: Tensor, k: int) -> list[TopK]:
     """Per row of an attribution matrix [N, n_train]: the k largest (proponents, descending) and the k
-    smallest (opponents, ascending), as :class:`TopK` with one part (the whole value) per entry."""
+    smallest (opponents, ascending), as `TopK` with one part (the whole value) per entry."""
     k = min(k, matrix.shape[1])
     best = matrix.float().topk(k, dim=1)  # [N, k] descending
     worst = matrix.float().topk(k, dim=1, largest=False)  # [N, k] ascending

@@ -3,7 +3,7 @@
 ``select_parameters(model, spec)``:
 
 * ``"last"``: the decoder side, the parameters closest to the score, as the model's
-  :class:`~kgtrace.core.specs.ModelSpec` declares them (``last_layer``):
+  `ModelSpec` declares them (``last_layer``):
 
   - ConvE: ``fc.weight``, ``fc.bias``, ``entity_bias`` (the fully connected layer that
     makes the query vector, and the per-entity score bias). Entity embeddings are *not*
@@ -14,7 +14,7 @@
 
 * ``"all"``: every parameter with ``requires_grad``, in ``named_parameters`` order.
 * a list (or tuple) of parameter names: exactly those, in the given order; an unknown
-  name raises :class:`kgtrace.core.errors.ConfigError` listing the valid names.
+  name raises `kgtrace.core.errors.ConfigError` listing the valid names.
 """
 
 from __future__ import annotations

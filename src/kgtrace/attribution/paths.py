@@ -1,13 +1,13 @@
 """TracIn's paths to per-triple gradients: which ones a model may take, and their chunk sizes.
 
-Paths, each giving per-triple gradients as :class:`~kgtrace.attribution.factors.Factors`:
+Paths, each giving per-triple gradients as `Factors`:
 
-* "fast": exact factored gradients of the kind the model's spec names (:mod:`.fast`): ConvE's
-  closed form (:mod:`.conve`), the embedding-row form for DistMult and ComplEx (:mod:`.rows`);
+* "fast": exact factored gradients of the kind the model's spec names (`.fast`): ConvE's
+  closed form (`.conve`), the embedding-row form for DistMult and ComplEx (`.rows`);
 * "rows": the embedding-row form for any model whose spec declares embedding tables
-  (:func:`~.rows.row_tables`), other parameters materialised per sample;
+  (`row_tables`), other parameters materialised per sample;
 * "general": every selected parameter materialised per sample (torch.func), any scorer;
-* "reference": per-triple autograd in float64, slow, for checking (:mod:`.reference`);
+* "reference": per-triple autograd in float64, slow, for checking (`.reference`);
 * "auto": fast when the model has a factoriser, else general.
 """
 

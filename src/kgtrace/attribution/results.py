@@ -1,8 +1,8 @@
 """Explanations as typed results: which training triples raised or lowered a prediction, in names.
 
-:class:`Explanations` holds one :class:`Explanation` per explained triple (the triple in labels
+`Explanations` holds one `Explanation` per explained triple (the triple in labels
 and names, its score, probability and filtered ranks, its proponents and opponents as
-:class:`Influencer` s); :class:`SelfInfluence` ranks the training triples by self-influence.
+`Influencer` s); `SelfInfluence` ranks the training triples by self-influence.
 Each has ``to_dict()`` (the JSON ``kgtrace explain`` writes), ``to_df()`` (one row per
 influencer or ranked triple, polars or pandas), ``write(path)`` (the JSON and a TSV beside it)
 and ``read(path)`` (a written JSON back; the report reads explanations this way).
@@ -152,7 +152,7 @@ class Explanation:
 
 @dataclass(frozen=True)
 class Explanations:
-    """The explained triples of one ``kgtrace explain`` (or :func:`kgtrace.explain`), in the order asked."""
+    """The explained triples of one ``kgtrace explain`` (or `kgtrace.explain`), in the order asked."""
 
     items: tuple[Explanation, ...]
 
@@ -175,14 +175,14 @@ class Explanations:
 
     @classmethod
     def read(cls, path: str | Path) -> Explanations:
-        """The explanations of a JSON written by ``kgtrace explain`` (or :meth:`write`)."""
+        """The explanations of a JSON written by ``kgtrace explain`` (or `write`)."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def to_dict(self) -> dict[str, Any]:
         return {"explanations": [item.to_dict() for item in self.items]}
 
     def rows(self) -> Iterator[list[Any]]:
-        """One row per influencer, in :data:`EXPLAIN_COLUMNS`' order."""
+        """One row per influencer, in `EXPLAIN_COLUMNS`' order."""
         for i, item in enumerate(self.items):
             t = item.triple
             for kind, rank, e in item.influencers():
@@ -215,7 +215,7 @@ class SelfInfluence:
 
     checkpoints: the epochs summed over. top: the first ranked triples with each checkpoint's share
     (their ``influence`` is the self-influence; ``shares`` is "both"). ranked: every training
-    triple, highest first: a frame of :data:`SELF_COLUMNS` (rank from 1).
+    triple, highest first: a frame of `SELF_COLUMNS` (rank from 1).
     """
 
     checkpoints: tuple[int, ...]

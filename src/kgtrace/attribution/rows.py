@@ -8,8 +8,8 @@ tables holding just its rows, entity rows [h, t] and relation row [r], as the tr
 ``vmap(grad)`` gives each triple's row gradients [2, W] and [1, W] instead of [E, W] and
 [R, W]. Other parameters (ConvE's convolution, fc, batch norm) are differentiated densely.
 
-:func:`row_tables` says which parameters are tables and of which id space (the model's
-:class:`~kgtrace.core.specs.ModelSpec`).
+`row_tables` says which parameters are tables and of which id space (the model's
+`ModelSpec`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def row_factors(model: nn.Module, triples: Tensor, names: Sequence[str]) -> Fact
 
 
 def row_gradients(wrapper: ScoreHRT, triples: Tensor, names: Sequence[str]) -> tuple[Tensor, ...]:
-    """The tensors of :func:`row_factors`: dense gradients [n, P] ([n, 0] when no dense parameter is
-    selected), then per id space of :data:`SLOTS` with a selected table, its row gradients [n, S, W].
+    """The tensors of `row_factors`: dense gradients [n, P] ([n, 0] when no dense parameter is
+    selected), then per id space of `SLOTS` with a selected table, its row gradients [n, S, W].
 
     The wrapper of the model is built by the caller (outside a compiled region, where building a
     module is not allowed).
@@ -80,7 +80,7 @@ def _gather(table: Tensor, ids: Tensor) -> Tensor:
 
 
 def rows_to_factors(model: nn.Module, triples: Tensor, names: Sequence[str], grads: Sequence[Tensor]) -> Factors:
-    """:class:`Factors` of the tensors :func:`row_gradients` returned for ``triples`` [n, 3]."""
+    """`Factors` of the tensors `row_gradients` returned for ``triples`` [n, 3]."""
     tables = row_tables(model)
     dense, spaces = grads[0], iter(grads[1:])
     rows = {space: (triples[:, slots], next(spaces)) for space, slots in SLOTS.items()

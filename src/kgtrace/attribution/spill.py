@@ -41,7 +41,7 @@ class Spill:
     """The spilled groups' files of one pass, opened for writing and reading.
 
     folder, stem: the files are ``folder/stem.spill{g}`` (beside the pass's state file, so that a
-    resumed pass finds them); folder None: a temporary folder, removed on :meth:`close`.
+    resumed pass finds them); folder None: a temporary folder, removed on `close`.
     sizes: the training triples in each chunk of the pass, in order. fresh: start the files empty
     (a new pass); else they hold a resumed pass's blocks.
     """

@@ -4,14 +4,14 @@ Many test triples at once: the test triples' factors are computed once per check
 kept; then one pass over the training set, chunk by chunk (sorted by (head, relation) so
 that ConvE computes each pair's fc input once), scores every test triple against the chunk
 at every checkpoint. The consumer keeps only what it returns, so its memory does not grow with
-the training set, and with a state file (:mod:`.progress`) the pass saves its progress now and
+the training set, and with a state file (`.progress`) the pass saves its progress now and
 then so that a killed run resumes where it stopped. On a CPU with several threads the chunks
-run side by side, one thread each, and come back in order (:func:`kgtrace.compute.system.side_by_side`):
+run side by side, one thread each, and come back in order (`kgtrace.compute.system.side_by_side`):
 the same results, both cores busy.
 
-With several groups of checkpoints (:mod:`.checkpoints`) the pass goes over the training set once
+With several groups of checkpoints (`.checkpoints`) the pass goes over the training set once
 per group; a consumer that needs every checkpoint at once (top-k) gets the earlier groups' parts
-back from disk (:mod:`.spill`) beside the last group's.
+back from disk (`.spill`) beside the last group's.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def train_chunks(train: Tensor, chunk_size: int, world: World) -> list[Tensor]:
 class Stream:
     """Passes over the training triples ``train`` in ``chunks`` (positions in ``train``) with ``models``' checkpoints.
 
-    factorise: the test triples' factors at a checkpoint; score: a chunk's parts (:data:`Score`).
+    factorise: the test triples' factors at a checkpoint; score: a chunk's parts (`Score`).
     threaded: chunks may run side by side (not under torch.compile, which keeps per-thread state).
     reuses_blocks: the gradients allocate the same large blocks over and over.
     """
@@ -121,7 +121,7 @@ class Stream:
     def _chunk_parts(self, lrs: list[float], test_factors: list[Factors] | None, memos: list[dict],
                      test: Tensor | None, number: int, models: list[nn.Module]) -> Tensor:
         """``score`` of chunk ``number`` (positions ``chunks[number]`` of the training triples) with ``models``, the
-        checkpoints' models that this chunk alone uses while it runs (:func:`~.copies.private_maker`)."""
+        checkpoints' models that this chunk alone uses while it runs (`private_maker`)."""
         return self.score(models, lrs, test_factors, memos, test, self.train.index_select(0, self.chunks[number]))
 
     def _spill(self, state: Progress, n_test: int) -> Spill:

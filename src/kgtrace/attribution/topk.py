@@ -54,7 +54,7 @@ class RunningTopK:
         self._select(values, cols, per)
 
     def merge(self, states: list[dict[str, Tensor]]) -> None:
-        """Merge other running top-k's of the same rows over disjoint columns (another process's, see :meth:`state`).
+        """Merge other running top-k's of the same rows over disjoint columns (another process's, see `state`).
 
         The result is the top-k over all their columns, as if one stream had seen them all:
         the same values, and ties again broken towards the lower column.
@@ -97,7 +97,7 @@ class RunningTopK:
 
 
 def top_k_results(test: Tensor, train_indices: Tensor, best: RunningTopK, worst: RunningTopK) -> list[TopK]:
-    """One :class:`TopK` per test triple; columns of the running top-k are positions in ``train_indices``."""
+    """One `TopK` per test triple; columns of the running top-k are positions in ``train_indices``."""
     train_indices = train_indices.cpu()
     return [TopK(test[i].cpu(), train_indices[best.columns[i].cpu()], best.values[i].float().cpu(), best.parts[i].cpu(),
                  train_indices[worst.columns[i].cpu()], worst.values[i].float().cpu(), worst.parts[i].cpu())

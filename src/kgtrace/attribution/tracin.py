@@ -3,20 +3,20 @@
 influence(z, z') = sum over checkpoints c of lr_c * <grad l(theta_c, z), grad l(theta_c, z')>
 
 where l(z) = softplus(-score_hrt(z)) is the triple's own BCE-with-logits loss against
-label 1, gradients are taken over a parameter set (see :mod:`kgtrace.attribution.params`)
+label 1, gradients are taken over a parameter set (see `kgtrace.attribution.params`)
 and the model is in eval mode (BatchNorm on running statistics, dropout off).
 
-:class:`TracIn` wires together the parts of the computation, each in a module of its own:
+`TracIn` wires together the parts of the computation, each in a module of its own:
 
-* :mod:`.paths`: the paths to per-triple gradients ("fast", "rows", "general", "reference", "auto")
+* `.paths`: the paths to per-triple gradients ("fast", "rows", "general", "reference", "auto")
   and their chunk sizes;
-* :mod:`.checkpoints`: which checkpoints, and their models held a group at a time within a
+* `.checkpoints`: which checkpoints, and their models held a group at a time within a
   ``memory_budget``;
-* :mod:`.stream`: the pass over the training set, chunk by chunk, chunks side by side in threads
-  (their private module objects: :mod:`.copies`);
-* :mod:`.progress`: the progress a pass with ``state=FILE`` saves, so that a killed run resumes.
+* `.stream`: the pass over the training set, chunk by chunk, chunks side by side in threads
+  (their private module objects: `.copies`);
+* `.progress`: the progress a pass with ``state=FILE`` saves, so that a killed run resumes.
 
-:meth:`TracIn.top_k` and :meth:`TracIn.self_influence` keep only what they return, so their
+`TracIn.top_k` and `TracIn.self_influence` keep only what they return, so their
 memory does not grow with the training set.
 """
 
@@ -62,12 +62,12 @@ SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progr
 class TracIn:
     """TracInCP influence of a run's training triples on test triples.
 
-    run: a :class:`kgtrace.runs.embedding.Run` (``kgtrace.load_run``); its model is copied, not changed.
-    params: "last", "all" or a list of parameter names (:func:`select_parameters`).
+    run: a `kgtrace.runs.embedding.Run` (``kgtrace.load_run``); its model is copied, not changed.
+    params: "last", "all" or a list of parameter names (`select_parameters`).
     checkpoints: "all" or a list of epochs; each is weighed by its recorded lr.
-    path: "auto", "fast", "rows", "general" or "reference" (:mod:`.paths`).
+    path: "auto", "fast", "rows", "general" or "reference" (`.paths`).
     train_indices: restrict the training triples to these rows of ``run.dataset.train``
-        (columns of :meth:`influence` follow their order); None: all.
+        (columns of `influence` follow their order); None: all.
     chunk_size: training triples per chunk (bounds memory); None: for the fast path 4096 on a CPU
         and 65536 on a GPU (FAST_CHUNKS: a GPU's pass is otherwise bound by the launches of its
         many small kernels per chunk); for paths that materialise per-sample gradients, as many as
@@ -75,13 +75,13 @@ class TracIn:
         at most 4096.
     precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
         products in that type (faster where the hardware has it, less exact: see docs/benchmarks.md).
-    compile: compute the per-triple gradients through torch.compile (:mod:`.compiled`; same
+    compile: compute the per-triple gradients through torch.compile (`.compiled`; same
         influences up to float rounding); the counters are in ``compiled.calls``.
-    world: the processes of a distributed job (:mod:`kgtrace.compute.distributed`); each streams every
+    world: the processes of a distributed job (`kgtrace.compute.distributed`); each streams every
         ``world.size``-th training chunk and results are merged, equal to one process's. Every
         process must make the same calls; each gets the whole result.
     memory_budget: bytes (or a size such as "2GB") for the checkpoints' models held at once; when
-        they need more, the pass goes a group of checkpoints at a time (:mod:`.checkpoints`). None: all at once.
+        they need more, the pass goes a group of checkpoints at a time (`.checkpoints`). None: all at once.
     """
 
     def __init__(
@@ -249,7 +249,7 @@ class TracIn:
                                   save_every: float | None = None) -> Tensor:
         """Each checkpoint's lr-weighted self-influence term, [C, n_train] float32 (sum over C: self-influence).
 
-        state, save_every: as for :meth:`top_k`.
+        state, save_every: as for `top_k`.
         """
         if self.path == "reference":
             # Slow: one triple at a time keeps memory at [1, 1] per triple.

@@ -115,7 +115,7 @@ def trak(run: Run, test: Tensor, dim: int | None = None, seed: int = 0, chunk_si
     dim: the random projection's dimension k; None: the exact gradients (k = P).
     checkpoints: positions in ``run.checkpoints`` forming the ensemble; None: all of them.
     ridge: lambda as a fraction of the mean of the kernel's nonzero eigenvalues (module doc);
-    None: the model's (:func:`default_ridge`).
+    None: the model's (`default_ridge`).
     """
     ridge = default_ridge(run.model) if ridge is None else ridge
     return trak_ridges(run, test, [ridge], dim, seed, chunk_size, checkpoints)[0]
@@ -123,7 +123,7 @@ def trak(run: Run, test: Tensor, dim: int | None = None, seed: int = 0, chunk_si
 
 def trak_ridges(run: Run, test: Tensor, ridges: Sequence[float], dim: int | None = None, seed: int = 0,
                 chunk_size: int = 512, checkpoints: Sequence[int] | None = None) -> Tensor:
-    """[len(ridges), n_test, n_train] (float64): :func:`trak` at each ridge, the gradients computed once."""
+    """[len(ridges), n_test, n_train] (float64): `trak` at each ridge, the gradients computed once."""
     chosen = list(range(len(run.checkpoints))) if checkpoints is None else list(checkpoints)
     train = run.dataset.train
     total = torch.zeros(len(ridges), len(test), len(train), dtype=torch.float64)

@@ -3,7 +3,7 @@
 One module per family of commands (train: run, prepare, train; evaluate: evaluate, predict, score,
 summarize; datasets; explain: explain, index; faithfulness; prove: rules, prove; interop: import-pykeen,
 export-pykeen; report: doctor, report), each its options (``add_*_args``) and thin commands
-(``cmd_*``: parse, one call into the library, print); :mod:`kgtrace.cli.common` holds what they share.
+(``cmd_*``: parse, one call into the library, print); `kgtrace.cli.common` holds what they share.
 
 Errors a user can fix print as one message and exit with status 2; an
 unexpected error prints one line too (set KGTRACE_DEBUG=1 for its traceback).

@@ -122,14 +122,14 @@ def indexed_outputs(path_json: str | Path | None, option: str = "--out") -> list
 
 def check_run_outputs(run_dir: str | Path, dataset: str, outputs: list[Output], *,
                       reads: tuple[str | Path | None, ...] = (), writes: tuple[Path, ...] = ()) -> None:
-    """:func:`~kgtrace.core.owned.check_outputs` for a command on the run ``run_dir`` trained on ``dataset``: nothing
+    """`check_outputs` for a command on the run ``run_dir`` trained on ``dataset``: nothing
     written among the run's pinned files (but its products in ``writes``) or in its dataset's folder."""
     pinned = (*RunLayout(run_dir).pinned(writes=writes), *dataset_inputs(dataset))
     check_outputs(outputs, reads=reads, pinned=pinned)
 
 
 def run_dataset_inputs(run_dir: str | Path) -> list[str]:
-    """The folder the run's dataset is read from (:func:`~kgtrace.data.dataset.dataset_inputs` of its config's
+    """The folder the run's dataset is read from (`dataset_inputs` of its config's
     dataset; [] where the config cannot be read)."""
     try:
         dataset = read_yaml(RunLayout(run_dir).config)["dataset"]

@@ -1,7 +1,7 @@
 """The one door to torch.compile: a function compiled once for a fixed batch.
 
 Every compiled entry point of kgtrace (ranking, and later training steps, TracIn
-gradients, the rule prover) goes through :class:`CompiledCall`, which keeps these
+gradients, the rule prover) goes through `CompiledCall`, which keeps these
 invariants so that no caller has to think about them:
 
 * Static buffers. Inputs are ``copy_``-ed into buffers allocated once, of shape
@@ -16,7 +16,7 @@ invariants so that no caller has to think about them:
   leave ``__call__``: a CUDA-graph replay overwrites the previous replay's outputs. This
   is the only place that clones; callers never add ad-hoc clones.
 * No silent fallback. ``fullgraph=True`` makes a graph break an error, and any failure to
-  compile raises :class:`~kgtrace.core.errors.KgtraceError` naming the entry point, the cause
+  compile raises `KgtraceError` naming the entry point, the cause
   and the fix (``--no-compile``); nothing ever quietly runs eagerly instead.
 * One cache per entry point. Dynamo caches compiled code (and counts recompilations
   against ``recompile_limit``) per Python code object, so each CompiledCall compiles its
@@ -35,7 +35,7 @@ indices): run each call's backward before the same call runs again (one forward 
 as a training step or a gradient-accumulation micro-batch). Otherwise the refilled buffer
 makes autograd refuse the earlier backward ("modified by an inplace operation"), loudly.
 
-Counters. Each call keeps :class:`CompileStats`; :func:`compile_log` collects the calls that
+Counters. Each call keeps `CompileStats`; `compile_log` collects the calls that
 ran inside it, so that a command logs and writes them at its end (``compile_stats.json``).
 """
 
@@ -100,14 +100,15 @@ class CompiledCall:
     fn(*static, **buffers, valid=mask) must return a tensor or a tuple of tensors, each
     with leading dimension batch_size (one row per input row).
 
-    :param name: the entry point, named in errors and logs (e.g. "rank_side").
-    :param batch_size: rows per compiled run.
-    :param example: name -> tensor [m, *row_shape] for any m >= 1 (one row or a full
-        batch); only the row shape, dtype and device are taken, to size the buffers.
-    :param mode: torch.compile mode; None picks "reduce-overhead" (CUDA graphs) on CUDA
-        and "default" on CPU.
-    :param training: fn's outputs will be differentiated: compile its backward graph with
-        the forward, and draw random numbers as eager does (module docstring).
+    Args:
+        name: the entry point, named in errors and logs (e.g. "rank_side").
+        batch_size: rows per compiled run.
+        example: name -> tensor [m, *row_shape] for any m >= 1 (one row or a full
+            batch); only the row shape, dtype and device are taken, to size the buffers.
+        mode: torch.compile mode; None picks "reduce-overhead" (CUDA graphs) on CUDA
+            and "default" on CPU.
+        training: fn's outputs will be differentiated: compile its backward graph with
+            the forward, and draw random numbers as eager does (module docstring).
     """
 
     def __init__(
@@ -273,7 +274,7 @@ _serial = iter(range(1, 1 << 62))
 
 
 class CompileLog:
-    """The compiled calls that ran while the log was open (see :func:`compile_log`), in order of first run."""
+    """The compiled calls that ran while the log was open (see `compile_log`), in order of first run."""
 
     def __init__(self):
         self.calls: list[CompiledCall] = []
@@ -283,7 +284,7 @@ class CompileLog:
             self.calls.append(call)
 
     def entries(self) -> list[dict[str, object]]:
-        """One record per call: entry point, batch size, device, mode and its :class:`CompileStats`."""
+        """One record per call: entry point, batch size, device, mode and its `CompileStats`."""
         return [{"entry_point": c.name, "batch_size": c.batch_size, "device": str(c.device), "mode": c.mode,
                  **c.stats.to_dict()} for c in self.calls]
 
@@ -312,7 +313,7 @@ _OPEN_LOGS: list[CompileLog] = []
 
 @contextmanager
 def compile_log() -> Iterator[CompileLog]:
-    """Collect every :class:`CompiledCall` run inside the block (nested logs each see them)."""
+    """Collect every `CompiledCall` run inside the block (nested logs each see them)."""
     log = CompileLog()
     _OPEN_LOGS.append(log)
     try:

@@ -3,7 +3,7 @@
 torchrun starts one process per device (``--nproc-per-node``) on each machine (``--nnodes``)
 and tells every process who it is in environment variables: RANK (0 .. WORLD_SIZE-1 over all
 machines), WORLD_SIZE, LOCAL_RANK (its device on this machine), MASTER_ADDR and MASTER_PORT.
-:func:`session` reads them, joins the process group and yields a :class:`World`; without
+`session` reads them, joins the process group and yields a `World`; without
 them (a plain ``kgtrace ...``) it yields the world of one process and nothing else changes.
 
 Backend: gloo for CPU tensors, and NCCL for CUDA tensors where CUDA is available (each
@@ -16,9 +16,9 @@ pending collectives fail at once.
 Evaluation and TracIn results are exact, not merely close: work is split so that every
 process computes exactly what one process would compute for its part (whole chunks of the
 single-process plan), and parts are gathered, never summed in a different order
-(:mod:`kgtrace.evaluation.sharded`, :meth:`World.all_gather_cat`, ``RunningTopK.merge``).
+(`kgtrace.evaluation.sharded`, `World.all_gather_cat`, ``RunningTopK.merge``).
 Training follows one process to float rounding where the model has no batch statistics or
-dropout (DistMult, ComplEx; see :mod:`kgtrace.training.sharded`).
+dropout (DistMult, ComplEx; see `kgtrace.training.sharded`).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class World:
     def on_main(self, function: Callable[[], T]) -> T | None:
         """Run ``function`` on rank 0 only (e.g. preparing an output folder); the others wait for it.
 
-        An error there is raised on rank 0 as it is and on the others as :class:`StoppedByPeer`
+        An error there is raised on rank 0 as it is and on the others as `StoppedByPeer`
         carrying its message, so that every process stops and says why. Returns the result on rank 0,
         None elsewhere.
         """

@@ -4,16 +4,16 @@ PyTorch's CPU wheels send a float32 ``@`` to MKL, whose sgemm reached half of on
 this project's AMD processor (MKL picks its kernels by processor vendor; oneDNN, which the same
 wheels carry, uses the AVX-512 units). On an Intel processor MKL takes its own fast kernels and
 oneDNN gained nothing (0.95-1.01 of MKL's rate on the same products, 0.68 on a score product), so
-:func:`linear` takes oneDNN on other vendors' processors only (:func:`prefers_onednn`). Both compute
+`linear` takes oneDNN on other vendors' processors only (`prefers_onednn`). Both compute
 in float32 (no reduced-precision mode is involved); only the order of the sums differs.
 ``benchmarks/matmul.py`` measures the two on ConvE's fc products and a score product (docs/benchmarks.md).
 
 oneDNN compiles a kernel for every distinct number of rows and keeps it, so a pass whose chunks
-vary in rows would grow a process's memory with every new count. :func:`linear` therefore gives
-oneDNN the rows up to a multiple of :data:`ROWS` and the few left over to MKL: at most
+vary in rows would grow a process's memory with every new count. `linear` therefore gives
+oneDNN the rows up to a multiple of `ROWS` and the few left over to MKL: at most
 4096 / ROWS kernels per shape of W for a TracIn chunk, and fewer compiles.
 
-:func:`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, no
+`linear` takes that path on the CPU where it applies (float32, 2-D, no autograd, no
 autocast, which would have ``@`` compute in a lower precision, not inside torch.compile, which
 picks its own kernels) and is ``x @ weight.T`` everywhere else.
 tests/test_matmul.py checks both paths against a float64 product.
@@ -58,12 +58,12 @@ def _first_value(key: str, lines: Iterable[str]) -> str:
 
 
 def cpu_vendor(cpuinfo: str | None = None) -> str:
-    """The processor's vendor id ("GenuineIntel", "AuthenticAMD"; :func:`cpuinfo_field`)."""
+    """The processor's vendor id ("GenuineIntel", "AuthenticAMD"; `cpuinfo_field`)."""
     return cpuinfo_field("vendor_id", cpuinfo)
 
 
 def prefers_onednn(vendor: str | None = None) -> bool:
-    """Whether :func:`linear` takes oneDNN on this processor: where PyTorch carries it, and the processor is
+    """Whether `linear` takes oneDNN on this processor: where PyTorch carries it, and the processor is
     not Intel's, whose MKL kernels matched oneDNN (module doc)."""
     return onednn_available() and (cpu_vendor() if vendor is None else vendor) != "GenuineIntel"
 
@@ -75,7 +75,7 @@ def linear(x: Tensor, weight: Tensor, *, onednn: bool | None = None) -> Tensor:
     """x [M, K] times weight [N, K] transposed: [M, N], as ``x @ weight.T`` (module doc).
 
     ``onednn``: True or False to choose the path where oneDNN applies (benchmarks, tests); None, the
-    processor's choice (:func:`prefers_onednn`).
+    processor's choice (`prefers_onednn`).
     """
     rows = x.shape[0] // ROWS * ROWS if x.dim() == 2 else 0
     wanted = _ONEDNN if onednn is None else onednn and onednn_available()

@@ -31,7 +31,7 @@ def precision_problems(precision: str, device: torch.device, key: str = "precisi
 
 
 def precision_context(precision: str, device: torch.device, *, cache: bool = True) -> AbstractContextManager:
-    """Autocast to bf16/fp16 on ``device``; tf32: :func:`matmul_mode`; fp32 runs as is.
+    """Autocast to bf16/fp16 on ``device``; tf32: `matmul_mode`; fp32 runs as is.
 
     cache: autocast's cache of cast weights (off inside a CUDA graph capture, which would keep the first casts).
     """

@@ -50,7 +50,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
-#: Whether this process was forked from one that had imported polars (:func:`polars_usable`).
+#: Whether this process was forked from one that had imported polars (`polars_usable`).
 _FORKED_AFTER_POLARS = False
 
 
@@ -68,7 +68,7 @@ def polars_usable() -> bool:
     polars' thread pool does not survive a fork: in the child, a call that hands work to the pool
     (``read_csv``, ``is_in``, ...) waits forever at 0% CPU. A ``multiprocessing`` pool forks by
     default on Linux, after the parent may have read data. kgtrace's readers then take their
-    reference paths (pure Python), and what has none refuses with :func:`forked_polars_error`.
+    reference paths (pure Python), and what has none refuses with `forked_polars_error`.
     """
     return not _FORKED_AFTER_POLARS
 
@@ -107,7 +107,7 @@ def bar_disable(progress: bool) -> bool | None:
     return None if progress else True
 
 
-#: At most this many chunks of a streaming pass run side by side (:func:`side_by_side`); measured on 2 cores only.
+#: At most this many chunks of a streaming pass run side by side (`side_by_side`); measured on 2 cores only.
 MAX_SIDE_BY_SIDE = 4
 
 

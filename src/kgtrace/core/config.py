@@ -32,7 +32,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def option(default: Any, help: str) -> Any:
-    """A config field with its default and its help (the command line's, read back by :func:`help_of`)."""
+    """A config field with its default and its help (the command line's, read back by `help_of`)."""
     return field(default=default, metadata={"help": help})
 
 

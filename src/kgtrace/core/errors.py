@@ -1,10 +1,10 @@
 """Errors a user can act on.
 
-Every error a user can fix is a :class:`KgtraceError`; the CLI prints its message
+Every error a user can fix is a `KgtraceError`; the CLI prints its message
 and exits with status 2, without a traceback. Messages name the key or the file
 and line, the offending value, and the fix, in their reader's terms where it matters:
-:func:`option` spells an option ``--overwrite`` under the command line (its main runs inside
-:func:`command_line`) and ``overwrite=True`` for a Python caller.
+`option` spells an option ``--overwrite`` under the command line (its main runs inside
+`command_line`) and ``overwrite=True`` for a Python caller.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def command_line() -> Iterator[None]:
 
 
 def on_command_line() -> bool:
-    """Whether messages raised now speak to a command line (inside :func:`command_line`)."""
+    """Whether messages raised now speak to a command line (inside `command_line`)."""
     return _READER.get() == "cli"
 
 

@@ -1,7 +1,7 @@
 """Atomic file and folder writes: a crash leaves the old file (or folder) or none, never half a new one.
 
 Every file written here inside a folder kgtrace owns (one holding the ``.kgtrace`` marker, see
-:mod:`kgtrace.core.owned`) is listed in that folder's ``.kgtrace.files``: what ``--overwrite`` may remove.
+`kgtrace.core.owned`) is listed in that folder's ``.kgtrace.files``: what ``--overwrite`` may remove.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ TEMPORARY_NAME = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")
 def remove_stale_temporaries(folder: str | os.PathLike, targets: Collection[str] | None = None) -> list[str]:
     """Remove the temporary files that killed atomic writes left in ``folder``; returns their names, sorted.
 
-    Only regular files named exactly as :func:`atomic_path` names them go (with ``targets``: only
+    Only regular files named exactly as `atomic_path` names them go (with ``targets``: only
     those whose target is one of these names); nothing else is touched, and sub-folders are not
     searched. Call it only where no other process may be writing into ``folder`` (a run folder
     under its lock): a live write's temporary file has the same name as a dead one's.
@@ -122,7 +122,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line (a record of a log such as metrics.jsonl) to a file, listed as kgtrace's (:func:`record_written`)."""
+    """Append one line (a record of a log such as metrics.jsonl) to a file, listed as kgtrace's (`record_written`)."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(line + "\n")
     record_written(path)
@@ -152,7 +152,7 @@ def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
 
 def _swap_folder(new: Path, out: Path) -> None:
     """Rename ``new`` to ``out``; an existing ``out`` is moved aside first and deleted after, but for the files
-    kgtrace did not write there (:func:`foreign_files`), which move into the new folder at the same place."""
+    kgtrace did not write there (`foreign_files`), which move into the new folder at the same place."""
     if not out.exists():
         os.rename(new, out)
         return

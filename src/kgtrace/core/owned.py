@@ -12,7 +12,7 @@
   naming the holder.
 * **Results read as one.** A result written as several files (a JSON and the table beside it)
   is written index last: the old JSON is removed first, the companions are written, and the
-  JSON comes last with their sha256 (:func:`write_index`). A reader that starts from the JSON
+  JSON comes last with their sha256 (`write_index`). A reader that starts from the JSON
   never sees a new table beside an old JSON, or the other way round.
 """
 
@@ -103,7 +103,7 @@ def check_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
                      inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out",
                      hints: tuple[str, ...] = ()) -> None:
     """Refuse an output folder that this command may not fill: a file, a non-empty folder without
-    ``overwrite``, or one ``--overwrite`` may not replace (see :func:`replace_problem`). Changes nothing.
+    ``overwrite``, or one ``--overwrite`` may not replace (see `replace_problem`). Changes nothing.
 
     hints: other ways out of a non-empty folder, e.g. "pass --resume to continue that run".
     """
@@ -133,7 +133,7 @@ def claim_out_folder(out: str | os.PathLike, *, kind: str, overwrite: bool,
     """Make ``out`` a marked folder for a new ``kind``: created, or cleared where ``--overwrite`` may. Returns the
     files it kept: those kgtrace did not write there (its manifest does not list them), relative to ``out``.
 
-    Clearing removes exactly what the manifest lists. Checks again what :func:`check_out_folder` checked
+    Clearing removes exactly what the manifest lists. Checks again what `check_out_folder` checked
     (call it under the folder's lock, so that no other kgtrace process writes there meanwhile); the lock
     file itself stays.
     """
@@ -166,7 +166,7 @@ class Output:
     """A file a command writes: where, under which option, with which suffix.
 
     index: None for a file the user named; for a companion kgtrace names itself (the TSV beside
-    ``--out x.json``), the index JSON that lists it (:func:`write_index`).
+    ``--out x.json``), the index JSON that lists it (`write_index`).
     """
 
     path: Path

@@ -1,17 +1,17 @@
-"""The model registry: one :class:`ModelSpec` per model, declared beside the model class.
+"""The model registry: one `ModelSpec` per model, declared beside the model class.
 
-Each model module (:mod:`kgtrace.models`) registers its spec right after its class; every
-consumer reads a model's traits here, through :func:`spec_of` (a model or model class,
-subclasses included: the nearest registered class on its MRO) or :func:`spec_named` (a
+Each model module (`kgtrace.models`) registers its spec right after its class; every
+consumer reads a model's traits here, through `spec_of` (a model or model class,
+subclasses included: the nearest registered class on its MRO) or `spec_named` (a
 config name). Nothing dispatches on class-name strings, so a subclass or a wrapper class
 derived from a registered model keeps that model's fast paths.
 
 The specs hold data only. Where a trait's implementation lives in a later layer (TracIn's
-factorisers in :mod:`kgtrace.attribution`, PyKEEN's layouts in :mod:`kgtrace.interop`), the
+factorisers in `kgtrace.attribution`, PyKEEN's layouts in `kgtrace.interop`), the
 spec names its kind and that layer maps kinds to functions.
 
 This module is core (no torch, no other kgtrace import): the config validates model names
-against it (:func:`model_names`), and the models package, which comes later in the import
+against it (`model_names`), and the models package, which comes later in the import
 order, fills it when imported (``import kgtrace`` imports every model).
 """
 

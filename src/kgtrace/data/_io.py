@@ -1,6 +1,6 @@
 """Shared file helpers for the data layer: line reading with exact line numbers (writes: kgtrace.core.io).
 
-Every reader reports problems as :class:`~kgtrace.core.errors.DataError` naming the file and the
+Every reader reports problems as `DataError` naming the file and the
 1-based line; every writer writes to a temporary file next to the target and renames it into
 place, so a crash never leaves a half-written file under the final name.
 """
@@ -86,8 +86,8 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
 def raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
     """The raw lines of a (possibly gzipped) file, endings kept.
 
-    A file of :data:`PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal, as
-    :func:`raw_blocks`. A cut-off or damaged gzip stream is a DataError naming the line being read when it broke.
+    A file of `PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal, as
+    `raw_blocks`. A cut-off or damaged gzip stream is a DataError naming the line being read when it broke.
     """
     with open_binary(path) as f, _progress(path) as bar:  # opened first: a missing file is a DataError
         total = bar.total
@@ -108,9 +108,9 @@ def raw_blocks(path: str | os.PathLike, size: int) -> Iterator[tuple[int, bytes]
     """Blocks of whole lines of a (possibly gzipped) file, each about ``size`` bytes, endings kept, with the
     1-based number of each block's first line: a large file parsed block by block without a Python object per line.
 
-    A file of :data:`PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal (a long read
+    A file of `PROGRESS_BYTES` or more shows a progress bar of its bytes on a terminal (a long read
     never waits without a word). A cut-off or damaged gzip stream is a DataError naming the line being read
-    when it broke (as :func:`raw_lines` names it: the file is read again line by line to find it).
+    when it broke (as `raw_lines` names it: the file is read again line by line to find it).
     """
     with open_binary(path) as f, _progress(path) as bar:  # opened first: a missing file is a DataError
         line = 1

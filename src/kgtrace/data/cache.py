@@ -13,10 +13,10 @@ categories and edge map of the dataset folder, present or absent, and the run's 
 nanoseconds. Change time is set by the kernel on every write and cannot be set back by a
 user, so an edited file misses the cache, as it would miss git's index. A file changed in the
 same clock tick as the cache was built would not (git's "racily clean" case): a file less than
-:data:`RACY_NS` old when it is read is never cached. Cached triples are still checked against
+`RACY_NS` old when it is read is never cached. Cached triples are still checked against
 the run's pinned digests on every load, as parsed ones are.
 
-Datasets whose splits are smaller than :data:`MIN_BYTES` are not cached: they parse in a few
+Datasets whose splits are smaller than `MIN_BYTES` are not cached: they parse in a few
 seconds, and their run folders stay as they were.
 """
 

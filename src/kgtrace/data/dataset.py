@@ -10,12 +10,12 @@ labelled triples, and optionally:
   ``node_categories.tsv`` (``label<TAB>cat1|cat2``).
 
 A valid or test triple whose entity never occurs in train is left out with a
-:class:`~kgtrace.core.errors.DataWarning` (count and first lines): no model learns such an entity.
+`DataWarning` (count and first lines): no model learns such an entity.
 So is one whose relation never occurs in train, unless the id map lists that relation: that
 is how ``kgtrace prepare --split predicate`` holds a predicate out of train.
 
-The dataset registry (:mod:`kgtrace.data.registry`) names the rest: the bundled benchmarks
-(:data:`~kgtrace.data.registry.BUNDLED`) load from package data, offline; remote ones (``fb15k237``, ``wn18rr``, ``hetionet``) are
+The dataset registry (`kgtrace.data.registry`) names the rest: the bundled benchmarks
+(`BUNDLED`) load from package data, offline; remote ones (``fb15k237``, ``wn18rr``, ``hetionet``) are
 fetched into a cache on first use. A registered name takes precedence over a folder of the same
 name; write ``./umls`` for the folder.
 """

@@ -11,9 +11,9 @@ Required fields: nodes ``id`` and ``category``; edges ``subject``, ``predicate``
 ``object``. Hetionet's tabular format (``hetionet-v1.0-nodes.tsv``: ``id name kind``;
 ``hetionet-v1.0-edges.sif.gz``: ``source metaedge target``) is read too: its ``kind`` is the
 category, its metaedge abbreviation (``CtD``) the relation, described as in
-:data:`HETIONET_METAEDGES` (``Compound treats Disease``).
+`HETIONET_METAEDGES` (``Compound treats Disease``).
 
-Files are parsed in blocks of whole lines (:data:`BLOCK_BYTES`), and kept edges are held as
+Files are parsed in blocks of whole lines (`BLOCK_BYTES`), and kept edges are held as
 integer codes of their nodes and relations, so memory is bounded by the nodes and the kept
 triples (24 bytes each), never by the size of the edge file.
 """
@@ -142,7 +142,7 @@ def read_kgx(
 
 def is_hetionet(path: str | os.PathLike) -> bool:
     """True if ``path`` is an edge file whose header has Hetionet's column names where KGX's are required
-    (the same rule as the reader's :func:`_kgx_names`)."""
+    (the same rule as the reader's `_kgx_names`)."""
     if _format(path) != "tsv":
         return False
     with closing(raw_lines(path)) as lines:

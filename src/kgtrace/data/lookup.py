@@ -53,7 +53,7 @@ def lookup_problem(
 
 def lookup_entity(dataset: Dataset, text: str, role: str = "entity", *, allow_ids: bool = True
                   ) -> tuple[int | None, str | None]:
-    """As :func:`lookup_problem` for an entity, also accepting its name or its label in any case, when that names
+    """As `lookup_problem` for an entity, also accepting its name or its label in any case, when that names
     one entity (``metformin`` for ``CHEBI:6801``). Several, or none: the problem lists candidates, each with its
     id, name and categories."""
     found, problem = lookup_problem(dataset.entities, text, role, "entity", allow_ids=allow_ids)
@@ -90,7 +90,7 @@ def _listed(dataset: Dataset, labels: list[str]) -> str:
 def lookup_relation(
     dataset: Dataset, text: str, role: str = "relation", *, allow_ids: bool = True
 ) -> tuple[int | None, str | None]:
-    """As :func:`lookup_problem` for a relation, also accepting a predicate, description or
+    """As `lookup_problem` for a relation, also accepting a predicate, description or
     edge_map.json key that names exactly one relation (module doc). Several: the problem lists them."""
     if text in dataset.relations.to_id:
         return dataset.relations.to_id[text], None
@@ -128,7 +128,7 @@ def relation_ids(dataset: Dataset, values: np.ndarray) -> np.ndarray:
 
 def encode_named_triples(dataset: Dataset, path: str | os.PathLike) -> Tensor:
     """A labelled triple file given on the command line -> ids [n, 3], relations named as
-    :func:`relation_ids` accepts; a label the run lacks is a DataError naming its line."""
+    `relation_ids` accepts; a label the run lacks is a DataError naming its line."""
     labeled, lines = read_labeled_triples_with_lines(path)
     if len(labeled):
         ids = relation_ids(dataset, labeled[:, 1])
@@ -148,7 +148,7 @@ def parse_ids(dataset: Dataset, **named: str | int | None) -> dict[str, int | No
 
 
 def find_ids(dataset: Dataset, **named: str | int | None) -> tuple[dict[str, int | None], list[str]]:
-    """As :func:`parse_ids`, returning (ids, problems) instead of raising: unknown values map to None."""
+    """As `parse_ids`, returning (ids, problems) instead of raising: unknown values map to None."""
     ids, problems = {}, []
     for role, value in named.items():
         if value is None:

@@ -10,7 +10,7 @@ optional header (``id``/``label``/``curie`` and ``name``, any case). Which colum
 
 ``edge_map.json`` (ROBOKOP style) maps JSON-encoded predicate descriptions, e.g.
 ``{"predicate": "biolink:affects", "object_aspect_qualifier": "activity"}``, to relation
-labels such as ``predicate:28``; :func:`read_edge_map` inverts it to readable strings such as
+labels such as ``predicate:28``; `read_edge_map` inverts it to readable strings such as
 ``biolink:affects [object_aspect_qualifier=activity]``.
 
 ``node_categories.tsv`` holds ``label<TAB>cat1|cat2`` per line.
@@ -131,7 +131,7 @@ def describe_predicate(key: str) -> str:
 def _pairs_fast(path: str | os.PathLike) -> pl.DataFrame | None:
     """The two columns of a clean file (no blank or odd lines, no empty field, no label given two values) as a
     polars frame, each label once; None otherwise, and the line-by-line reader then names the problem (and reads
-    the file where polars cannot run: :func:`~kgtrace.compute.system.polars_usable`)."""
+    the file where polars cannot run: `polars_usable`)."""
     if not polars_usable():
         return None
     try:

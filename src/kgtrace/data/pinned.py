@@ -78,7 +78,7 @@ def load_pinned_dataset(folder: str | os.PathLike, source: str) -> Dataset:
     refused when it no longer is the data the run was trained with.
 
     A large dataset is read from the run's cache when its files are unchanged, and cached after
-    being parsed (:mod:`kgtrace.data.cache`); either way its splits are checked against the pins.
+    being parsed (`kgtrace.data.cache`); either way its splits are checked against the pins.
     """
     folder = Path(folder)
     key = cache_key(folder, source)

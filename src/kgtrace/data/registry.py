@@ -9,9 +9,9 @@ A machine without internet points the registry at a mirror with ``KGTRACE_DATASE
 folder, or a ``file://`` or ``https://`` URL, holding the archives under their own file names
 (``FB15k-237.tar.gz``). The mirror replaces the download; the checksum is checked all the same.
 
-Adding a dataset is one :class:`DatasetEntry` in :data:`DATASETS`: where its archive is, its
+Adding a dataset is one `DatasetEntry` in `DATASETS`: where its archive is, its
 sha256, which archive member holds which split, and its licence and citation. A graph published
-without splits (Hetionet: a nodes file and an edges file) names both files in a :class:`GraphFiles`;
+without splits (Hetionet: a nodes file and an edges file) names both files in a `GraphFiles`;
 kgtrace splits it on first use with a fixed seed, and writes node names, kinds and relation
 descriptions beside the splits.
 """

@@ -2,7 +2,7 @@
 (int64 ``[n, 3]``, as ``kgtrace prepare`` splits a large graph); relations are given in the same kind.
 
 All splits are deterministic given the seed (a numpy Generator), keep the input order within
-each split, and end with :func:`ensure_seen`, so every entity and relation of valid/test also
+each split, and end with `ensure_seen`, so every entity and relation of valid/test also
 occurs in train (a model cannot rank an entity it never trained on).
 """
 
@@ -66,7 +66,7 @@ def holdout_relations(
     triples: np.ndarray, relations: Collection[str], valid_fraction: float = 0.1, seed: int = 0,
     test_fraction: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SplitReport]:
-    """:func:`holdout_predicate` for several relation labels at once (e.g. one predicate folded
+    """`holdout_predicate` for several relation labels at once (e.g. one predicate folded
     with different qualifiers into ``predicate:3``, ``predicate:7``)."""
     held = _series(triples[:, 1]).is_in(_series(np.asarray(list(relations), dtype=triples.dtype)).implode()).to_numpy()
     problems = []

@@ -54,7 +54,7 @@ def read_labeled_triples(path: str | os.PathLike) -> np.ndarray:
 
 
 def read_labeled_triples_with_lines(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Like :func:`read_labeled_triples`, plus the 1-based line of each triple, int64 ``[n]``."""
+    """Like `read_labeled_triples`, plus the 1-based line of each triple, int64 ``[n]``."""
     triples, lines = _read(path, want_lines=True)
     assert lines is not None
     return triples, lines
@@ -102,7 +102,7 @@ def write_labeled_triples(triples: np.ndarray, path: str | os.PathLike) -> None:
 
 
 def write_id_triples(triples: torch.Tensor, entities: Vocab, relations: Vocab, path: str | os.PathLike) -> None:
-    """Write id triples ``[n, 3]`` as labelled headerless TSV, atomically (as :func:`write_labeled_triples`),
+    """Write id triples ``[n, 3]`` as labelled headerless TSV, atomically (as `write_labeled_triples`),
     taking the labels from the vocabs column by column: no Python string per triple."""
     ids = triples.cpu().numpy()
     check_tsv_values(path, "entity label", entities.label_series)  # each label once, not once per triple
@@ -220,7 +220,7 @@ def _read(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.
 
 def _read_fast(path: str | os.PathLike, *, want_lines: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The polars reader; None whenever anything is unusual, so the reference reader decides (and where
-    polars cannot run: a process forked after it was imported, :func:`~kgtrace.compute.system.polars_usable`)."""
+    polars cannot run: a process forked after it was imported, `polars_usable`)."""
     if not polars_usable():
         return None
     # polars takes the column count from the first line it parses, so start at the first data line.

@@ -1,6 +1,6 @@
 """Id maps between labels (entity CURIEs, relation names) and contiguous integer ids.
 
-Formats read by :func:`read_vocab` (detected from the content, so any file name works):
+Formats read by `read_vocab` (detected from the content, so any file name works):
 
 * kgtrace / ROBOKOP ``node_dict`` and ``rel_dict``: ``label<TAB>id`` per line, no header.
 * PyKEEN ``entity_to_id.tsv`` / ``relation_to_id.tsv`` (optionally ``.gz``): a header line
@@ -49,7 +49,7 @@ class Vocab:
         return {label: i for i, label in enumerate(self.labels)}
 
     def index(self) -> dict[str, int]:
-        """label -> id (same dict as :attr:`to_id`)."""
+        """label -> id (same dict as `to_id`)."""
         return self.to_id
 
     @cached_property

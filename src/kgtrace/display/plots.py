@@ -21,7 +21,7 @@ def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
 
 
 def training_curve_figure(records: list[dict[str, Any]]):
-    """The figure of :func:`training_curve`."""
+    """The figure of `training_curve`."""
     fig, loss_ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     loss_ax.plot([r["epoch"] for r in records], [r["loss"] for r in records], color="tab:blue", label="training loss")
     loss_ax.set_xlabel("epoch")
@@ -56,7 +56,7 @@ def rank_histogram(ranks_by_side: dict[str, np.ndarray], path: str | Path, title
 
 
 def rank_histogram_figure(ranks_by_side: dict[str, np.ndarray], title: str = ""):
-    """The figure of :func:`rank_histogram`."""
+    """The figure of `rank_histogram`."""
     largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
     edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)

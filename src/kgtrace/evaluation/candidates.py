@@ -1,9 +1,9 @@
 """Candidate sets for filtered ranking: sampled corruptions and node-category restrictions.
 
-Sampled corruptions (:func:`rank_side_sampled`) rank each true answer against itself and
+Sampled corruptions (`rank_side_sampled`) rank each true answer against itself and
 K corrupted answers drawn uniformly without replacement from its *eligible* entities:
 not a known answer of the query (filtered sampling), not the true answer, and, with a
-:class:`CandidateRestriction`, of an allowed category.
+`CandidateRestriction`, of an allowed category.
 
 The sampler. Query ``q`` of side ``s`` meets the entities in the order of a keyed
 bijection ``sigma_q`` of ``[0, 2^b)``, ``2^b >= E``: ``sigma_q(0), sigma_q(1), ...``,
@@ -23,10 +23,10 @@ the chunking, the memory budget, the scoring path or the device. A query walks a
 only the one-byte-per-entity eligibility mask (a memset) and, on the ``score_t`` path,
 the scores themselves are O(E) per query (``benchmarks/eval_vs_pykeen.py`` times it).
 
-Type restrictions (:class:`CandidateRestriction`) say which entities may answer each
+Type restrictions (`CandidateRestriction`) say which entities may answer each
 relation-or-inverse query, from the categories of KGX nodes (``node_categories.tsv``):
-inferred from training triples (:func:`infer_restriction`) or given as rules
-(:func:`explicit_restriction`, :func:`parse_restrict`). They are stored per category set
+inferred from training triples (`infer_restriction`) or given as rules
+(`explicit_restriction`, `parse_restrict`). They are stored per category set
 ("group"), [2R, G] booleans, never [2R, E].
 """
 
@@ -258,7 +258,7 @@ KEYWORDS = (["auto"], ["none"], ["typed"])  # --restrict values that stand alone
 
 def check_restrict(rules: Sequence[str]) -> None:
     """Refuse malformed ``--restrict`` rules before any work (their relations and categories are checked against a
-    dataset by :func:`restriction_of`)."""
+    dataset by `restriction_of`)."""
     if list(rules) and list(rules) not in KEYWORDS:
         parse_restrict(rules)
 
@@ -267,7 +267,7 @@ def restriction_of(dataset, rules: Sequence[str] = ()) -> CandidateRestriction |
     """The candidates ``rules`` (``--restrict``) ask for.
 
     None given, or "auto" (the default): where the dataset has node categories, each relation's
-    heads and tails are restricted to the categories it takes in training (:func:`infer_restriction`;
+    heads and tails are restricted to the categories it takes in training (`infer_restriction`;
     a drug's ``treats`` answers are diseases), else every entity. "none": every entity. "typed": the
     inferred restriction, refused without categories. Otherwise ``RELATION:side=CATS`` rules.
     """
@@ -293,12 +293,12 @@ def restriction_note(restriction: CandidateRestriction | None, rules: Sequence[s
 
 
 def restricted_queries_per_chunk(num_entities: int, memory_budget: int) -> int:
-    """Queries ranked at once by :func:`rank_side_restricted`: their [B, E] scores plus the [B, E] bool mask."""
+    """Queries ranked at once by `rank_side_restricted`: their [B, E] scores plus the [B, E] bool mask."""
     return max(1, min(MAX_QUERIES_PER_CHUNK, memory_budget // (num_entities * (BYTES_PER_SCORE + 1))))
 
 
 def sampled_queries_per_chunk(model: Scorer, memory_budget: int) -> int:
-    """Queries ranked at once by :func:`rank_side_sampled` (its plan for this budget)."""
+    """Queries ranked at once by `rank_side_sampled` (its plan for this budget)."""
     return _plan(model, memory_budget).queries_per_chunk
 
 
@@ -517,7 +517,7 @@ def rank_side_sampled(
 ) -> RankCounts:
     """Rank each true answer among itself and up to ``num_corruptions`` sampled filtered corruptions.
 
-    num_candidates = 1 + min(K, eligible entities). Ties count as in :func:`count_ranks`.
+    num_candidates = 1 + min(K, eligible entities). Ties count as in `count_ranks`.
     Scores by ``score_t`` and a gather when one query's [E] scores fit the budget, else by
     ``score_hrt`` on the sampled triples (both give the same counts for the same scores).
     The model should be in eval mode.
@@ -623,7 +623,7 @@ def sample_corruptions(
     sq: SideQueries, known: AnswerIndex, num_entities: int, *, num_corruptions: int, seed: int,
     allowed: CandidateRestriction | None = None, memory_budget: int = 1 << 28, device: torch.device | str = "cpu",
 ) -> Corruptions:
-    """The corruptions :func:`rank_side_sampled` ranks against, for inspection and tests.
+    """The corruptions `rank_side_sampled` ranks against, for inspection and tests.
 
     Holds every sampled pair in memory (16 bytes each): for small inputs.
     """

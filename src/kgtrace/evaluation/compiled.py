@@ -1,14 +1,14 @@
 """All-entity filtered ranking under torch.compile, with the eager path's exact results.
 
 Scoring and ranking of a chunk of queries run as one compiled graph through
-:class:`~kgtrace.compute.compile.CompiledCall` (static buffers: queries [B, 2] long, true answers
+`CompiledCall` (static buffers: queries [B, 2] long, true answers
 [B] long, a dense filter mask [B, E] bool, valid [B] bool). The filter mask is built
 eagerly per chunk, on the device, from the known answers a run of chunks sends there at once
 (True = a known answer other than the true one, excluded). The graph returns greater, equal,
 num_candidates and a non-finite flag [B] each; the flags are read once the side is ranked and
 raise the same error as the eager path.
 
-Ranks equal :func:`~kgtrace.evaluation.sides.rank_side` exactly whenever compiled
+Ranks equal `rank_side` exactly whenever compiled
 and eager scores are bitwise equal; where Inductor rounds a model's float arithmetic
 differently, a true answer within rounding of another candidate may rank differently.
 
@@ -96,8 +96,9 @@ def rank_side_compiled(model: Scorer, sq: SideQueries, known: AnswerIndex, *, me
     known answers go to the device a run of chunks at a time, and the counts and non-finite flags
     are read once for the whole side.
 
-    :raises KgtraceError: naming the query on a NaN or infinite score, or naming the
-        cause when compilation fails (fix: ``--no-compile``).
+    Raises:
+        KgtraceError: naming the query on a NaN or infinite score, or naming the
+            cause when compilation fails (fix: ``--no-compile``).
     """
     if getattr(model, "training", False):
         raise ValueError("rank_side_compiled needs the model in eval mode: call model.eval() first")

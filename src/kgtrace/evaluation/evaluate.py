@@ -75,7 +75,7 @@ def rank_queries(
     memory_budget: int = 2 << 30,
     device: torch.device | str | None = None,
 ) -> QueryRanks:
-    """Filtered rank counts of every query of ``triples`` [n, 3]; see :func:`evaluate`."""
+    """Filtered rank counts of every query of ``triples`` [n, 3]; see `evaluate`."""
     device, known = ranking_inputs(model, triples, known, device)
     with eval_mode(model):
         counts = {side: rank_side_with(model, side_queries(triples, model.num_relations, side), known, candidates,
@@ -86,7 +86,7 @@ def rank_queries(
 def ranking_inputs(model: Scorer, triples: Tensor, known: Tensor | AnswerIndex | None,
                    device: torch.device | str | None) -> tuple[torch.device, AnswerIndex]:
     """The device to rank on (None: the model's) and the known triples as an index (None: none); of known
-    triples given as a tensor, only those that answer a query of ``triples`` are indexed (:func:`answering`)."""
+    triples given as a tensor, only those that answer a query of ``triples`` are indexed (`answering`)."""
     device = model_device(model) if device is None else torch.device(device)
     if not isinstance(known, AnswerIndex):
         known = triples[:0] if known is None else answering(known, triples, model.num_relations, device)
@@ -115,7 +115,7 @@ def model_device(model: Scorer) -> torch.device:
 
 @dataclass(frozen=True)
 class Metrics:
-    """Filtered rank metrics of one evaluation; :meth:`to_dict` is the JSON ``kgtrace evaluate --out`` writes."""
+    """Filtered rank metrics of one evaluation; `to_dict` is the JSON ``kgtrace evaluate --out`` writes."""
 
     sides: dict[str, SideMetrics]  # "head" and/or "tail", in the order they were ranked
     both: SideMetrics  # the queries of every side ranked, together
@@ -152,7 +152,7 @@ class Metrics:
 
 
 def metrics_of(ranks: QueryRanks, ks: tuple[int, ...] = (1, 3, 10)) -> Metrics:
-    """The metrics of per-query ranks; see :func:`evaluate`."""
+    """The metrics of per-query ranks; see `evaluate`."""
     ks = tuple(dict.fromkeys(ks))  # a k asked twice is one Hits@k, as one JSON key
     counts = RankCounts.cat(list(ranks.counts.values()))
     corruptions = ranks.candidates.corruptions
@@ -185,7 +185,7 @@ def evaluate(
     known: triples (or a prebuilt index) whose other answers are filtered out; the
     caller decides (train+valid+test for test, train+valid for validation); None
     ranks unfiltered. candidates: all entities (default), K sampled corruptions, a
-    type restriction, compiled or eager. Returns :class:`Metrics`, e.g.
+    type restriction, compiled or eager. Returns `Metrics`, e.g.
     ``evaluate(...).both.realistic.mrr``; ``.to_dict()`` for JSON.
     """
     ranks = rank_queries(model, triples, known=known, sides=sides, candidates=candidates,

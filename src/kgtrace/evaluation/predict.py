@@ -1,12 +1,12 @@
 """Everyday questions to a trained model: its best candidates for a query, and scores of given triples.
 
-:func:`predict` ranks every entity as the tail of (head, relation, ?) or the head of
+`predict` ranks every entity as the tail of (head, relation, ?) or the head of
 (?, relation, tail), like PyKEEN's ``predict_target``: candidates with labels, readable
 names, scores and where each candidate triple is already known (train, valid or test),
-optionally only new ones or only entities of one category. :func:`score_triples` scores
+optionally only new ones or only entities of one category. `score_triples` scores
 a labelled file's triples with their filtered realistic head and tail ranks; lines with
 unknown labels are reported and skipped, the rest still scored. Both return tables
-(polars) that :func:`write_table` writes as JSON with a TSV beside it.
+(polars) that `write_table` writes as JSON with a TSV beside it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
 
     Ties keep the lower entity id first. ``new_only`` drops candidates whose triple is in
     any split; ``category`` keeps only entities of that category (node_categories.tsv).
-    ``restrict``: the candidates, as :func:`~kgtrace.evaluation.candidates.restriction_of` reads
+    ``restrict``: the candidates, as `restriction_of` reads
     them: by default, where the dataset has node categories, only entities of the categories the
     relation takes on that side in training (a drug's ``treats`` tails are diseases); "none": all.
     """

@@ -65,7 +65,7 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
     scores: [B, C] float; true_cols: [B] column of each true answer; (filter_rows,
     filter_cols): [P] known answers to exclude (the true answer may be among them;
     it is never excluded from its own ranking). Modifies ``scores`` in place. The counts stay on
-    the scores' device (a caller reads them once for many chunks: :meth:`RankCounts.cpu`).
+    the scores' device (a caller reads them once for many chunks: `RankCounts.cpu`).
     """
     rows = torch.arange(len(true_cols), device=scores.device)
     true_scores = scores[rows, true_cols].clone()  # [B]
@@ -86,7 +86,7 @@ def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_c
 
 
 def padded_width(width: int) -> int:
-    """Columns of a flag buffer for :func:`count_true` holding ``width`` flags: whole words of 8 flags, in
+    """Columns of a flag buffer for `count_true` holding ``width`` flags: whole words of 8 flags, in
     G groups of k <= 255 words each."""
     words = -(-width // 8)
     groups = -(-words // 255)

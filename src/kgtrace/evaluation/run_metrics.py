@@ -61,7 +61,7 @@ def rank_run(run: Run, split: str = "test", *, restrict: Sequence[str] = (), cor
              memory_budget: int = 2 << 30, world: World = ONE) -> RunEvaluation:
     """Filtered ranks and metrics of a loaded run's ``split`` (test: filtered by train + valid + test; valid: by
     train + valid), each query ranked against all entities or ``corruptions`` sampled ones (``seed``), among those
-    ``restrict`` allows (:func:`~kgtrace.evaluation.candidates.restriction_of`: by default the categories each
+    ``restrict`` allows (`restriction_of`: by default the categories each
     relation takes in training, where the dataset has categories). compile: rank all entities through
     torch.compile. world: a distributed job's processes share the ranking (the same metrics)."""
     ds = run.dataset

@@ -43,7 +43,7 @@ ALL_ENTITIES = Candidates()
 
 
 def queries_per_chunk(model: Scorer, candidates: Candidates, memory_budget: int, num_queries: int) -> int:
-    """The query chunk of the path :func:`~kgtrace.evaluation.evaluate.rank_side_with` takes for these candidates.
+    """The query chunk of the path `rank_side_with` takes for these candidates.
 
     Mirrors its dispatch; every path's chunk depends only on the model and the budget, except
     the compiled path's batch, which the whole side's query count balances.
@@ -88,7 +88,7 @@ def rank_queries_sharded(
     memory_budget: int = 2 << 30,
     device: torch.device | str | None = None,
 ) -> QueryRanks:
-    """:func:`~kgtrace.evaluation.evaluate.rank_queries`, split over ``world``'s processes.
+    """`rank_queries`, split over ``world``'s processes.
 
     Every process must call it with the same arguments; every process returns the counts of
     all queries, equal to one process's. With a world of one it is ``rank_queries``.
@@ -114,5 +114,5 @@ def rank_queries_sharded(
 
 def evaluate_sharded(model: Scorer, triples: Tensor, *, world: World = ONE, ks: tuple[int, ...] = (1, 3, 10),
                      **kwargs) -> Metrics:
-    """:func:`~kgtrace.evaluation.evaluate.evaluate` split over ``world``'s processes (the same metrics, exactly)."""
+    """`evaluate` split over ``world``'s processes (the same metrics, exactly)."""
     return metrics_of(rank_queries_sharded(model, triples, world=world, **kwargs), ks)

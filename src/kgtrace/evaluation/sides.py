@@ -78,7 +78,7 @@ class SideFilter:
 
     rows [P] (the query's place in the run, ascending) and cols [P] (a known answer, the true one
     included); first[i] is the first pair of query i (host ints, [n + 1]). A chunk of queries takes its
-    pairs by slicing (:meth:`chunk`): no lookup and no copy per chunk.
+    pairs by slicing (`chunk`): no lookup and no copy per chunk.
     """
 
     rows: Tensor
@@ -128,7 +128,7 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
 
     Queries are chunked so that their [B, E] scores fit ``memory_budget``; when not even one
     row fits (or ``entity_chunk`` is given), entities are chunked too (see rank_entity_chunked).
-    The known answers go to the device a run of chunks at a time (:func:`filter_runs`), and the
+    The known answers go to the device a run of chunks at a time (`filter_runs`), and the
     counts and finiteness flags stay there until the side is ranked: a chunk waits on nothing.
     """
     if entity_chunk or model.num_entities * BYTES_PER_SCORE > memory_budget:

@@ -1,16 +1,16 @@
 """Are the explanations true? Remove a prediction's most influential training triples, train again, measure.
 
-``kgtrace faithfulness RUN_DIR``: :func:`check_faithfulness` with :class:`FaithfulnessSettings`;
-removal methods in :func:`removal_methods` (TracIn proponents with the last-layer or all parameters,
+``kgtrace faithfulness RUN_DIR``: `check_faithfulness` with `FaithfulnessSettings`;
+removal methods in `removal_methods` (TracIn proponents with the last-layer or all parameters,
 random triples, GradRollback's neighbourhood baseline, a proof's facts, the top of the attribution methods
 that say so); training again from scratch or
-fine-tuning from an early checkpoint (:mod:`.retrain`); the measures (score, rank,
-GradRollback's PD and TC, MRR drop) in :mod:`.metrics`; it returns a :class:`FaithfulnessResult`
-(faithfulness.json: :class:`FaithfulnessRow`, :class:`AgreementRow` and :class:`CellRow` rows).
+fine-tuning from an early checkpoint (`.retrain`); the measures (score, rank,
+GradRollback's PD and TC, MRR drop) in `.metrics`; it returns a `FaithfulnessResult`
+(faithfulness.json: `FaithfulnessRow`, `AgreementRow` and `CellRow` rows).
 
-``kgtrace faithfulness RUN_DIR --lds``: :func:`check_lds` with :class:`LdsSettings`, the linear
-datamodeling score of the attribution methods of :data:`kgtrace.attribution.methods.METHOD_SPECS` (:mod:`.lds`);
-it returns an :class:`LdsResult` (lds.json: :class:`LdsRow` rows). Both results (:mod:`.results`) have
+``kgtrace faithfulness RUN_DIR --lds``: `check_lds` with `LdsSettings`, the linear
+datamodeling score of the attribution methods of `kgtrace.attribution.methods.METHOD_SPECS` (`.lds`);
+it returns an `LdsResult` (lds.json: `LdsRow` rows). Both results (`.results`) have
 ``to_dict()``, ``to_df()`` and ``read(path)`` of a written file.
 """
 

@@ -2,9 +2,9 @@
 
 For every explained prediction, every method and every k, the method's first k triples for
 that prediction are removed and the model is trained again without them (retrained from
-scratch, or fine-tuned from an early checkpoint: :mod:`.retrain`); the new model's score,
+scratch, or fine-tuned from an early checkpoint: `.retrain`); the new model's score,
 probability and filtered rank of the prediction are compared with those of the run's last
-checkpoint (:mod:`.metrics`). Cells that remove the same set share one training, and every
+checkpoint (`.metrics`). Cells that remove the same set share one training, and every
 training is measured on every explained prediction, so nothing is trained twice. A control
 training with nothing removed shows what training again alone changes: nothing, or float
 rounding (kgtrace's training is reproducible; ConvE's CPU convolution once differed by 1e-7).
@@ -16,7 +16,7 @@ Output folder (default RUN_DIR/faithfulness; reruns reuse every finished trainin
     jobs/VARIANT/KEY.json one finished training each (VARIANT: retrain or finetune-from-NNNN)
     faithfulness.json     settings, predictions, the table, the agreement of fine-tuning with
                           retraining, and every (variant, prediction, method, k) cell
-                          (:class:`.results.FaithfulnessResult`, what :func:`check_faithfulness` returns)
+                          (`.results.FaithfulnessResult`, what `check_faithfulness` returns)
     faithfulness.tsv      the table: one row per (variant, method, k)
     cells.tsv             one row per (variant, prediction, method, k)
     agreement.tsv         fine-tuning against retraining, when both ran in this folder
@@ -68,7 +68,7 @@ Triple = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class FaithfulnessSettings:
-    """What to remove and how to train again; :meth:`validate` reports every bad value at once."""
+    """What to remove and how to train again; `validate` reports every bad value at once."""
 
     ks: tuple[int, ...] = (1, 5, 10)
     methods: tuple[str, ...] = ("tracin-last", "tracin-all", "random", "neighbourhood")
@@ -136,7 +136,7 @@ def check_faithfulness(run_dir: str | Path, out: str | Path | None = None,
     """Run the check (module doc) and write its outputs into ``out``; returns what faithfulness.json holds.
 
     triples: the predictions to explain [N, 3] (ids of the run); None: the run's rank-first
-    test triples (:mod:`.predictions`), or ``settings.sample`` of them.
+    test triples (`.predictions`), or ``settings.sample`` of them.
     """
     settings.validate()
     run = load_run(run_dir, "last")

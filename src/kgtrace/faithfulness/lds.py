@@ -18,14 +18,14 @@ Attributions follow kgtrace's sign: positive means the triple raises the predict
 
 The subsets are drawn from ``seed`` (each m its own generator seeded by (seed, m)), so that
 adding subsets keeps the first ones. Each subset model is a retraining from scratch with the
-run's config and seed without the other triples (:mod:`.retrain`: the same jobs, folder and
+run's config and seed without the other triples (`.retrain`: the same jobs, folder and
 resumption as the removal check: ``jobs/retrain/KEY.json``). Attribution matrices [N, n_train]
 are saved per method in ``lds/`` and reused when the predictions are the same.
 
 Output folder (default RUN_DIR/faithfulness, shared with ``kgtrace faithfulness``)::
 
     lds.json              settings, predictions, subsets, outputs, per-method LDS and seconds
-                          (:class:`.results.LdsResult`, what :func:`check_lds` returns)
+                          (`.results.LdsResult`, what `check_lds` returns)
     lds.tsv               one row per (method, output): mean LDS, interval, seconds
     lds-predictions.tsv   one row per (method, output, prediction): its LDS
     lds/METHOD.pt         the method's attribution matrix (float64) and what it was computed for
@@ -65,7 +65,7 @@ OUTPUTS = ("score", "log_prob")
 
 @dataclass(frozen=True)
 class LdsSettings:
-    """How many subsets, how large, which methods; :meth:`validate` reports every bad value at once."""
+    """How many subsets, how large, which methods; `validate` reports every bad value at once."""
 
     subsets: int = 50
     fraction: float = 0.5
@@ -279,7 +279,7 @@ def attributions(run: Run, out: Path, method: str, predictions: Tensor,
 
 
 def load_lds_inputs(out: str | Path) -> LdsInputs:
-    """The predictions, subsets and outputs that :func:`check_lds` wrote into ``out`` (for peers' attributions)."""
+    """The predictions, subsets and outputs that `check_lds` wrote into ``out`` (for peers' attributions)."""
     path = Path(out) / "lds.json"
     if not path.is_file():
         raise KgtraceError(f"{path}: no LDS results there. Fix: run kgtrace faithfulness RUN_DIR --lds --out {out}")

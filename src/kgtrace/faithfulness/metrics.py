@@ -1,6 +1,6 @@
 """What a removal did to a prediction, and the set-level numbers of the faithfulness table.
 
-A prediction (h, r, t) is measured by a model as (:class:`Measures`): its score, its
+A prediction (h, r, t) is measured by a model as (`Measures`): its score, its
 probability ``softmax over every entity e of score(h, r, e)`` taken at t (unfiltered, as
 GradRollback turns scores into probabilities), and its filtered tail-side rank counts
 (every other known true tail of (h, r, ?) in train, valid or test removed, as kgtrace

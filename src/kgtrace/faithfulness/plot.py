@@ -14,7 +14,7 @@ CONTROL = "none"
 
 
 def faithfulness_figure(table: Sequence[FaithfulnessRow]):
-    """A figure of a faithfulness check's table rows (:attr:`FaithfulnessResult.table`).
+    """A figure of a faithfulness check's table rows (`FaithfulnessResult.table`).
 
     Colour: the method; line: solid for retraining, dashed for fine-tuning; the control
     (nothing removed) is a dotted level.

@@ -18,7 +18,7 @@ smaller k takes the first k of that list, so the removed sets are nested across 
 
 * ``trak``, ``influence``, ``influence-fisher``, ``grad-cos`` (every attribution method whose spec says
   ``removal``): the k training triples with the largest attributions by that method of
-  :mod:`kgtrace.attribution.methods`, largest first.
+  `kgtrace.attribution.methods`, largest first.
 
 * ``proof``: the facts (training triples) of the proof a prover run (``kgtrace prove``) finds
   for the prediction, in the order the proof uses them: the best proof within its depth for a
@@ -167,7 +167,7 @@ def _generator(seed: int, salt: str, triple: Tensor) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1)
 
 
-#: The removal methods of this module by name (module doc); :func:`removal_methods` adds the attribution methods'.
+#: The removal methods of this module by name (module doc); `removal_methods` adds the attribution methods'.
 METHODS: dict[str, Method] = {
     "tracin-last": tracin_last,
     "tracin-all": tracin_all,

@@ -1,7 +1,7 @@
 """The typed results of the faithfulness checks: what faithfulness.json and lds.json hold.
 
-:class:`FaithfulnessResult` is what ``kgtrace faithfulness`` (:func:`.check_faithfulness`) returns and
-writes as faithfulness.json; :class:`LdsResult` what ``kgtrace faithfulness --lds`` (:func:`.check_lds`)
+`FaithfulnessResult` is what ``kgtrace faithfulness`` (`.check_faithfulness`) returns and
+writes as faithfulness.json; `LdsResult` what ``kgtrace faithfulness --lds`` (`.check_lds`)
 returns and writes as lds.json. Each has ``to_dict()`` (the file's JSON, keys in the file's order),
 ``from_dict(data)`` and ``read(path)`` (a written file back into the object) and ``to_df()`` (a table
 as a polars or pandas frame, one row per table row, the columns of the file's rows).
@@ -124,7 +124,7 @@ class FaithfulnessRow:
 
     Method "none" with k 0 is the control: trained again with nothing removed. PD, TC and Hits@1
     are fractions in [0, 1]; scores are the model's raw scores (logits); ranks are realistic
-    filtered tail ranks (:mod:`.metrics`).
+    filtered tail ranks (`.metrics`).
     """
 
     variant: str  # "retrain" or "finetune-from-NNNN"
@@ -278,7 +278,7 @@ class LdsRow:
     seconds: float  # computing the method's attributions
 
     def to_dict(self) -> dict[str, Any]:
-        """The row's fields; NaN stays NaN (lds.json writes it as null, :meth:`LdsResult.to_dict`)."""
+        """The row's fields; NaN stays NaN (lds.json writes it as null, `LdsResult.to_dict`)."""
         return _plain(self)
 
     @classmethod

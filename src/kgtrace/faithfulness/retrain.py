@@ -1,6 +1,6 @@
 """One retraining without a set of training triples, and the pool that runs many of them.
 
-A :class:`Job` names a run, a set of removed training triples and how to train without them:
+A `Job` names a run, a set of removed training triples and how to train without them:
 
 * ``retrain``: from scratch with the run's config and seed (same initial weights, same
   learning-rate schedule) for as many epochs as the run's last checkpoint has;
@@ -11,9 +11,9 @@ A :class:`Job` names a run, a set of removed training triples and how to train w
 Neither validates (eval_every 0) nor stops early: the model compared is the last epoch's.
 The reduced training set is written as a dataset folder with the run's own id maps, so that
 ids, and so scores, compare. The job measures every explained prediction on the new model
-(:func:`~kgtrace.faithfulness.predictions.measure`) and writes the result atomically to
+(`measure`) and writes the result atomically to
 ``Job.result``; a result file that exists is a finished job, which is how reruns resume.
-Jobs are independent: :func:`run_jobs` runs them in spawned processes, each with its own
+Jobs are independent: `run_jobs` runs them in spawned processes, each with its own
 torch threads.
 """
 

@@ -11,7 +11,7 @@ Layouts (see the model modules' docstrings):
   interleaved; kgtrace stores [real | imag].
 
 Which PyKEEN class a kgtrace model maps to, and whether it has inverse relations, is the
-model's :class:`~kgtrace.core.specs.ModelSpec` (``pykeen``, ``inverse_relations``); the layouts
+model's `ModelSpec` (``pykeen``, ``inverse_relations``); the layouts
 below are keyed by the spec's name, so a subclass of a model maps as that model.
 
 This module needs torch only; PyKEEN itself is imported by callers that build its models.
@@ -154,7 +154,8 @@ def recognise(state: dict[str, Tensor]) -> str | None:
     ComplEx cannot be told apart (both store two plain tables, and only their default
     regularizers differ: ComplEx regularizes entities, DistMult relations only).
 
-    :raises KgtraceError: the keys are not those of ConvE, DistMult or ComplEx.
+    Raises:
+        KgtraceError: the keys are not those of ConvE, DistMult or ComplEx.
     """
     keys = set(state)
     if any(k.startswith("interaction.") for k in keys):
@@ -194,7 +195,7 @@ def check_keys(name: str, state: dict[str, Tensor]) -> list[str]:
 
 def shape_args(name: str, state: dict[str, Tensor]) -> dict[str, object]:
     """The hyperparameters that the weights' shapes fix (ConvE's embedding_height aside: see
-    :func:`conve_heights`)."""
+    `conve_heights`)."""
     dim = state[ENTITY].shape[1]
     if name == "complex":
         return {"embedding_dim": dim // 2}

@@ -1,6 +1,6 @@
 """A kgtrace run as files PyKEEN loads: triples factories, state dicts and the model's settings.
 
-Layout written by :func:`export_pykeen`::
+Layout written by `export_pykeen`::
 
     config.json            model (PyKEEN class name), model_kwargs, create_inverse_triples, optimizer
                            settings, and the files below
@@ -18,7 +18,7 @@ read with ``torch.load(weights_only=True)``; no pickle of code is written. Loadi
     model = model_resolver.make(config["model"], config["model_kwargs"], triples_factory=training)
     model.load_state_dict(torch.load(Path(folder, "model_state.pt"), weights_only=True)["state_dict"])
 
-(:func:`load_exported` does just that.) ``kgtrace import-pykeen FOLDER`` reads it back.
+(`load_exported` does just that.) ``kgtrace import-pykeen FOLDER`` reads it back.
 Building the PyKEEN model needs PyKEEN; the export checks that its scores equal the run's.
 """
 

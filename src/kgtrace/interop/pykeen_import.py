@@ -1,7 +1,7 @@
 """A PyKEEN ConvE, DistMult or ComplEx as a kgtrace run: same scores, one checkpoint per epoch kept.
 
 ``import_pykeen(sources, out)`` reads the PyKEEN outputs (see
-:mod:`kgtrace.interop.pykeen_source` for the accepted forms), converts every epoch's weights
+`kgtrace.interop.pykeen_source` for the accepted forms), converts every epoch's weights
 to kgtrace's layout and writes a run folder that ``kgtrace.load_run``, ``kgtrace evaluate``
 and ``kgtrace explain`` (TracIn, each checkpoint weighed by its learning rate) accept.
 

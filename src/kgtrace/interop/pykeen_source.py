@@ -13,7 +13,7 @@ Accepted inputs (files, or folders searched recursively), in any combination:
 * a folder of ``kgtrace export-pykeen``: model checkpoints with ``epoch`` and ``lr`` added, and
   a ``config.json`` naming the model class and its ``model_kwargs``.
 
-Every ``.pt`` file is read by :func:`~kgtrace.interop.safe_load.load_weights_only`, which runs
+Every ``.pt`` file is read by `load_weights_only`, which runs
 no code from the file (PyKEEN pickles its loop checkpoints with protocol 5, which
 ``torch.load(weights_only=True)`` alone refuses).
 """

@@ -4,11 +4,11 @@ PyKEEN saves its training-loop checkpoints with ``pickle.HIGHEST_PROTOCOL`` (5);
 ``weights_only=True`` unpickler reads protocol 2 opcodes only and refuses them ("Unsupported
 operand 149", the FRAME opcode), and ``weights_only=False`` would run whatever the file names.
 
-:func:`load_weights_only` takes the middle way: it rewrites the archive's ``data.pkl`` into
-protocol 2 opcodes (:func:`transcode`, a pure rewrite of the opcode stream: nothing in it is
+`load_weights_only` takes the middle way: it rewrites the archive's ``data.pkl`` into
+protocol 2 opcodes (`transcode`, a pure rewrite of the opcode stream: nothing in it is
 called) and hands the result to ``torch.load(weights_only=True)``. Globals that torch does
 not allow (numpy's random state in a PyKEEN checkpoint, say) are loaded as inert
-:class:`Opaque` placeholders instead of being imported or called, so the load runs no code
+`Opaque` placeholders instead of being imported or called, so the load runs no code
 from the file whatever it contains; tensors, dicts, lists, numbers and strings come back as
 they were saved.
 """
@@ -64,7 +64,8 @@ def load_weights_only(path: str | Path) -> Any:
 
     The rewritten archive is built in memory, so a file briefly takes twice its size.
 
-    :raises UnsafeFileError: not a torch zip archive, or a construct the safe loader refuses.
+    Raises:
+        UnsafeFileError: not a torch zip archive, or a construct the safe loader refuses.
     """
     try:
         with zipfile.ZipFile(path) as archive:
@@ -82,7 +83,7 @@ def load_weights_only(path: str | Path) -> Any:
 
 
 def _transcoded_archive(archive: zipfile.ZipFile) -> tuple[io.BytesIO, set[str]]:
-    """A copy of ``archive`` whose data.pkl is rewritten by :func:`transcode`, and the globals it names."""
+    """A copy of ``archive`` whose data.pkl is rewritten by `transcode`, and the globals it names."""
     out, names = io.BytesIO(), set()
     pickles = [info for info in archive.infolist() if info.filename.endswith("data.pkl")]
     if len(pickles) != 1:

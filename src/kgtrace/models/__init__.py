@@ -1,9 +1,9 @@
 """Knowledge-graph scoring models and their registry.
 
-Every model implements :class:`~kgtrace.models.base.FactorisedScorer` and declares its traits
-once, as the ``SPEC`` (a :class:`kgtrace.core.specs.ModelSpec`) of its module; importing this
+Every model implements `FactorisedScorer` and declares its traits
+once, as the ``SPEC`` (a `kgtrace.core.specs.ModelSpec`) of its module; importing this
 package registers them, in the order below. Read a model's traits with
-:func:`kgtrace.core.specs.spec_of` (subclasses included).
+`kgtrace.core.specs.spec_of` (subclasses included).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def hyperparameter_names(model_class: type[nn.Module]) -> list[str]:
 def build_model(name: str, num_entities: int, num_relations: int, **kwargs: object) -> nn.Module:
     """Build the registered model ``name`` with hyperparameters ``kwargs``.
 
-    :raises ConfigError: listing every problem at once: an unknown model name, unknown
-        hyperparameter keys (with the valid keys) and invalid values.
+    Raises:
+        ConfigError: listing every problem at once: an unknown model name, unknown
+            hyperparameter keys (with the valid keys) and invalid values.
     """
     spec = spec_named(name) or spec_named(model_named(name) or "")  # PyKEEN's spelling ("ConvE") too
     if spec is None:

@@ -1,7 +1,7 @@
 """Hyperparameter checks shared by the models.
 
 Each check appends a problem line (key, value, fix) to ``problems`` instead of raising, so
-a constructor can report every bad setting in one :class:`~kgtrace.core.errors.ConfigError`.
+a constructor can report every bad setting in one `ConfigError`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
   LibKGE's tuned configurations give only its ``uniform_.a`` (low) and so draw from
   U(a, 1.0), torch's default upper bound (uma-pi1/kge issue 244): their recipes pass [a, 1.0].
 
-Every model reads its rows through :func:`rows`, with its ``sparse_grad`` attribute (False when
+Every model reads its rows through `rows`, with its ``sparse_grad`` attribute (False when
 built; ``kgtrace train --sparse`` sets it): then a table's gradient is a sparse tensor of the rows
 a step read, as ``nn.Embedding(sparse=True)`` gives, instead of a dense one of the whole table.
 """

@@ -35,43 +35,49 @@ class Scorer(Protocol):
     def score_hrt(self, hrt: Tensor) -> Tensor:
         """Score whole triples.
 
-        :param hrt: LongTensor [B, 3] of (head, relation, tail) ids, relation in [0, R); a
-            scorer that has ``score_t`` also takes relation ids in [R, 2R): ``(t, r + R, h)``
-            is the head query ``(t, r + R, ?)`` answered by h, and its score is column h of
-            ``score_t([t, r + R])`` (for ConvE, which learns inverse relations apart, not
-            the score of (h, r, t)). A scorer without ``score_t`` gets [0, R) only (see
-            :func:`forward_triples`).
-        :return: scores [B] (logits).
+        Args:
+            hrt: LongTensor [B, 3] of (head, relation, tail) ids, relation in [0, R); a
+                scorer that has ``score_t`` also takes relation ids in [R, 2R): ``(t, r + R, h)``
+                is the head query ``(t, r + R, ?)`` answered by h, and its score is column h of
+                ``score_t([t, r + R])`` (for ConvE, which learns inverse relations apart, not
+                the score of (h, r, t)). A scorer without ``score_t`` gets [0, R) only (see
+                `forward_triples`).
+        Returns:
+            scores [B] (logits).
         """
         ...
 
     def score_t(self, hr: Tensor) -> Tensor:
         """Score every entity as the tail of each (head, relation) query.
 
-        :param hr: LongTensor [B, 2] of (head, relation) ids. Relation ids in [R, 2R)
-            denote the inverse of relation ``r - R``: ``score_t([t, r + R])`` scores every
-            head h of (h, r, t).
-        :return: scores [B, E].
+        Args:
+            hr: LongTensor [B, 2] of (head, relation) ids. Relation ids in [R, 2R)
+                denote the inverse of relation ``r - R``: ``score_t([t, r + R])`` scores every
+                head h of (h, r, t).
+        Returns:
+            scores [B, E].
         """
         ...
 
     def score_h(self, rt: Tensor) -> Tensor:
         """Score every entity as the head of each (relation, tail) query.
 
-        :param rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
-        :return: scores [B, E]; equals ``score_t`` of ``(t, r + R)``.
+        Args:
+            rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
+        Returns:
+            scores [B, E]; equals ``score_t`` of ``(t, r + R)``.
         """
         ...
 
 
 @runtime_checkable
 class QueryScorer(Protocol):
-    """What scores every entity as the answer of a query: ``score_t`` (every :class:`Scorer`; a scorer of
+    """What scores every entity as the answer of a query: ``score_t`` (every `Scorer`; a scorer of
     whole triples alone, ``score_hrt`` only, is not one). Paths that can take a query's [E] scores at once
     ask ``isinstance(model, QueryScorer)``."""
 
     def score_t(self, hr: Tensor) -> Tensor:
-        """As :meth:`Scorer.score_t`: hr [B, 2] (anchor, relation in [0, 2R)) -> scores [B, E]."""
+        """As `Scorer.score_t`: hr [B, 2] (anchor, relation in [0, 2R)) -> scores [B, E]."""
         ...
 
 
@@ -86,28 +92,34 @@ class FactorisedScorer(Scorer, Protocol):
     def encode_query(self, hr: Tensor) -> Tensor:
         """Encode (head, relation) queries.
 
-        :param hr: LongTensor [B, 2] of (head, relation-or-inverse) ids, relation in [0, 2R).
-        :return: query representation [B, D]; D may differ from the entity dimension
-            (e.g. ComplEx packs real and imaginary parts).
+        Args:
+            hr: LongTensor [B, 2] of (head, relation-or-inverse) ids, relation in [0, 2R).
+        Returns:
+            query representation [B, D]; D may differ from the entity dimension
+                (e.g. ComplEx packs real and imaginary parts).
         """
         ...
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """Score the entities ``start .. stop-1`` against encoded queries.
 
-        :param q: query representation [B, D] from :meth:`encode_query`.
-        :param start: first entity id scored.
-        :param stop: one past the last entity id scored; None means E.
-        :return: scores [B, stop - start].
+        Args:
+            q: query representation [B, D] from `encode_query`.
+            start: first entity id scored.
+            stop: one past the last entity id scored; None means E.
+        Returns:
+            scores [B, stop - start].
         """
         ...
 
     def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
         """Score, for each query, its own entities: column j of row b scores entity ``ids[b, j]``.
 
-        :param q: query representation [B, D] from :meth:`encode_query`.
-        :param ids: LongTensor [B, C] of entity ids (negative sampling's candidates).
-        :return: scores [B, C], equal to ``decode(q).gather(1, ids)`` (in eval mode) without scoring all E.
+        Args:
+            q: query representation [B, D] from `encode_query`.
+            ids: LongTensor [B, C] of entity ids (negative sampling's candidates).
+        Returns:
+            scores [B, C], equal to ``decode(q).gather(1, ids)`` (in eval mode) without scoring all E.
         """
         ...
 
@@ -115,9 +127,11 @@ class FactorisedScorer(Scorer, Protocol):
 def inverse_queries(rt: Tensor, num_relations: int) -> Tensor:
     """Turn head queries into tail queries over inverse relations.
 
-    :param rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
-    :param num_relations: R.
-    :return: LongTensor [B, 2] of (tail, relation + R).
+    Args:
+        rt: LongTensor [B, 2] of (relation, tail) ids, relation in [0, R).
+        num_relations: R.
+    Returns:
+        LongTensor [B, 2] of (tail, relation + R).
     """
     return torch.stack([rt[:, 1], rt[:, 0] + num_relations], dim=1)
 
@@ -125,9 +139,11 @@ def inverse_queries(rt: Tensor, num_relations: int) -> Tensor:
 def forward_triples(hrt: Tensor, num_relations: int) -> Tensor:
     """Write query-form triples with the relation as stated.
 
-    :param hrt: LongTensor [B, 3] of (anchor, relation-or-inverse, answer) ids, relation in [0, 2R).
-    :param num_relations: R.
-    :return: LongTensor [B, 3] of (head, relation, tail), relation in [0, R): (t, r + R, h) becomes (h, r, t).
+    Args:
+        hrt: LongTensor [B, 3] of (anchor, relation-or-inverse, answer) ids, relation in [0, 2R).
+        num_relations: R.
+    Returns:
+        LongTensor [B, 3] of (head, relation, tail), relation in [0, R): (t, r + R, h) becomes (h, r, t).
     """
     anchor, relation, answer = hrt.unbind(1)
     inverse = relation >= num_relations

@@ -51,7 +51,7 @@ def complex_query(entities: Tensor, relations: Tensor, hr: Tensor, num_relations
 
 class ComplEx(nn.Module):
     """ComplEx with inverse relations answered exactly through the conjugate relation, unless
-    ``inverse_relations`` gives each inverse its own row (options: :mod:`kgtrace.models._tables`).
+    ``inverse_relations`` gives each inverse its own row (options: `kgtrace.models._tables`).
 
     Re(<h, r, conj(t)>) = Re(<t, conj(r), conj(h)>), so the query (t, r + R) uses conj(r)
     and its scores over all entities are exactly the head scores of (?, r, t).

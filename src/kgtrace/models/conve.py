@@ -97,7 +97,7 @@ class ConvE(nn.Module):
     Speed: the layers are not run one by one. bn1 (batch or running statistics) and the
     feature-map dropout mask are folded into per-sample convolution weights, so conv, bn1,
     dropout2d and relu cost one batched matmul and an in-place relu over the [B, C, L]
-    feature maps (see :meth:`_features`); on one CPU thread this roughly halves the time of
+    feature maps (see `_features`); on one CPU thread this roughly halves the time of
     the layer-by-layer sequence outside the fc layer. Results equal the layer-by-layer
     sequence up to float rounding (~1e-6 relative). Where bn1 makes a gradient vanish
     mathematically (``conv.bias`` in training mode) it is exactly zero here, while

@@ -16,7 +16,7 @@ __all__ = ["SPEC", "DistMult"]
 
 class DistMult(nn.Module):
     """DistMult; symmetric in head and tail, so an inverse relation r + R reuses r's vector unless
-    ``inverse_relations`` gives it its own (options: :mod:`kgtrace.models._tables`).
+    ``inverse_relations`` gives it its own (options: `kgtrace.models._tables`).
 
     Parameters: ``entity_embeddings`` [E, D], ``relation_embeddings`` [R, D] ([2R, D] with
     inverse relations, the inverses after the relations), Xavier-normal over the whole table

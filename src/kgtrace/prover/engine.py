@@ -1,8 +1,8 @@
 """The vectorised engine: one SLD resolution step for a batch of states, in fixed shapes.
 
-:meth:`VectorEngine.derive` computes, for each of B states, the same derived states in the
-same canonical order as :class:`~kgtrace.prover.reference.ReferenceEngine.derive` (see that
-module for the semantics), as tensors whose shapes depend only on :class:`EngineShapes`:
+`VectorEngine.derive` computes, for each of B states, the same derived states in the
+same canonical order as `derive` (see that
+module for the semantics), as tensors whose shapes depend only on `EngineShapes`:
 
     states   [B, A, 3]      the current states: A atoms (relation, arg1, arg2), padded with
                             (R + 1, 0, 0); canonical (variables E + 0, E + 1, ... by first occurrence)
@@ -15,8 +15,8 @@ module for the semantics), as tensors whose shapes depend only on :class:`Engine
     overflow [B, 3]         derived states lost to S, to A (too many atoms), fact candidates lost to F
 
 There is no data-dependent Python control flow and no ``.item()``: a step is a fixed sequence
-of tensor operations, so it compiles to one graph (:func:`compiled_derive`, through
-:class:`kgtrace.compute.compile.CompiledCall`). Look-ups use precomputed indices:
+of tensor operations, so it compiles to one graph (`compiled_derive`, through
+`kgtrace.compute.compile.CompiledCall`). Look-ups use precomputed indices:
 
 * facts: two sorted key arrays, ``(r E + h) E + t`` and ``(r E + t) E + h``; a goal's
   matching facts are one contiguous range of one of them (``searchsorted`` of its lowest and
@@ -29,7 +29,7 @@ of tensor operations, so it compiles to one graph (:func:`compiled_derive`, thro
 Candidates are laid out as [B, F + Rm] (facts, then rules), unified, made canonical, checked
 against the history, and compacted to the front in order (cumsum + scatter). Whatever a
 fixed shape cannot hold is counted in ``overflow``, never dropped silently; with the default
-shapes (:class:`~kgtrace.prover.logic.EngineShapes`) only a goal with two free variables can
+shapes (`EngineShapes`) only a goal with two free variables can
 overflow F, and nothing overflows S.
 """
 
@@ -283,6 +283,6 @@ def pad_states(states: list[tuple[tuple[int, int, int], ...]], max_atoms: int, n
 
 
 def unpad_states(states: Tensor, num_relations: int) -> list[tuple[tuple[int, int, int], ...]]:
-    """LongTensor [n, A, 3] -> Python states, padding atoms dropped (the inverse of :func:`pad_states`)."""
+    """LongTensor [n, A, 3] -> Python states, padding atoms dropped (the inverse of `pad_states`)."""
     pad = pad_relation(num_relations)
     return [tuple(tuple(atom) for atom in rows if atom[0] != pad) for rows in states.tolist()]

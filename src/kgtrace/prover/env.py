@@ -1,16 +1,16 @@
 """The proof environment, as pure functions over tensors.
 
-An episode proves one query. Its state (:class:`EnvState`) is the current goal list with its
+An episode proves one query. Its state (`EnvState`) is the current goal list with its
 bookkeeping: the path so far (for the engine's no-revisit check), the fact excluded while
 proving it (a training query's own triple), the step count, whether it ended and how, the log
 confidence of the rules used, and the derived states of the current state: the actions. An
 action is the index of one derived state. Only derived states that can still become proofs
-are offered (:func:`feasible`: a state with g goals needs g more steps, the pruning of the
+are offered (`feasible`: a state with g goals needs g more steps, the pruning of the
 search). The episode succeeds when the chosen state has no goal left; it fails when no
 feasible derived state exists or after ``max_steps`` steps.
 
-:func:`env_reset` and :func:`env_step` are pure (new tensors, inputs untouched); an ended
-row stays as it is. :func:`rollout` unrolls ``max_steps`` steps in Python (a fixed number, so
+`env_reset` and `env_step` are pure (new tensors, inputs untouched); an ended
+row stays as it is. `rollout` unrolls ``max_steps`` steps in Python (a fixed number, so
 ``torch.compile`` sees one straight-line graph), choosing actions with a policy and the
 Gumbel-max trick on noise given as an input, so that sampling needs no generator inside the
 graph: the same noise gives the same episode, compiled or eager.

@@ -1,6 +1,6 @@
 """A hybrid's prover weight, chosen on validation triples.
 
-A hybrid scores a triple by ``embedding logit + w x proof part`` (:class:`HybridScorer`). This module
+A hybrid scores a triple by ``embedding logit + w x proof part`` (`HybridScorer`). This module
 picks w from a grid (``HYBRID_WEIGHTS``) by the one-standard-error rule (Hastie, Tibshirani and Friedman,
 *The Elements of Statistical Learning*, 2nd ed., section 7.10): the smallest weight whose validation
 MRR lies within one standard error of the best weight's. The standard error is that of the mean

@@ -4,17 +4,17 @@ NTP-lambda (Rocktäschel and Riedel 2017, "End-to-end differentiable proving") t
 ComplEx together on shared embeddings. With ``link_weight > 0`` a prover run does the same:
 
 - the policy's entity rows ``terms.weight[:E]`` [E, dim] and relation rows ``relations.weight[:R]``
-  [R, dim] are read as ComplEx tables of dimension dim / 2, in :class:`kgtrace.models.ComplEx`'s
-  layout (real parts, then imaginary parts); :class:`LinkHead` scores with them (a Scorer);
-- its loss (:func:`link_loss`) is the cross-entropy of each training triple's tail over all
+  [R, dim] are read as ComplEx tables of dimension dim / 2, in `kgtrace.models.ComplEx`'s
+  layout (real parts, then imaginary parts); `LinkHead` scores with them (a Scorer);
+- its loss (`link_loss`) is the cross-entropy of each training triple's tail over all
   entities and of its head through the inverse query, plus ``n3`` times the N3 regulariser
   (Lacroix et al. 2018: the cubed moduli of the triple's head, relation and tail embeddings),
   which keeps ComplEx from overfitting small graphs;
 - PPO adds ``link_weight`` times it, over the iteration's training triples, at every optimiser
   step, so both objectives shape the shared embeddings; ``link_epochs`` passes of it alone
-  (:func:`warm_up`: rows drawn at std ``link_init``, then Adagrad, Lacroix et al.'s recipe) may come first;
+  (`warm_up`: rows drawn at std ``link_init``, then Adagrad, Lacroix et al.'s recipe) may come first;
 - a triple scores the head's logit + ``hybrid_weight`` x the proof part of its policy score
-  (:class:`kgtrace.prover.scorer.HybridScorer`), the weight chosen on validation triples by
+  (`kgtrace.prover.scorer.HybridScorer`), the weight chosen on validation triples by
   ``kgtrace prove weigh``.
 """
 
@@ -32,7 +32,7 @@ __all__ = ["LinkHead", "link_loss", "warm_up"]
 
 
 class LinkHead(nn.Module):
-    """ComplEx over a :class:`~kgtrace.prover.policy.ProofPolicy`'s tables (shared, not copied): a Scorer."""
+    """ComplEx over a `ProofPolicy`'s tables (shared, not copied): a Scorer."""
 
     def __init__(self, policy: nn.Module):
         super().__init__()
@@ -80,7 +80,7 @@ def link_loss(head: LinkHead, triples: Tensor, n3: float) -> Tensor:
 
 def warm_up(head: LinkHead, train: Tensor, *, epochs: int, lr: float, n3: float, generator: torch.Generator,
             batch_size: int = 256) -> list[float]:
-    """``epochs`` passes of :func:`link_loss` alone over ``train`` [N, 3], with Adagrad on the head's tables only
+    """``epochs`` passes of `link_loss` alone over ``train`` [N, 3], with Adagrad on the head's tables only
     (Lacroix et al.'s optimiser for ComplEx-N3); returns each pass's mean loss."""
     tables = [head.policy.terms.weight, head.policy.relations.weight]
     optimizer = torch.optim.Adagrad(tables, lr=lr)

@@ -318,7 +318,7 @@ def _within(counts: Tensor) -> Tensor:
 def _chain_pairs(graph: "_Graph", right: _Right, a: int, rows: range, per_x: Tensor,
                  limit: int) -> tuple[Tensor, Tensor]:
     """(x, column j E + y) of every nonzero of rows ``rows`` of D_a @ right: a sparse product, or for one hub
-    row with more than ``limit`` paths, :func:`_hub_row`."""
+    row with more than ``limit`` paths, `_hub_row`."""
     if limit and len(rows) == 1 and int(per_x[rows.start]) > limit:
         column = _hub_row(graph, right, a, rows.start, limit)
         return torch.full_like(column, rows.start), column

@@ -1,6 +1,6 @@
 """The learned proof policy, its scorer, and the proof it finds for a triple.
 
-:class:`ProofPolicy` scores every derived state of the current state. An atom is embedded as
+`ProofPolicy` scores every derived state of the current state. An atom is embedded as
 ``relu(W [relation; arg1; arg2] + status)`` from relation and term embeddings (entities, and
 one embedding per variable number) and an embedding of its status: it has a variable, it is a
 ground fact, or it is ground and no fact (a one-step look-up in the sorted fact keys, which
@@ -12,10 +12,10 @@ log confidence of the rule the step used (initially 1: at first the policy prefe
 rules, as the best-proof search does) and a learned bias for states that are proofs; invalid
 slots get a large negative logit. A value head reads the current
 state's embedding (tanh, in (-1, 1)). Entity and relation embeddings may start from a
-trained kgtrace embedding run (:func:`init_from_run`).
+trained kgtrace embedding run (`init_from_run`).
 
-:class:`PolicyScorer` fulfils the Scorer protocol with a policy-guided beam search of each
-ground query (:func:`kgtrace.prover.env.beam_search`; width 1 follows the policy's most
+`PolicyScorer` fulfils the Scorer protocol with a policy-guided beam search of each
+ground query (`kgtrace.prover.env.beam_search`; width 1 follows the policy's most
 probable step): a proved triple scores above 1, by default ``1 + c + 0.001 n`` with c the
 confidence of the most confident proof found and n the noisy-or over its first steps' best
 proofs (``proof_score="noisy_or"``: ``1 + n``; ``"probability"``: ``1 + p``, p the probability of the most probable
@@ -80,7 +80,7 @@ class ProofPolicy(nn.Module):
 
         An atom is relu(W [relation; arg1; arg2] + b + status). W splits into three [dim, dim]
         blocks, so each table is projected once and an atom is a sum of three looked-up rows:
-        the same value as the concatenation through the linear layer (:meth:`embed_reference`),
+        the same value as the concatenation through the linear layer (`embed_reference`),
         without a [..., A, 3 dim] x [3 dim, dim] product per atom (the beam search's cost).
         """
         relation, terms = self._ids(states)
@@ -96,7 +96,7 @@ class ProofPolicy(nn.Module):
         return (torch.relu(pre) * real).sum(-2)
 
     def embed_reference(self, states: Tensor, excluded: Tensor) -> Tensor:
-        """:meth:`embed` as written: each atom's concatenated embeddings through the linear layer."""
+        """`embed` as written: each atom's concatenated embeddings through the linear layer."""
         relation, terms = self._ids(states)
         atoms = torch.cat([self.relations(relation), self.terms(terms).flatten(-2)], -1)  # [..., A, 3 dim]
         real = (relation <= self.num_relations).unsqueeze(-1)

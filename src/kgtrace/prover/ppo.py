@@ -3,13 +3,13 @@
 Each iteration takes ``chunk_queries`` training triples (shuffled once per epoch) and, for
 each, ``corruptions`` false triples (its head or tail replaced by a random entity, never a
 training triple), and runs one episode per triple with actions sampled from the policy
-(:func:`kgtrace.prover.env.rollout`, a fixed batch of chunk_queries x (1 + K) episodes; a
+(`kgtrace.prover.env.rollout`, a fixed batch of chunk_queries x (1 + K) episodes; a
 training triple is proved without itself as a fact). The only reward is at the end: +1 for
 proving a true triple, -negative_reward for proving a false one, 0 otherwise. Advantages are
 GAE(gamma, lambda) on the value head; the loss is PPO's clipped surrogate, plus value_coef x
 the value error, minus entropy x the policy's entropy, over ``ppo_epochs`` passes of
 ``minibatch`` steps. With ``link_weight > 0`` every step also adds link_weight x the link head's
-loss over the iteration's training triples (:mod:`kgtrace.prover.link`, NTP-lambda's ComplEx on
+loss over the iteration's training triples (`kgtrace.prover.link`, NTP-lambda's ComplEx on
 the policy's own embeddings), after ``link_epochs`` passes of that loss alone when the run starts.
 
 Every ``eval_every`` epochs the policy ranks the first ``eval_triples`` validation triples

@@ -1,7 +1,7 @@
 """A prover run's explanations as typed results: each triple's proof, step by step, in the graph's labels.
 
-:class:`Proofs` holds one :class:`TripleProof` per explained triple, each a sequence of
-:class:`ProofStep` s (the goal resolved, the fact or rule that resolved it, the goals left).
+`Proofs` holds one `TripleProof` per explained triple, each a sequence of
+`ProofStep` s (the goal resolved, the fact or rule that resolved it, the goals left).
 ``to_dict()`` is the JSON ``kgtrace explain PROVER_RUN`` writes, ``read(path)`` reads it back (the
 report does), ``to_df()`` gives one row per step and ``lines()`` the console's text.
 """
@@ -131,7 +131,7 @@ class Proofs:
         return [line for item in self.items for line in item.lines()]
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
-        """One row per proof step (an unproved triple: one row without a step), :data:`STEP_COLUMNS`."""
+        """One row per proof step (an unproved triple: one row without a step), `STEP_COLUMNS`."""
         rows = []
         for i, p in enumerate(self.items):
             steps = [(n, s.goal, s.resolved_with(), s.goals_after) for n, s in enumerate(p.steps, 1)]

@@ -1,6 +1,6 @@
 """The reference engine: SLD resolution written to be read, one state at a time.
 
-A resolution step on a state (see :mod:`kgtrace.prover.logic` for the encoding):
+A resolution step on a state (see `kgtrace.prover.logic` for the encoding):
 
 1. Select the first goal G. The answer atom of an open query is never selected (it has no
    facts and no rules), so a state holding only it, or nothing, is a proof and derives nothing.
@@ -17,17 +17,17 @@ A resolution step on a state (see :mod:`kgtrace.prover.logic` for the encoding):
    dropped: no state is revisited on a path.
 
 The canonical order of the derived states: first the fact steps, facts in ascending
-(relation, head, tail) order (their ids, :func:`~kgtrace.prover.logic.fact_atoms`), then the
+(relation, head, tail) order (their ids, `fact_atoms`), then the
 rule steps in rule order. The vectorised engine produces exactly this list.
 
-Limits. Given :class:`~kgtrace.prover.logic.EngineShapes`, the reference applies the
+Limits. Given `EngineShapes`, the reference applies the
 vectorised engine's limits the same way and reports the same overflow counts: a goal reads at
 most max_facts candidate facts (the first of its look-up range: the exact fact, or the facts
 r(h, *), r(*, t) or r(*, *), ascending); a rule step whose state would exceed max_atoms is
 dropped; after the path check, derived states past max_states are dropped. Without limits
 nothing is ever dropped.
 
-Search (:func:`search`) is breadth-first to a depth limit d (resolution steps): a state that
+Search (`search`) is breadth-first to a depth limit d (resolution steps): a state that
 still has g goals after k steps needs at least g more steps, so it is expanded only while
 g <= d - k. That prunes nothing a proof within d needs.
 """

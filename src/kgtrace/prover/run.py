@@ -9,7 +9,7 @@ Layout::
     checkpoints/         (policy) epoch-NNNN.pt and best.pt, as for embedding runs
     metrics.jsonl        (policy) one record per epoch
 
-:func:`load_prover_run` returns a :class:`ProverRun` whose ``model`` fulfils the Scorer
+`load_prover_run` returns a `ProverRun` whose ``model`` fulfils the Scorer
 protocol, so the evaluation ranks it as it ranks an embedding run's model.
 """
 

@@ -1,16 +1,16 @@
 """Provers as scorers: the project's evaluation ranks them exactly as it ranks embedding models.
 
-Each class here fulfils :class:`kgtrace.models.base.Scorer` (score_hrt [B], score_t [B, E],
+Each class here fulfils `kgtrace.models.base.Scorer` (score_hrt [B], score_t [B, E],
 score_h [B, E]), so ``kgtrace.evaluate``, sampled corruptions and realistic ties apply as they
 are. Scores:
 
-* :class:`BfsScorer` (the non-learned baseline): exhaustive proof search to depth d; a triple's
+* `BfsScorer` (the non-learned baseline): exhaustive proof search to depth d; a triple's
   score is its best proof's confidence, the product of the confidences of the rules it uses
   (facts count 1), and 0 when no proof is found within d steps. ``score_t`` searches the open
   query ``r(h, X)`` once and reads every answer's best proof, which equals searching each
   ``r(h, e)`` alone (a proof of one is a proof of the other, step for step; best proofs never
   revisit a state).
-* :class:`HybridScorer`: an embedding model's logit plus ``weight`` times how far a prover's score
+* `HybridScorer`: an embedding model's logit plus ``weight`` times how far a prover's score
   lies above its proof line, 0 for a triple it does not prove. Every prover scorer says where
   its proofs start (``proof_line``: scores above it are proofs): BFS scores a proof by its
   confidence and an unproved triple 0 (line 0); the policy scores a proof 1 + its confidence
@@ -39,7 +39,7 @@ class BfsScorer(nn.Module):
     """Best proof confidence within ``depth`` steps, by exhaustive breadth-first search.
 
     overflow [3] counts what the engine's fixed shapes lost over every search so far (states,
-    atoms, facts; see :mod:`kgtrace.prover.engine`).
+    atoms, facts; see `kgtrace.prover.engine`).
     """
 
     proof_line = 0.0  # scores above it are proofs (an unproved triple scores 0)

@@ -1,9 +1,9 @@
 """Breadth-first proof search with the vectorised engine, level by level.
 
-The same search as :func:`kgtrace.prover.reference.search` (same pruning: a state with g
+The same search as `kgtrace.prover.reference.search` (same pruning: a state with g
 goals after k of d steps is expanded only while g <= d - k), run on tensors: each level's
 frontier of states, with each state's path (its history) and the query it belongs to, is
-derived in chunks through a :data:`Deriver` (the eager step or the compiled one), and the
+derived in chunks through a `Deriver` (the eager step or the compiled one), and the
 derived states that may still lead to a proof within d steps form the next frontier.
 Python loops over levels and chunks only; the step itself is the engine's fixed-shape one.
 

@@ -1,6 +1,6 @@
 """HTML building blocks of the report: escaped text, tables, embedded images, the page around the sections.
 
-Every piece of text that can come from user data goes through :func:`esc`; images are
+Every piece of text that can come from user data goes through `esc`; images are
 embedded as base64 PNG data URIs, so the page needs nothing but itself.
 """
 

@@ -1,7 +1,7 @@
 """The training step under torch.compile (``kgtrace train --compile``), with eager training's results.
 
 What is compiled: the model's forward and the loss of each row, as one graph through
-:class:`~kgtrace.compute.compile.CompiledCall` (``training=True``). AOTAutograd traces the backward
+`CompiledCall` (``training=True``). AOTAutograd traces the backward
 of that graph with it and Inductor compiles both at the first step, so ``loss.backward()``
 replays compiled code into the parameters' ``.grad``. What is not:
 
@@ -38,7 +38,7 @@ switched on or off when a run is resumed.
 
 Losses: KvsAll positives become a dense [B, E] bool label mask, one byte per score next to the
 scores' four (the sparse pairs have a varying count, which a static graph cannot take); the
-per-row BCE sum uses the decomposition of :mod:`kgtrace.training.loss`. 1vsAll takes the
+per-row BCE sum uses the decomposition of `kgtrace.training.loss`. 1vsAll takes the
 true answers [B]. Negative sampling takes the triples [B, 3] and the candidates drawn for them
 outside the graph (the draws are inputs, so eager and compiled steps see the same ones). The
 entity-chunked loss runs its own backward passes and is not compiled (``compile`` with
@@ -71,7 +71,7 @@ def kvsall_rows(model: nn.Module, pos_label: float, neg_label: float, queries: T
     """Per-row KvsAll BCE sums [B] (0 on padded rows): sum_k BCE(s_k, y_k) with smoothed labels y.
 
     queries [B, 2], labels [B, E] bool (True at the positives), valid [B] bool. As
-    :func:`~kgtrace.training.loss.kvsall_bce`: sum softplus(s) - n sum s - (p - n) sum_pos s.
+    `kvsall_bce`: sum softplus(s) - n sum s - (p - n) sum_pos s.
     """
     scores = model.score_t(queries).float()  # [B, E]
     positives = scores.masked_fill(~labels, 0.0).sum(dim=1)  # [B]
@@ -82,7 +82,7 @@ def kvsall_rows(model: nn.Module, pos_label: float, neg_label: float, queries: T
 def kvsall_ce_rows(model: nn.Module, label_smoothing: float, smoothing_style: str, queries: Tensor, labels: Tensor,
                    valid: Tensor) -> Tensor:
     """Per-row KvsAll cross-entropy [B] (0 on padded rows) against the target of
-    :func:`~kgtrace.training.loss.ce_target_weights`, as :func:`~kgtrace.training.loss.kvsall_ce`.
+    `ce_target_weights`, as `kvsall_ce`.
     queries [B, 2], labels [B, E] bool, valid [B] bool."""
     scores = model.score_t(queries).float()  # [B, E]
     alpha, beta = ce_target_weights(label_smoothing, scores.shape[1], labels.sum(dim=1).clamp_min(1), smoothing_style)

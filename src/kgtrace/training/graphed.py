@@ -1,22 +1,22 @@
 """The whole training step as one program over examples kept on the device, captured once as a CUDA graph.
 
-A step of :func:`kgtrace.training.step.run_epoch` does host work each time: it slices the epoch's
+A step of `kgtrace.training.step.run_epoch` does host work each time: it slices the epoch's
 order, gathers the batch's queries and answers on the CPU, copies them over, and launches each
 kernel of the forward, the loss, the backward and the optimizer one by one. On a GPU that host work,
 not the arithmetic, sets the pace (a ConvE-200 step on FB15k-237 is ~0.1 ms of arithmetic).
 
 Here every step is one program with no input from the host:
 
-* the examples live on the device (:class:`DeviceExamples`): the queries [N, 2], and KvsAll's
-  positives as the CSR arrays of :class:`~kgtrace.data.answers.AnswerIndex` (offsets [N + 1],
+* the examples live on the device (`DeviceExamples`): the queries [N, 2], and KvsAll's
+  positives as the CSR arrays of `AnswerIndex` (offsets [N + 1],
   answers [P]), or the single answers [N];
 * the epoch's shuffled order is copied to the device once per epoch (the same ``randperm`` of the
   same generator as the eager loop, so the batches are the eager loop's); a device counter
   ``cursor`` says where the next batch starts, and the step advances it;
 * the batch's positives are unpacked on the device into a fixed number L of (row, answer) slots
-  (:func:`batch_pairs`), L the most any batch of that size can have, and set in a [B, E] label mask
-  (:func:`label_mask`; unused slots write into a spare column, so no two slots write one place);
-* the per-row loss is the compiled step's (:data:`kgtrace.training.compiled.ROWS`), run as is or,
+  (`batch_pairs`), L the most any batch of that size can have, and set in a [B, E] label mask
+  (`label_mask`; unused slots write into a spare column, so no two slots write one place);
+* the per-row loss is the compiled step's (`kgtrace.training.compiled.ROWS`), run as is or,
   with ``compile``, through torch.compile without its own CUDA graphs (``mode="default"``: Inductor's
   fused kernels inside this graph); its backward and the optimizer's step (fused Adam,
   ``capturable``, the learning rate a device tensor that the schedulers fill in place) follow, and
@@ -61,7 +61,7 @@ WARMUP_STEPS = 2  # real steps of a batch size run before its capture (cuBLAS ha
 
 @dataclass(frozen=True)
 class DeviceExamples:
-    """An epoch's examples on the device; the same examples as :class:`~kgtrace.training.batches.Batches`.
+    """An epoch's examples on the device; the same examples as `Batches`.
 
     queries [N, 2] (anchor, relation in [0, 2R); negative-sampling: (head, relation in [0, R))).
     offsets [N + 1] and positives [P] (kvsall, kvsall-ce): example i's answers are
@@ -99,11 +99,13 @@ def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -
     past the batch's total are unused (``used`` False) and point at row B - 1's first answer, so
     every index stays valid.
 
-    :param starts: [B] each row's first place in ``positives``.
-    :param counts: [B] each row's number of positives.
-    :param positives: [P] all examples' answers.
-    :param slots: L, at least counts.sum() (see :func:`pairs_bound`).
-    :return: rows [L], answers [L] and used [L] bool.
+    Args:
+        starts: [B] each row's first place in ``positives``.
+        counts: [B] each row's number of positives.
+        positives: [P] all examples' answers.
+        slots: L, at least counts.sum() (see `pairs_bound`).
+    Returns:
+        rows [L], answers [L] and used [L] bool.
     """
     ends = torch.cumsum(counts, 0)  # [B] one past each row's last slot
     slot = torch.arange(slots, device=counts.device)  # [L]
@@ -116,7 +118,7 @@ def batch_pairs(starts: Tensor, counts: Tensor, positives: Tensor, slots: int) -
 
 
 def label_mask(rows: Tensor, answers: Tensor, used: Tensor, batch: int, num_entities: int) -> Tensor:
-    """[B, E] bool, True at the batch's positives (:func:`batch_pairs`' used slots).
+    """[B, E] bool, True at the batch's positives (`batch_pairs`' used slots).
 
     Unused slots write into a spare column E that is cut off: real slots are distinct places, so
     the write is a plain one, whichever order the device takes the slots in. (Pointing unused slots
@@ -132,7 +134,7 @@ def label_mask(rows: Tensor, answers: Tensor, used: Tensor, batch: int, num_enti
 class StepProgram:
     """One batch size's training step, reading the batch at ``cursor`` of the device ``order``.
 
-    :meth:`run` runs one step: on a CPU the program itself, on CUDA its warm-up steps and then
+    `run` runs one step: on a CPU the program itself, on CUDA its warm-up steps and then
     replays of its captured graph (module docstring). The step's loss is added to ``total``.
     """
 
@@ -224,7 +226,8 @@ class StepProgram:
 class GraphedTraining:
     """Epochs of the captured step (the module docstring); called as ``run_epoch`` is.
 
-    :param capture: capture CUDA graphs (default: on CUDA); False runs the same program step by step.
+    Args:
+        capture: capture CUDA graphs (default: on CUDA); False runs the same program step by step.
     """
 
     def __init__(self, batches: Batches, device: torch.device, capture: bool | None = None):

@@ -50,7 +50,7 @@ from kgtrace.training.step import TrainState, run_epoch
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a call of :func:`train` or :func:`resume` did; ``to_df()`` gives its epochs' losses and validations."""
+    """What a call of `train` or `resume` did; ``to_df()`` gives its epochs' losses and validations."""
 
     run_dir: Path
     epochs_completed: int
@@ -301,7 +301,7 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
 def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, deadline: float | None = None,
            hold: ExitStack | None = None, **overrides: Any) -> TrainResult:
     """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock;
-    ``deadline`` and ``hold`` as in :func:`train`."""
+    ``deadline`` and ``hold`` as in `train`."""
     out = Path(out)
     check_resumable(out)
     with ExitStack() as held:

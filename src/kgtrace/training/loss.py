@@ -160,16 +160,18 @@ def kvsall_bce(
     where ``y = labels * (1 - eps) + (1 - labels) * eps / (num_classes - 1)`` and
     ``labels`` is 1 at the positive (row, col) pairs and 0 elsewhere.
 
-    :param scores: logits [B, C] over C candidate entities.
-    :param pos_rows: LongTensor [P], row of each positive (< B).
-    :param pos_cols: LongTensor [P], column of each positive (< C); (row, col) pairs unique.
-    :param label_smoothing: eps in [0, 1).
-    :param num_classes: the smoothing's class count; defaults to C.
-    :param smoothing_style: "pykeen" (above) or "conve" (:func:`smoothed_label_values`).
-    :param denominator: what the summed loss is divided by; defaults to B * C (the mean). A process
-        holding part of a distributed batch passes the whole batch's count (see training.sharded).
-    :return: scalar loss. Extra memory is O(B + P) plus one softplus block of at most
-        max(C, block budget) elements; the backward pass allocates only the [B, C] gradient.
+    Args:
+        scores: logits [B, C] over C candidate entities.
+        pos_rows: LongTensor [P], row of each positive (< B).
+        pos_cols: LongTensor [P], column of each positive (< C); (row, col) pairs unique.
+        label_smoothing: eps in [0, 1).
+        num_classes: the smoothing's class count; defaults to C.
+        smoothing_style: "pykeen" (above) or "conve" (`smoothed_label_values`).
+        denominator: what the summed loss is divided by; defaults to B * C (the mean). A process
+            holding part of a distributed batch passes the whole batch's count (see training.sharded).
+    Returns:
+        scalar loss. Extra memory is O(B + P) plus one softplus block of at most
+            max(C, block budget) elements; the backward pass allocates only the [B, C] gradient.
     """
     pos_label, neg_label = smoothed_label_values(label_smoothing, num_classes or scores.shape[1], smoothing_style)
     return _KvsAllBCESum.apply(scores, pos_rows, pos_cols, pos_label, neg_label, denominator or scores.numel())
@@ -203,15 +205,17 @@ def kvsall_bce_chunked_backward(
     are back-propagated into the decoder and a detached copy of the query, and the summed
     query gradient is finally pushed through the encoder.
 
-    :param model: a factorised scorer; gradients accumulate into its parameters' ``.grad``.
-    :param queries: LongTensor [B, 2] of (anchor, relation-or-inverse) ids.
-    :param pos_rows: LongTensor [P], query row of each positive.
-    :param pos_cols: LongTensor [P], entity id of each positive; (row, col) pairs unique.
-    :param label_smoothing: eps in [0, 1), smoothing over E classes.
-    :param chunk_size: entities scored at once (>= 1).
-    :param denominator: what the summed loss is divided by; defaults to B * E (as :func:`kvsall_bce`).
-    :param smoothing_style: as for :func:`kvsall_bce`.
-    :return: the loss, a detached scalar tensor.
+    Args:
+        model: a factorised scorer; gradients accumulate into its parameters' ``.grad``.
+        queries: LongTensor [B, 2] of (anchor, relation-or-inverse) ids.
+        pos_rows: LongTensor [P], query row of each positive.
+        pos_cols: LongTensor [P], entity id of each positive; (row, col) pairs unique.
+        label_smoothing: eps in [0, 1), smoothing over E classes.
+        chunk_size: entities scored at once (>= 1).
+        denominator: what the summed loss is divided by; defaults to B * E (as `kvsall_bce`).
+        smoothing_style: as for `kvsall_bce`.
+    Returns:
+        the loss, a detached scalar tensor.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError([f"chunk_size={chunk_size!r}: must be an integer >= 1; fix: use e.g. 4096"])
@@ -236,10 +240,12 @@ def kvsall_bce_chunked_backward(
 def onevsall_ce(scores: Tensor, targets: Tensor, denominator: float | None = None) -> Tensor:
     """1vsAll: mean over B of the cross-entropy logsumexp(s) - s[target].
 
-    :param scores: logits [B, C].
-    :param targets: LongTensor [B] of the true column of each row.
-    :param denominator: divide the summed loss by this instead of B (a part of a distributed batch).
-    :return: scalar loss, equal to ``F.cross_entropy(scores, targets)``.
+    Args:
+        scores: logits [B, C].
+        targets: LongTensor [B] of the true column of each row.
+        denominator: divide the summed loss by this instead of B (a part of a distributed batch).
+    Returns:
+        scalar loss, equal to ``F.cross_entropy(scores, targets)``.
     """
     # logsumexp keeps no [B, C] log-softmax around for backward, unlike F.cross_entropy.
     true_scores = scores.gather(1, targets.unsqueeze(1)).squeeze(1)  # [B]
@@ -272,14 +278,16 @@ def kvsall_ce(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothin
 
         loss_b = -sum_k w_bk log softmax(s_b)_k = logsumexp(s_b) - alpha_b sum_{answers} s_bk - beta_b sum_k s_bk
 
-    with (alpha, beta) from :func:`ce_target_weights` (1/n_b and 0 without smoothing), so only the
+    with (alpha, beta) from `ce_target_weights` (1/n_b and 0 without smoothing), so only the
     answers' scores are gathered and no [B, C] target is formed.
 
-    :param scores: logits [B, C].
-    :param pos_rows: LongTensor [P], row of each positive (every KvsAll row has at least one).
-    :param pos_cols: LongTensor [P], column of each positive.
-    :param denominator: divide the summed loss by this instead of B (a part of a distributed batch).
-    :return: scalar loss.
+    Args:
+        scores: logits [B, C].
+        pos_rows: LongTensor [P], row of each positive (every KvsAll row has at least one).
+        pos_cols: LongTensor [P], column of each positive.
+        denominator: divide the summed loss by this instead of B (a part of a distributed batch).
+    Returns:
+        scalar loss.
     """
     rows, classes = scores.shape
     answers = torch.bincount(pos_rows, minlength=rows)  # [B] n_b
@@ -291,7 +299,7 @@ def kvsall_ce(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothin
 
 def dense_ce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float = 0.0,
                        style: str = "pykeen") -> Tensor:
-    """REFERENCE ONLY (tests): :func:`kvsall_ce` with a dense target: "pykeen" as PyKEEN's CrossEntropyLoss
+    """REFERENCE ONLY (tests): `kvsall_ce` with a dense target: "pykeen" as PyKEEN's CrossEntropyLoss
     computes it for LCWA (labels normalised, then ``F.cross_entropy(label_smoothing=eps)``), "conve" as LibKGE's
     KvsAll with kl (the ConvE authors' smoothed labels, normalised)."""
     labels = torch.zeros_like(scores)
@@ -303,7 +311,7 @@ def dense_ce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label
 
 
 def dense_bce_reference(scores: Tensor, pos_rows: Tensor, pos_cols: Tensor, label_smoothing: float) -> Tensor:
-    """REFERENCE ONLY (tests): the same loss as :func:`kvsall_bce`, with dense labels.
+    """REFERENCE ONLY (tests): the same loss as `kvsall_bce`, with dense labels.
 
     Builds the [B, C] label tensor, smooths it exactly as PyKEEN's
     ``apply_label_smoothing`` (num_classes = C) and calls
@@ -338,9 +346,11 @@ def sampled_ce_rows(picked: Tensor) -> Tensor:
 
         loss_b = logsumexp_j s[b, c_bj] - s[b, c_b0]
 
-    :param picked: the candidates' scores [B, 1 + n], the answer's first (:func:`candidate_scores`); with
-        n = 0 the loss is 0 (a softmax over one candidate).
-    :return: losses [B], as PyKEEN's ``CrossEntropyLoss.process_slcwa_scores`` per row.
+    Args:
+        picked: the candidates' scores [B, 1 + n], the answer's first (`candidate_scores`); with
+            n = 0 the loss is 0 (a softmax over one candidate).
+    Returns:
+        losses [B], as PyKEEN's ``CrossEntropyLoss.process_slcwa_scores`` per row.
     """
     return torch.logsumexp(picked, dim=1) - picked[:, 0]
 
@@ -353,7 +363,7 @@ def gathers_rows(num_candidates: int, dim: int, num_entities: int) -> bool:
 
 
 def candidate_scores(model: nn.Module, q: Tensor, candidates: Tensor) -> Tensor:
-    """Scores [B, 1 + n] of each encoded query q [B, D] against its candidates [B, 1 + n] (:func:`gathers_rows`;
+    """Scores [B, 1 + n] of each encoded query q [B, D] against its candidates [B, 1 + n] (`gathers_rows`;
     always gathered for a model with sparse gradients, whose step reads only the candidates' rows)."""
     if getattr(model, "sparse_grad", False) or gathers_rows(candidates.shape[1], q.shape[1], model.num_entities):
         return model.decode_ids(q, candidates)
@@ -363,19 +373,20 @@ def candidate_scores(model: nn.Module, q: Tensor, candidates: Tensor) -> Tensor:
 def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: Tensor, head_candidates: Tensor,
                            valid: Tensor) -> Tensor:
     """Per-triple loss [B] of negative sampling (0 on rows not ``valid``): the tail side's
-    :func:`sampled_ce_rows` plus the head side's, the head side asked as the query (t, r + R).
+    `sampled_ce_rows` plus the head side's, the head side asked as the query (t, r + R).
 
     LibKGE's negative_sampling with its kl loss sums the two sides' losses and divides by the
     batch's triples: the mean of these rows. Both sides' queries are encoded in one call (one
     pass of batch norm over both); a side without negatives (candidates [B, 1]) adds 0 and is
-    not scored. Each side's candidates are scored by :func:`candidate_scores`, the answer among them: one
+    not scored. Each side's candidates are scored by `candidate_scores`, the answer among them: one
     dropout mask for a query and all its candidates, where LibKGE and PyKEEN score the positive in a pass
     of its own (docs/training.md).
 
-    :param triples: LongTensor [B, 3] of (head, relation, tail), relation in [0, R).
-    :param tail_candidates: LongTensor [B, 1 + n_t]: the tail, then the entities drawn against it.
-    :param head_candidates: LongTensor [B, 1 + n_h]: the head, then the entities drawn against it.
-    :param valid: BoolTensor [B].
+    Args:
+        triples: LongTensor [B, 3] of (head, relation, tail), relation in [0, R).
+        tail_candidates: LongTensor [B, 1 + n_t]: the tail, then the entities drawn against it.
+        head_candidates: LongTensor [B, 1 + n_h]: the head, then the entities drawn against it.
+        valid: BoolTensor [B].
     """
     h, r, t = triples.unbind(1)
     sides = []  # (queries [B, 2], candidates [B, 1 + n]) of the sides that draw negatives
@@ -393,7 +404,7 @@ def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: T
 
 def negative_sampling_reference(model: nn.Module, triples: Tensor, tail_candidates: Tensor,
                                 head_candidates: Tensor) -> Tensor:
-    """REFERENCE ONLY (tests): the mean of :func:`negative_sampling_rows`, one triple and one candidate at a
+    """REFERENCE ONLY (tests): the mean of `negative_sampling_rows`, one triple and one candidate at a
     time through ``score_hrt`` (the head side's candidates c scored as (t, r + R, c)), then PyKEEN's formula:
     ``F.cross_entropy`` of [positive, negatives] against class 0."""
     total = torch.zeros((), dtype=torch.float64)

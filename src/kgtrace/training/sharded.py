@@ -86,7 +86,7 @@ def dropout_seed(seed: int, epoch: int, rank: int) -> int:
 
 def sharded_epochs(state: TrainState, batches: Batches, config: TrainConfig, device: torch.device,
                    world: World) -> Callable[..., float]:
-    """An epoch function with :func:`~kgtrace.training.loop.run_epoch`'s signature for this process of ``world``."""
+    """An epoch function with `run_epoch`'s signature for this process of ``world``."""
     ddp = None
     if not config.entity_chunk:
         device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \

@@ -9,9 +9,9 @@ trained for one epoch on the bundled UMLS in a temporary folder:
   the same function);
 * ``train_kvsall`` / ``train_1vsall``: the training step (``train --compile``) at the run's
   batch size and at the epoch's remainder, which gets its own call (training never pads:
-  :mod:`kgtrace.training.compiled`);
+  `kgtrace.training.compiled`);
 * TracIn's gradient functions for the run's model (``explain --compile``, path auto, params last);
-* ``captured_step``: the whole training step captured as a CUDA graph (:mod:`kgtrace.training.graphed`,
+* ``captured_step``: the whole training step captured as a CUDA graph (`kgtrace.training.graphed`,
   ``train --captured-step``, with the run's ``compile``): CAPTURED_EPOCHS epochs of CAPTURED_STEPS
   steps from the run's weights, against the step by step loop from the same weights and random
   state; it fails when an epoch's loss differs by more than 1e-4 relative, the parameters after them
@@ -25,7 +25,7 @@ at their sizes. Calls of all entry points are interleaved, as in a command that 
 compiled graphs in one step. A row of the table fails when:
 
 * parity: a call's outputs differ from the eager function's on the same inputs (losses and
-  factors by more than 1e-4 relative to the largest value; ranks as :func:`rank_parity`:
+  factors by more than 1e-4 relative to the largest value; ranks as `rank_parity`:
   ``num_candidates`` and ``nonfinite`` exactly, ``greater`` and ``equal`` by no more than the
   row's candidates whose eager score lies within 1e-4 x the row's largest |score| of the true
   answer's score, which rounding alone can move across it; rows that differ within that band are
@@ -39,7 +39,7 @@ compiled graphs in one step. A row of the table fails when:
   (what a CUDA-graph replay does to outputs not cloned at the boundary);
 * recompilations after warm-up, graph breaks, or static buffers that moved;
 * on CUDA: the mode is not "reduce-overhead", or Inductor skipped CUDA graphs
-  (its ``cudagraph_skips`` counter grew): :func:`cuda_graph_problems`.
+  (its ``cudagraph_skips`` counter grew): `cuda_graph_problems`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def relative_error(got: Tensor, expected: Tensor) -> float:
 
 @dataclass
 class RankParity:
-    """How a ranking's counts compare with eager's, over one or more calls (:func:`rank_parity`)."""
+    """How a ranking's counts compare with eager's, over one or more calls (`rank_parity`)."""
 
     # output -> (rows, largest difference) beyond what rounding explains; only the outputs that differ so
     beyond: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -188,7 +188,7 @@ def rank_parity(got: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> RankPa
     """Compare one ranking call with eager: exact where only the filter matters, within the band elsewhere.
 
     got: rank_chunk's greater, equal, num_candidates (long) and nonfinite (bool), each [B];
-    expected: eager's same four and :func:`near_candidates` [B]. num_candidates and nonfinite
+    expected: eager's same four and `near_candidates` [B]. num_candidates and nonfinite
     must be equal; greater and equal may each differ by up to the row's near candidates.
     """
     *counts, near = expected
@@ -295,7 +295,7 @@ def format_table(checks: list[Check]) -> str:
     """The doctor's report: one row per entry point, then each problem and note, then a verdict.
 
     ``max err``: the largest relative difference to eager, or for a ranking the largest count
-    difference beyond the rounding band (:func:`rank_parity`).
+    difference beyond the rounding band (`rank_parity`).
     """
     rows = [("entry point", "batch", "calls", "sizes", "max err", "grad err", "recompiles", "breaks", "compile s",
              "result")]

@@ -40,7 +40,7 @@ __all__ = ["JobSettings", "run_job"]
 
 @dataclass(frozen=True)
 class JobSettings:
-    """What ``kgtrace run`` trains and explains; validated by :meth:`config`."""
+    """What ``kgtrace run`` trains and explains; validated by `config`."""
 
     dataset: str = "umls"
     model: str = "conve"

@@ -2,7 +2,7 @@
 
 ``pipeline(dataset="umls", model="ConvE", epochs=30)`` trains into a run folder as ``kgtrace train`` does
 (checkpoints, metrics.jsonl, the id maps), writes the test metrics beside them (test_ranks.tsv, then
-test_metrics.json) and returns a :class:`PipelineResult`: the run folder, the training's losses and
+test_metrics.json) and returns a `PipelineResult`: the run folder, the training's losses and
 validations, and the filtered test metrics, each with ``to_df()``. The run folder then serves every other
 command and function (``kgtrace.load_run``, ``kgtrace.TracIn``, ``kgtrace explain``).
 """
@@ -28,7 +28,7 @@ __all__ = ["PipelineResult", "pipeline"]
 
 @dataclass(frozen=True)
 class PipelineResult:
-    """What :func:`pipeline` did: where the run is, how training went, how the model ranks the test split."""
+    """What `pipeline` did: where the run is, how training went, how the model ranks the test split."""
 
     run_dir: Path
     training: TrainResult  # epochs, losses and validation MRRs (``training.to_df()``: one row per epoch)
@@ -50,15 +50,16 @@ def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | N
              restrict: Sequence[str] = (), progress: bool = False, log=print, **settings: Any) -> PipelineResult:
     """Train ``model`` on ``dataset`` and rank the test split; see the module docstring.
 
-    :param dataset: a registered dataset in any spelling ("umls", "FB15k-237"), or a dataset folder.
-    :param model: a registered model in any spelling ("conve", "ConvE").
-    :param out: the run folder; default ``runs/DATASET-MODEL``.
-    :param overwrite: replace a run kgtrace wrote into ``out`` (never a folder holding anything else).
-    :param restrict: the test ranking's candidates: by default, where the dataset has node categories, each
-        relation's categories in training (the metrics against every entity are kept in ``unrestricted``);
-        ``("none",)``: every entity.
-    :param settings: any other field of :class:`~kgtrace.core.config.TrainConfig` (``epochs=30``, ``lr=0.003``,
-        ``model_args={"embedding_dim": 100}``); an unknown one is refused with the fields' names.
+    Args:
+        dataset: a registered dataset in any spelling ("umls", "FB15k-237"), or a dataset folder.
+        model: a registered model in any spelling ("conve", "ConvE").
+        out: the run folder; default ``runs/DATASET-MODEL``.
+        overwrite: replace a run kgtrace wrote into ``out`` (never a folder holding anything else).
+        restrict: the test ranking's candidates: by default, where the dataset has node categories, each
+            relation's categories in training (the metrics against every entity are kept in ``unrestricted``);
+            ``("none",)``: every entity.
+        settings: any other field of `TrainConfig` (``epochs=30``, ``lr=0.003``,
+            ``model_args={"embedding_dim": 100}``); an unknown one is refused with the fields' names.
     """
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(settings) - known)
