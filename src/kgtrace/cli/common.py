@@ -175,8 +175,9 @@ def print_metrics(metrics: Metrics, split: str) -> None:
 
 
 def print_evaluation(evaluation: RunEvaluation, split: str) -> None:
-    """What the candidates were, the metrics table, and the unrestricted figures when the candidates were restricted."""
-    print(evaluation.note)
+    """What the candidates were (when restricted), the metrics table, and then the unrestricted figures."""
+    if evaluation.unrestricted is not None:
+        print(evaluation.note)
     print_metrics(evaluation.metrics, split)
     if evaluation.unrestricted is not None:
         r, ks = evaluation.unrestricted.both.realistic, evaluation.unrestricted.ks

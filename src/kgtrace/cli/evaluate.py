@@ -161,6 +161,7 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from kgtrace.compute.system import resolve_device
+    from kgtrace.evaluation.candidates import restriction_note
     from kgtrace.evaluation.predict import predict, write_table
     from kgtrace.runs.embedding import load_run
 
@@ -172,7 +173,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                     new_only=args.new_only, category=args.category, restrict=args.restrict)
     q = found.query
     relation = q["relation"] if q["relation_name"] == q["relation"] else f"{q['relation_name']} ({q['relation']})"
-    print(found.note)
+    if found.note != restriction_note(None):  # restricted by category: the first line says so
+        print(found.note)
     head, tail = (named(run.dataset, q[side]) for side in ("head", "tail"))
     print(f"({head}, {relation}, {tail}): best {found.table.height} {q['side']}s"
           f"{' (new only)' if args.new_only else ''}")

@@ -224,8 +224,9 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     from kgtrace.evaluation.candidates import restriction_note, restriction_of
 
     test = explain_targets(args, run)
-    if args.world.is_main:
-        print(restriction_note(restriction_of(run.dataset, args.restrict), args.restrict).replace(
+    restriction = restriction_of(run.dataset, args.restrict)
+    if args.world.is_main and restriction is not None:  # restricted by category: the first line says so
+        print(restriction_note(restriction, args.restrict).replace(
             "candidates:", "candidates (of --predict and of the ranks):", 1))
     if args.method == "auto" and args.world.is_main:
         print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")

@@ -154,7 +154,8 @@ def check_in_folder(run: Run, out: Path, settings: FaithfulnessSettings, start: 
     """The check's work in its claimed, locked folder ``out``."""
     known = AnswerIndex.build(run.dataset.all_triples(), run.dataset.num_relations)
     restriction = restriction_of(run.dataset, settings.restrict)
-    log(restriction_note(restriction, settings.restrict).replace("candidates:", "candidates of the ranks:", 1))
+    if restriction is not None:
+        log(restriction_note(restriction, settings.restrict).replace("candidates:", "candidates of the ranks:", 1))
     predictions, how = choose_predictions(run, known, settings.sample, settings.seed, triples, triples_source,
                                           restriction)
     here = variant(settings.mode, start)

@@ -141,7 +141,8 @@ def _evaluate_step(run, restrict: tuple[str, ...], redo: bool, log) -> bool:
         log("evaluate: reusing test_metrics.json and test_ranks.tsv")
         return False
     evaluation = write_test_metrics(run, restrict=restrict)
-    log(f"evaluate: {evaluation.note}")
+    if evaluation.unrestricted is not None:
+        log(f"evaluate: {evaluation.note}")
     m = evaluation.metrics.both.realistic
     log(f"evaluate: test MRR {m.mrr:.4f}, Hits@1 {m.hits_at[1]:.4f}, Hits@10 {m.hits_at[10]:.4f} (realistic)")
     return True
