@@ -23,6 +23,7 @@ ROBOKOP = [sys.executable, str(BENCHMARKS / "make_graph.py"), "robokop", "--out"
 
 #: script -> (commands making its input, its arguments at a smoke size)
 SMOKE: dict[str, tuple[list[list[str]], list[str]]] = {
+    "auto_method": ([], ["--smoke", "--out", "runs", "--device", "cpu"]),
     "compile_speedup": ([], ["--repeats", "1", "--steps", "2", "--evals", "1", "--threads", "1", "--parts", "train_step"]),
     "distributed_scaling": ([], ["--procs", "1", "--dataset", "nations", "--epochs", "1", "--base-epochs", "1",
                                  "--explain", "2"]),

@@ -3,7 +3,7 @@
 import pytest
 from benchmark_smoke import run_smoke
 
-SCRIPTS = ["compile_speedup", "faithfulness", "lds", "precision", "prover", "tracin_index", "train_vs_pykeen"]
+SCRIPTS = ["auto_method", "compile_speedup", "faithfulness", "lds", "precision", "prover", "tracin_index", "train_vs_pykeen"]
 
 
 @pytest.mark.timeout(600)

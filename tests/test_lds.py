@@ -14,7 +14,14 @@ from torch.func import functional_call
 from kgtrace.attribution import trak as trak_module
 from kgtrace.attribution.influence import InfluenceFunction, training_hessian
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attributions, choose_method
-from kgtrace.attribution.trak import TrakCost, default_ridge, removal_weights, trak, trak_ridges
+from kgtrace.attribution.trak import (
+    TrakCost,
+    TrakTime,
+    default_ridge,
+    removal_weights,
+    trak,
+    trak_ridges,
+)
 from kgtrace.cli import build_parser, main
 from kgtrace.core.checkpoint import load_checkpoint
 from kgtrace.core.config import TrainConfig
@@ -454,15 +461,25 @@ def test_trak_cost_counts_every_parameter_triple_and_checkpoint(tiny_distmult):
     assert cost.flops == 2 * len(run.dataset.train) * 276 * min(len(run.dataset.train), 276) * 2
 
 
+def test_trak_time_adds_gradients_kernel_and_solve_per_checkpoint(tiny_distmult):
+    estimate = TrakTime((10, 20), (1.0, 2.0), load=0.5, linear=0.1, matmul_rate=1e9, solve_rate=1e8, triples=100,
+                        parameters=1000, checkpoints=3)
+    kernel, solve = 2 * 100 * 1000 * 100, 100 ** 3 / 3
+    assert estimate.seconds == pytest.approx(3 * (0.5 + 0.1 * 100 + kernel / 1e9 + solve / 1e8))
+    measured = TrakTime.measure(load_run(tiny_distmult))
+    assert measured.triples == len(load_run(tiny_distmult).dataset.train) and measured.checkpoints == 2
+    assert measured.linear > 0 and measured.matmul_rate > 0 and measured.solve_rate > 0 and measured.seconds > 0
+
+
 def test_auto_picks_trak_where_it_fits_and_tracin_where_it_does_not(tiny_distmult, monkeypatch):
     from kgtrace.attribution import methods
 
     run = load_run(tiny_distmult)
     chosen = choose_method(run)
     assert chosen.method == "trak" and "best LDS" in chosen.reason and "276 parameters" in chosen.reason
-    monkeypatch.setattr(methods, "AUTO_TRAK_FLOPS", TrakCost.of(run).flops - 1)
-    chosen = choose_method(run)
-    assert chosen.method == "tracin" and "operations" in chosen.reason
+    assert "two timed pilots" in chosen.reason and f"budget of {methods.AUTO_BUDGET_S:g} s" in chosen.reason
+    chosen = choose_method(run, budget=0.0)  # any estimate is over a budget of nothing
+    assert chosen.method == "tracin" and "more than the budget of 0 s" in chosen.reason
     monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", TrakCost.of(run).feature_bytes - 1)
     assert choose_method(run).method == "tracin" and "GiB" in choose_method(run).reason
     sampled = dataclasses_replace(run, config=dataclasses_replace(run.config, training="negative-sampling",
@@ -478,7 +495,7 @@ def test_explain_by_default_says_which_method_it_chose_and_gives_its_ranking(tin
     common = ["--test", "2", "--top-k", "3", "--device", "cpu", "--no-progress"]
     assert main(["explain", str(tiny_distmult), *common, "--out", str(auto)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("--method auto: trak, the best LDS on the benchmark graphs; its exact gradients of ")
+    assert printed.startswith("--method auto: trak, the best LDS on the benchmark graphs; over 1,592 training triples ")
     assert main(["explain", str(tiny_distmult), *common, "--method", "trak", "--out", str(named)]) == 0
     first, second = (json.loads(f.read_text())["explanations"] for f in (auto, named))
     assert [i["method"] for i in first] == ["trak", "trak"] and first[0]["method_reason"].startswith("the best LDS")

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from kgtrace.attribution.index import ProjectedIndex
 from kgtrace.attribution.methods import (
+    AUTO_BUDGET_S,
     METHOD_SPECS,
     AttributionInputs,
     MethodChoice,
@@ -172,7 +173,8 @@ def _ranked(ds: Dataset, index: Tensor, values: Tensor) -> pl.DataFrame:
 # ----------------------------------------------------------------------------- the whole path
 
 
-def method_for(run: Run, method: str | MethodChoice, index: str | Path | None = None) -> MethodChoice:
+def method_for(run: Run, method: str | MethodChoice, index: str | Path | None = None,
+               budget: float = AUTO_BUDGET_S) -> MethodChoice:
     """The method to use and why: as given, TracIn with a projected ``index`` (it holds TracIn's gradients), or
     for ``auto`` the cheaper of TRAK and TracIn for this run (`choose_method`)."""
     if isinstance(method, MethodChoice):
@@ -183,14 +185,14 @@ def method_for(run: Run, method: str | MethodChoice, index: str | Path | None = 
         return MethodChoice(method, f"method {method!r} asked")
     if index is not None:
         return MethodChoice("tracin", "a projected index holds TracIn's gradients")
-    return choose_method(run)
+    return choose_method(run, budget)
 
 
 def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *, method: str | MethodChoice = "auto",
             top_k: int = 10, inputs: AttributionInputs | None = None, tracin: Mapping[str, Any] | None = None,
             index: str | Path | None = None, progress: bool = False, state: str | Path | None = None,
             save_every: float | None = None, memory_budget: int = 2 << 30, restrict: Sequence[str] = (),
-            device: str | torch.device = "auto") -> Explanations:
+            budget: float = AUTO_BUDGET_S, device: str | torch.device = "auto") -> Explanations:
     """The ``top_k`` training triples that most raised (proponents) and most lowered (opponents) each prediction.
 
     Each explanation records the method and why it was used; ``.to_df()`` lists every influencer.
@@ -212,6 +214,8 @@ def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *,
         memory_budget: bytes for the ranking's scores at once.
         restrict: the candidates the triples' ranks are among (by default each relation's categories in
             training, where the dataset has categories; ``("none",)``: every entity).
+        budget: with ``method="auto"``: seconds TRAK may take on this machine (estimated from two timed pilots);
+            over it, TracIn.
         device: TracIn's; the other methods run on the CPU (the run's model moves there).
 
     Returns:
@@ -225,7 +229,7 @@ def explain(run: Run | str | Path, triples: Tensor | Named | Sequence[Named], *,
         problems.append("triples: none given; fix: pass (head, relation, tail) or a list of them")
     if problems:
         raise ConfigError(problems)
-    choice = method_for(run, method, index)
+    choice = method_for(run, method, index, budget)
     found, epochs, run = _top_k(run, test, choice.method, top_k, inputs or AttributionInputs(progress=progress),
                                 dict(tracin or {}), index, progress, state, save_every, device)
     return explain_triples(run, test, found, epochs, memory_budget=memory_budget, method=choice.method,

@@ -39,12 +39,12 @@ from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
 from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
-from kgtrace.attribution.trak import TrakCost, default_ridge, trak
+from kgtrace.attribution.trak import TrakCost, TrakTime, default_ridge, trak
 from kgtrace.core.config import MAX_SEED
 from kgtrace.core.errors import ConfigError
 from kgtrace.runs.embedding import Run
 
-__all__ = ["AUTO_TRAK_FLOPS", "Attribution", "AttributionInputs", "METHOD_SPECS", "MethodChoice", "MethodSpec",
+__all__ = ["AUTO_BUDGET_S", "Attribution", "AttributionInputs", "METHOD_SPECS", "MethodChoice", "MethodSpec",
            "attribution_signature", "attributions", "choose_method", "explain_methods", "lds_methods", "matrix_top_k",
            "method_note", "register", "removal_tops", "shares_an_entity"]
 
@@ -265,9 +265,8 @@ def attribution_signature(method: str, inputs: AttributionInputs, run: Run) -> d
     return signature
 
 
-#: ``choose_method`` picks TRAK up to this many floating-point operations in its kernels (TrakCost.flops): about
-#: three minutes on one CPU core (UMLS ComplEx dim 32, eight checkpoints: 5.0e12 in 97 s).
-AUTO_TRAK_FLOPS = 10**13
+#: ``choose_method``'s budget for TRAK, in seconds of this machine (``kgtrace explain --budget``).
+AUTO_BUDGET_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -278,10 +277,11 @@ class MethodChoice:
     reason: str
 
 
-def choose_method(run: Run) -> MethodChoice:
+def choose_method(run: Run, budget: float = AUTO_BUDGET_S) -> MethodChoice:
     """``kgtrace explain --method auto``: TRAK, the best method by LDS on every benchmark graph
-    (docs/benchmarks.md), where its exact gradients fit and its kernels stay within ``AUTO_TRAK_FLOPS``;
-    else TracIn, which streams over any number of training triples and parameters."""
+    (docs/benchmarks.md), where its exact gradients fit in memory and its time on this machine, estimated
+    from two timed pilots (`TrakTime`), is within ``budget`` seconds; else TracIn, which streams over any
+    number of training triples and parameters."""
     cost = TrakCost.of(run)
     size = f"{cost.triples:,} training triples x {cost.parameters:,} parameters"
     if run.config.training == "negative-sampling":
@@ -290,12 +290,14 @@ def choose_method(run: Run) -> MethodChoice:
     if not cost.fits:
         return MethodChoice("tracin", f"TRAK's exact gradients of {size} would take "
                                       f"{cost.feature_bytes / 2**30:.1f} GiB")
-    if cost.flops > AUTO_TRAK_FLOPS:
-        return MethodChoice("tracin", f"TRAK over {size} and {cost.checkpoints} checkpoints would take "
-                                      f"{cost.flops:.1e} operations, more than {AUTO_TRAK_FLOPS:.0e}")
-    return MethodChoice("trak", f"the best LDS on the benchmark graphs; its exact gradients of {size} fit "
-                                f"({cost.feature_bytes / 2**30:.2f} GiB, {cost.flops:.1e} operations over "
-                                f"{cost.checkpoints} checkpoints)")
+    estimate = TrakTime.measure(run)
+    if estimate.seconds > budget:
+        return MethodChoice("tracin", f"TRAK over {size} and {cost.checkpoints} checkpoints would take about "
+                                      f"{estimate.seconds:,.0f} s here (two timed pilots), more than the budget of "
+                                      f"{budget:g} s")
+    return MethodChoice("trak", f"the best LDS on the benchmark graphs; over {size} and {cost.checkpoints} "
+                                f"checkpoints it takes about {estimate.seconds:,.0f} s here (two timed pilots), "
+                                f"within the budget of {budget:g} s")
 
 
 def matrix_top_k(matrix: Tensor, test: Tensor, k: int) -> list[TopK]:

@@ -50,6 +50,7 @@ a chunk at a time (and projected at once), so memory holds Phi [n, k] besides on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, spec_of
 from kgtrace.runs.embedding import Run, model_from_checkpoint
 from kgtrace.training.loss import ce_target_weights
 
-__all__ = ["TrakCost", "default_ridge", "removal_weights", "trak", "trak_ridges"]
+__all__ = ["TrakCost", "TrakTime", "default_ridge", "removal_weights", "trak", "trak_ridges"]
 
 # The projection matrix R [P, k] (float32) may take at most this many bytes.
 MAX_PROJECTION_BYTES = 2 << 30
@@ -100,6 +101,88 @@ class TrakCost:
         """The kernel products over all checkpoints: 2 n P min(n, P) each (Phi Phi^T or Phi^T Phi)."""
         n, size = self.triples, self.parameters
         return 2 * n * size * min(n, size) * self.checkpoints
+
+
+@dataclass(frozen=True)
+class TrakTime:
+    """Exact TRAK's time over a run on this machine, from timed pilots and measured rates.
+
+    Each checkpoint costs about ``load + linear * n + kernel_flops / matmul_rate + solve_flops /
+    solve_rate`` seconds for n training triples of P parameters, m = min(n, P): the score gradients
+    and their copies grow with n (``linear``: the slope between two timed pilots of exact TRAK on the
+    first ``pilots`` training triples, where the kernel is negligible); the kernel Phi Phi^T (or
+    Phi^T Phi) takes 2 n P m operations in float32 and its Cholesky solve m^3 / 3 in float64, each at
+    the rate a product and a solve of their shapes reach here, timed.
+    """
+
+    pilots: tuple[int, int]  # training triples in each timed pilot
+    pilot_seconds: tuple[float, float]
+    load: float  # seconds to load one checkpoint
+    linear: float  # seconds per training triple, per checkpoint: gradients and copies
+    matmul_rate: float  # float32 operations per second of a kernel-shaped product, timed
+    solve_rate: float  # float64 operations per second of a Cholesky solve, timed
+    triples: int
+    parameters: int
+    checkpoints: int
+
+    @property
+    def seconds(self) -> float:
+        n, size = self.triples, self.parameters
+        m = min(n, size)
+        kernel, solve = 2.0 * n * size * m, m ** 3 / 3.0
+        return self.checkpoints * (self.load + self.linear * n + kernel / self.matmul_rate + solve / self.solve_rate)
+
+    @classmethod
+    def measure(cls, run: Run, pilots: tuple[int, int] = (32, 96)) -> TrakTime:
+        """Time exact TRAK on ``pilots`` training triples of ``run`` (its model), a checkpoint's loading, a product
+        and a solve shaped as the run's, and fit."""
+        train, cost = run.dataset.train, TrakCost.of(run)
+        small, large = (min(m, len(train)) for m in pilots)
+        _timed_pilot(run, train[:small])  # a warm-up: the first call pays for allocations the others reuse
+        times = (_timed_pilot(run, train[:small]), _timed_pilot(run, train[:large]))
+        start = time.perf_counter()
+        model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path))
+        load = time.perf_counter() - start
+        linear = (times[1] - times[0]) / (large - small) if large > small else times[1] / max(large, 1)
+        linear = max(linear, times[1] / max(large, 1) / 4)  # noise never makes gradients nearly free
+        m = min(cost.triples, cost.parameters)
+        return cls((small, large), times, load, linear, _matmul_rate(m, max(cost.triples, cost.parameters)),
+                   _solve_rate(m), cost.triples, cost.parameters, cost.checkpoints)
+
+
+def _timed_pilot(run: Run, train: Tensor) -> float:
+    """Seconds of one checkpoint's exact TRAK over ``train`` (one test triple, the run's model)."""
+    start = time.perf_counter()
+    _one_model(run.model, train, train[:1], None, 0, 512, [DEFAULT_TRAK_RIDGE], run.config)
+    return time.perf_counter() - start
+
+
+def _matmul_rate(m: int, inner: int) -> float:
+    """float32 operations per second of a product [d, q] @ [q, d] shaped as the kernel's (d up to 512, q up to 8192),
+    the best of three after a warm-up."""
+    d, q = max(1, min(m, 512)), max(1, min(inner, 8192))
+    a = torch.randn(d, q, generator=torch.Generator().manual_seed(0))
+    return 2.0 * d * d * q / _best_time(lambda: a @ a.T)
+
+
+def _solve_rate(m: int) -> float:
+    """float64 operations (d^3 / 3) per second of a Cholesky solve of a d x d positive definite matrix (d up to
+    512), the best of three after a warm-up."""
+    d = max(2, min(m, 512))
+    a = torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    spd = a @ a.T + d * torch.eye(d, dtype=torch.float64)
+    right = torch.ones(d, 1, dtype=torch.float64)
+    return d ** 3 / 3.0 / _best_time(lambda: _solve_positive(spd, right))
+
+
+def _best_time(work) -> float:
+    work()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)
 
 
 def default_ridge(model: nn.Module) -> float:
@@ -167,12 +250,13 @@ def _one_model(model: nn.Module, train: Tensor, test: Tensor, dim: int | None, s
     """One model's TRAK estimates [len(ridges), n_test, n_train] (float64)."""
     names = select_parameters(model, "all")
     projection = _projection(_size(model, names), len(train), dim, seed)
-    features = torch.cat([_features(model, chunk, names, projection)
-                          for chunk in train.split(chunk_size)])  # [n, k] Phi
+    chunks = [_features(model, chunk, names, projection) for chunk in train.split(chunk_size)]
+    features = chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # [n, k] Phi
     weights = removal_weights(model, train, config, chunk_size)  # [n] q_j
     test_features = _features(model, test, names, projection)  # [n_test, k]
     n, k = features.shape
-    scale = float(features.double().square().sum()) / min(n, k)  # trace(Phi^T Phi) / its largest possible rank
+    # trace(Phi^T Phi) / its largest possible rank, summed in float64 a block of rows at a time (no copy of Phi)
+    scale = sum(float(block.double().square().sum()) for block in features.split(8)) / min(n, k)
     dual = k > n
     # The products, n^2 k or n k^2, are most of the time: in float32 (half of float64's), solved in float64.
     kernel = (features @ features.T if dual else features.T @ features).double()  # [n, n] or [k, k]

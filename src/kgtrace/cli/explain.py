@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, explain_methods, method_note
+from kgtrace.attribution.methods import AUTO_BUDGET_S, METHOD_SPECS, AttributionInputs, explain_methods, method_note
 from kgtrace.attribution.results import Explanations, Influencer, SelfInfluence
 from kgtrace.cli.common import (
     add_restrict_arg,
@@ -48,11 +48,14 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=10,
                    help="proponents and opponents per triple (with --self: triples shown and detailed in the JSON)")
     p.add_argument("--method", default="auto", choices=("auto", *explain_methods()),
-                   help="auto (default): trak, the best method by LDS, where its exact gradients fit and cost at most "
-                        "about 3 CPU minutes, else tracin; the output says which and why. tracin: streaming, any size "
+                   help="auto (default): trak, the best method by LDS, where its exact gradients fit and take at most "
+                        "--budget seconds on this machine (estimated from two timed pilots), else tracin; the output "
+                        "says which and why. tracin: streaming, any size "
                         "(--params, --checkpoints, --precision, --compile, --chunk-size, --index and --self apply, and "
                         "make auto choose it). Or a method that scores every training triple at once on the CPU "
                         "(small models: trak, influence-fisher, influence, grad-cos, ...; see docs/tracin.md)")
+    p.add_argument("--budget", type=float, default=AUTO_BUDGET_S, metavar="SECONDS",
+                   help="--method auto: the seconds TRAK may take here; over them, tracin")
     p.add_argument("--trak-dim", type=int, default=None, metavar="K",
                    help="--method trak: project the score gradients to K random dimensions (default: the exact "
                         "gradients; a projection is needed where training triples x parameters x 8 bytes exceed 2 GiB)")
@@ -144,7 +147,7 @@ def explain_method(args: argparse.Namespace, run) -> MethodChoice:
         return MethodChoice("tracin", f"{', '.join(given)} given, which only TracIn reads")
     if args.trak_dim is not None:
         return MethodChoice("trak", f"--trak-dim {args.trak_dim} given")
-    return choose_method(run)
+    return choose_method(run, args.budget)
 
 
 def may_stream(method: str) -> bool:
