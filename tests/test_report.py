@@ -40,6 +40,14 @@ def test_every_section_is_present(page, full_run):
         assert f"probability <b>{item['probability']:.3f}</b>" in page
         assert "a test triple (never trained on)" in page and "TracIn influence of a training triple" in page
     assert "That is why validation MRR sits below the test MRR" in page
+    # How good the model is: each metric defined, and the model against a random ranking of the same candidates.
+    assert "<dt>MRR</dt><dd>mean reciprocal rank" in page and "<dt>Hits@k</dt>" in page
+    both = metrics["both"]["realistic"]
+    chance = (both["mrr"] - both["adjusted_mrr"]) / (1 - both["adjusted_mrr"])
+    assert f"against <b>{chance:.4f}</b> for a random ranking of the same candidates" in page
+    assert 0 < chance < 1 and f"adjusted MRR <b>{both['adjusted_mrr']:.4f}</b>" in page
+    # The settings come last, folded away.
+    assert re.findall(r"<h2>([^<]*)</h2>", page)[-1] == "Configuration" and "<details><summary>the " in page
 
 
 def test_tie_policies_show_one_row_per_side_when_they_agree(tmp_path, full_run):
@@ -94,7 +102,7 @@ def test_user_labels_are_escaped(tmp_path, full_run):
     assert "<h2>Evil &lt;B&gt;</h2>" in page
     (run / "explain" / "predicted.json").write_text(json.dumps(data))
     titles = re.findall(r"<h2>([^<]*)</h2>", build_html(run))
-    assert titles[-3:] == ["Test triples", "Best new predictions", "Evil &lt;B&gt;"]
+    assert titles[-4:] == ["Test triples", "Best new predictions", "Evil &lt;B&gt;", "Configuration"]  # settings last
 
 
 def test_missing_inputs_say_which_command_makes_them(tmp_path, full_run):

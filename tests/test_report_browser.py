@@ -125,3 +125,37 @@ def test_screenshots_of_the_top_and_of_an_explanation(page, tmp_path):
     assert explained[..., :3].std() > 0.05  # not a blank stretch of the page
     blue = (np.abs(explained[..., :3] - np.array([0x2B, 0x6C, 0xB0]) / 255).max(-1) < 0.02).sum()
     assert blue > 200  # the drawing: the explained triple's blue nodes and dashed edge
+
+
+# Appended to a copy of the page: how wide the page and its images are once laid out, sent to the frame's parent.
+WIDTHS = """<script>
+window.addEventListener("load", function () {
+  function widths(selector) {
+    return Array.prototype.map.call(document.querySelectorAll(selector),
+      function (e) { return e.getBoundingClientRect().width; });
+  }
+  parent.postMessage(JSON.stringify({page: document.documentElement.scrollWidth, view: window.innerWidth,
+                                     images: widths("img"), drawings: widths("svg.subgraph")}), "*");
+});
+</script>"""
+
+# A window holding the page in a frame of the width under test (Chromium's own windows are 500 px at least).
+FRAME = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="widths.html" style="width:{width}px;height:8000px;border:0"></iframe>
+<script>window.addEventListener("message", function (e) {{
+  document.documentElement.setAttribute("data-widths", e.data); }});</script></body></html>"""
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_page_fits_its_window_at_desktop_and_phone_widths(page, tmp_path, width):
+    """Nothing widens the page past its window (wide tables scroll in their own box), and the plots and
+    drawings keep a readable width."""
+    (tmp_path / "widths.html").write_text(page.read_text().replace("</body>", WIDTHS + "</body>"))
+    (tmp_path / "frame.html").write_text(FRAME.format(width=width))
+    dom = chromium(tmp_path, "--window-size=1500,8000", "--virtual-time-budget=5000", "--dump-dom",
+                   (tmp_path / "frame.html").as_uri()).stdout
+    measured = json.loads(html.unescape(re.search(r'data-widths="([^"]*)"', dom).group(1)))
+    assert measured["view"] == width and measured["page"] <= width
+    assert len(measured["images"]) == 2 and len(measured["drawings"]) == 2
+    # a phone shows them across its width, not as thumbnails
+    assert min(measured["images"] + measured["drawings"]) >= min(300, 0.75 * width)

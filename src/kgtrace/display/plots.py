@@ -56,16 +56,27 @@ def rank_histogram(ranks_by_side: dict[str, np.ndarray], path: str | Path, title
 
 
 def rank_histogram_figure(ranks_by_side: dict[str, np.ndarray], title: str = ""):
-    """The figure of `rank_histogram`."""
+    """The figure of `rank_histogram`: the histogram, its count axis logarithmic so that the bars past rank 1 keep
+    their height, and beside it the share of queries ranked k or better for every k (Hits@k as a curve)."""
     largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
     edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.hist(list(ranks_by_side.values()), bins=edges, label=list(ranks_by_side), alpha=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("filtered rank (realistic)")
-    ax.set_ylabel("queries")
-    ax.legend()
+    fig, (counts, share) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
+    counts.hist(list(ranks_by_side.values()), bins=edges, label=list(ranks_by_side), alpha=0.8)
+    counts.set_xscale("log")
+    counts.set_yscale("log")
+    counts.set_xlabel("filtered rank (realistic)")
+    counts.set_ylabel("queries (log scale)")
+    counts.legend()
+    for side, ranks in ranks_by_side.items():
+        ordered = np.sort(np.asarray(ranks, dtype=float))
+        share.step(ordered, np.arange(1, len(ordered) + 1) / max(len(ordered), 1), where="post", label=side)
+    share.set_xscale("log")
+    share.set_ylim(0, 1.02)
+    share.set_xlabel("rank k")
+    share.set_ylabel("share ranked k or better (Hits@k)")
+    share.grid(alpha=0.3)
+    share.legend()
     if title:
-        ax.set_title(title)
+        fig.suptitle(title)
     fig.tight_layout()
     return fig

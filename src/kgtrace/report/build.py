@@ -91,7 +91,6 @@ def build_html(run_dir: str | Path, faithfulness: list[str | Path] = ()) -> str:
     folders = faithfulness_folders(run_dir, faithfulness)
     train, layout = f"kgtrace train --out {run_dir}", RunLayout(run_dir)
     sections = [
-        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), layout.config, train), False),
         ("training", "Training", _guarded(lambda: s.training_section(run_dir), layout.metrics, train), False),
         ("metrics", "Test metrics", _guarded(lambda: s.metrics_section(run_dir), layout.test_metrics,
                                              f"kgtrace evaluate {run_dir} --out {layout.test_metrics}"), False),
@@ -99,6 +98,7 @@ def build_html(run_dir: str | Path, faithfulness: list[str | Path] = ()) -> str:
                                              f"kgtrace evaluate {run_dir} --per-query {layout.test_ranks}"), False),
         *_explain_sections(run_dir),
         *_faithfulness_sections(folders),
+        ("config", "Configuration", _guarded(lambda: s.config_section(run_dir), layout.config, train), True),
     ]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return page(f"kgtrace report: {run_dir.resolve().name}", str(run_dir.resolve()), _cards(run_dir), sections,

@@ -53,6 +53,18 @@ figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 6px;
 .pro { background: var(--pro); } .opp { background: var(--opp); }
 .kind-pro { color: var(--pro); } .kind-opp { color: var(--opp); }
 footer { color: var(--muted); font-size: 12px; text-align: center; padding: 0 0 24px; }
+details > summary { cursor: pointer; color: var(--accent); }
+dl.defs { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; font-size: 13.5px; margin: 6px 0; }
+dl.defs dt { font-weight: 600; } dl.defs dd { margin: 0; color: var(--muted); }
+@media (max-width: 760px) {
+  header { padding: 18px 14px 14px; } header h1 { font-size: 20px; overflow-wrap: anywhere; }
+  header .sub { overflow-wrap: anywhere; }
+  .card { min-width: 0; flex: 1 1 40%; padding: 6px 10px; } .card b { font-size: 18px; }
+  nav { padding: 8px 14px; overflow-x: auto; white-space: nowrap; }
+  main { grid-template-columns: minmax(0, 1fr); padding: 8px 6px 24px; gap: 12px; }
+  section { padding: 12px 10px; }
+  dl.defs { grid-template-columns: 1fr; } dl.defs dd { margin-bottom: 4px; }
+}
 """
 
 # Marks <html data-images-loaded="true"> once every image has decoded (headless browsers check it).
@@ -95,7 +107,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequenc
         cls = f' class="{esc(row_classes[i])}"' if i < len(row_classes) and row_classes[i] else ""
         cells = "".join(f'<td class="num">{c}</td>' if numeric[j] else f"<td>{c}</td>" for j, c in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    # In a box of its own that scrolls sideways: a wide table never widens the page on a narrow screen.
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 def image(png: bytes, alt: str, width: int | None = None) -> str:

@@ -66,7 +66,8 @@ def config_section(run_dir: Path) -> str:
         raise ValueError("expected a mapping of settings")
     cells = [(f"<code>{esc(k)}</code>", f"<b>{esc(json.dumps(v) if isinstance(v, list | dict) else v)}</b>")
              for k, v in _flatten(data)]
-    return table(("setting", "value") * CONFIG_COLUMNS, _side_by_side(cells, CONFIG_COLUMNS))
+    return (f"<details><summary>the {len(cells)} settings of the run (config.yaml)</summary>"
+            + table(("setting", "value") * CONFIG_COLUMNS, _side_by_side(cells, CONFIG_COLUMNS)) + "</details>")
 
 
 def _side_by_side(pairs: list[tuple[str, str]], columns: int) -> list[list[str]]:
@@ -137,9 +138,30 @@ def metrics_section(run_dir: Path, name: str = "test_metrics.json") -> str:
     ties = ('<p class="facts">Ties: when candidates score exactly as the true answer, <i>realistic</i> ranks it in '
             "the middle of them (the figure to quote), <i>optimistic</i> first and <i>pessimistic</i> last; a side "
             "shows one row when the three agree.</p>")
-    return f'<p class="facts">{facts}</p>{ties}' + table(("side", "ties") + tuple(n for _, n in METRICS), rows,
-                                                          numeric=(False, False) + (True,) * len(METRICS),
-                                                          row_classes=classes)
+    ranked = table(("side", "ties") + tuple(n for _, n in METRICS), rows,
+                   numeric=(False, False) + (True,) * len(METRICS), row_classes=classes)
+    return f'<p class="facts">{facts}</p>{chance(metrics)}{DEFINITIONS}{ties}{ranked}'
+
+
+DEFINITIONS = ('<dl class="defs">'
+               "<dt>rank</dt><dd>where the true answer comes among the candidates scored by the model: 1 is best</dd>"
+               "<dt>MRR</dt><dd>mean reciprocal rank: the mean of 1 / rank, from 0 to 1 (1: every answer first)</dd>"
+               "<dt>MR</dt><dd>mean rank: lower is better; one bad rank moves it a lot</dd>"
+               "<dt>Hits@k</dt><dd>the share of test triples whose answer ranks k or better</dd>"
+               "<dt>adjusted MRR</dt><dd>MRR rescaled so that a model scoring at random gets 0 and a perfect one 1 "
+               "(Berrendorf et al.): it compares graphs and candidate sets of different sizes</dd></dl>")
+
+
+def chance(metrics: dict) -> str:
+    """The model's MRR beside its adjusted MRR and the MRR a random ranking of the same candidates would expect."""
+    both = metrics.get("both", {}).get("realistic", {})
+    mrr, adjusted = both.get("mrr"), both.get("adjusted_mrr")
+    if not all(isinstance(v, int | float) and v == v for v in (mrr, adjusted)) or adjusted >= 1:
+        return ""
+    random_mrr = (mrr - adjusted) / (1 - adjusted)  # adjusted = (mrr - E) / (1 - E), solved for E
+    return (f'<p class="facts">How good: MRR <b>{number(mrr)}</b> (both sides, realistic ties) against '
+            f"<b>{number(random_mrr)}</b> for a random ranking of the same candidates; adjusted MRR "
+            f"<b>{number(adjusted)}</b> (0: no better than chance, 1: perfect).</p>")
 
 
 # ----------------------------------------------------------------------------- ranks
