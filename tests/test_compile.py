@@ -93,7 +93,7 @@ def prints_a_tensor(x, valid):
 @pytest.mark.parametrize("fn", [data_dependent_branch, prints_a_tensor])
 def test_graph_break_is_an_error_not_an_eager_fallback(fn, capsys):
     call = CompiledCall("breaks", fn, 4, {"x": torch.zeros(1, 2)})
-    with pytest.raises(KgtraceError, match=r"torch\.compile failed for breaks .*--no-compile") as caught:
+    with pytest.raises(KgtraceError, match=r"torch\.compile failed for breaks .*compile=False") as caught:
         call(x=torch.ones(2, 2))
     assert caught.value.__cause__ is not None
     assert "x is" not in capsys.readouterr().out  # fn never ran eagerly

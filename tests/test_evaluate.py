@@ -140,5 +140,5 @@ def test_entity_chunked_ranking_equals_whole_rows(name, kwargs):
 
 
 def test_budget_below_one_row_without_entity_chunks_is_an_error():
-    with pytest.raises(KgtraceError, match="raise --memory-budget"):
+    with pytest.raises(KgtraceError, match="raise memory_budget"):
         evaluate(TableScorer(torch.zeros(2, 3, 3)), torch.tensor([[0, 0, 1]]), memory_budget=10)

@@ -317,7 +317,7 @@ def test_output_folder_of_another_run_or_foreign_files_is_refused(toy_run, natio
     out = tmp_path / "check"
     check_faithfulness(toy_run, out, small(methods=("random",), ks=(1,)), triples=ids(load_run(toy_run), ("a", "r", "c")),
                        progress=False, log=quiet)
-    with pytest.raises(KgtraceError, match="choose another --out"):
+    with pytest.raises(KgtraceError, match="choose another out"):
         check_faithfulness(nations_run, out, small(), progress=False, log=quiet)
 
 

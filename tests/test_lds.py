@@ -141,9 +141,9 @@ def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult, dim):
 def test_trak_refuses_features_that_would_not_fit_and_names_a_projection_that_does(tiny_distmult, monkeypatch):
     run = load_run(tiny_distmult)
     monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", len(run.dataset.train) * 100 * 8)  # k = 100 fits
-    with pytest.raises(KgtraceError, match=r"--trak-dim 100\)"):
+    with pytest.raises(KgtraceError, match=r"trak_dim=100\)"):
         trak(run, run.dataset.test[:1])  # exact: 276 parameters
-    with pytest.raises(KgtraceError, match=r"--trak-dim 100\)"):
+    with pytest.raises(KgtraceError, match=r"trak_dim=100\)"):
         trak(run, run.dataset.test[:1], dim=101)
     assert trak(run, run.dataset.test[:1], dim=100).shape == (1, len(run.dataset.train))
 
@@ -308,7 +308,7 @@ def test_check_lds_writes_its_tables_and_resumes(tiny_distmult, tmp_path):
                            trak_dim=2 ** 30)  # TRAK's projection would not fit: refused, the rest go on
     summary = check_lds(tiny_distmult, out, settings, progress=False, log=lambda *_: None)
     assert {r.method for r in summary.rows} == {"tracin-last", "influence", "random"}
-    assert "trak" in summary.errors and "--trak-dim" in summary.errors["trak"]
+    assert "trak" in summary.errors and "trak_dim=" in summary.errors["trak"]  # from Python: the keyword argument
     assert all(-1 <= r.lds <= 1 and r.low <= r.lds <= r.high and r.n <= 3 for r in summary.rows)
     assert len(list((out / "jobs" / "retrain").glob("*.json"))) == 4
     saved = json.loads((out / "lds.json").read_text())

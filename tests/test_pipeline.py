@@ -3,9 +3,14 @@
 import json
 
 import pytest
+import torch
 
 import kgtrace
-from kgtrace.core.errors import ConfigError
+from kgtrace.compute.system import resolve_device
+from kgtrace.core.config import TrainConfig
+from kgtrace.core.errors import ConfigError, KgtraceError, command_line
+from kgtrace.core.io import check_json_out
+from kgtrace.faithfulness import FaithfulnessSettings
 
 
 def test_pipeline_trains_ranks_and_returns_frames(tmp_path):
@@ -29,3 +34,20 @@ def test_an_unknown_setting_is_refused_with_the_settings_names(tmp_path):
     with pytest.raises(ConfigError, match="learning_rate: not a setting of TrainConfig .*lr"):
         kgtrace.pipeline(dataset="nations", learning_rate=0.01, out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("call", "python", "cli"), [
+    (lambda: resolve_device("cuda"), "device='cpu'", "--device cpu"),
+    (lambda: check_json_out("x.tsv"), "out='x.tsv'", "--out x.tsv"),
+    (lambda: TrainConfig(sparse=True, compile=True), "compile=False", "--no-compile"),
+    (lambda: FaithfulnessSettings(methods=("proof",)), "pass prover_run (the folder", "pass --prover-run (the folder"),
+])
+def test_errors_name_the_callers_own_arguments(call, python, cli, monkeypatch):
+    """Raised from Python, a message names the keyword argument; inside the command line, the option."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(KgtraceError) as from_python:
+        call()
+    with command_line(), pytest.raises(KgtraceError) as from_cli:
+        call()
+    assert python in str(from_python.value) and "--" not in str(from_python.value).split("Fix")[-1]
+    assert cli in str(from_cli.value)

@@ -61,7 +61,7 @@ from kgtrace.attribution.grads import per_sample_gradients
 from kgtrace.attribution.params import select_parameters
 from kgtrace.core.checkpoint import load_checkpoint
 from kgtrace.core.config import TrainConfig
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option
 from kgtrace.core.specs import DEFAULT_TRAK_RIDGE, spec_of
 from kgtrace.runs.embedding import Run, model_from_checkpoint
 from kgtrace.training.loss import ce_target_weights
@@ -277,13 +277,13 @@ def _projection(size: int, n: int, dim: int | None, seed: int) -> Tensor | None:
         if not exact.fits:
             raise KgtraceError(f"TRAK: the exact score gradients of {n:,} training triples over {size:,} parameters "
                                f"take {exact.feature_bytes / 2**30:.1f} GiB, more than "
-                               f"{MAX_FEATURE_BYTES / 2**30:.0f} GiB. Fix: project them (--trak-dim {fits})")
+                               f"{MAX_FEATURE_BYTES / 2**30:.0f} GiB. Fix: project them ({option('--trak-dim', fits)})")
         return None
     if size * dim * 4 > MAX_PROJECTION_BYTES or n * dim * 8 > MAX_FEATURE_BYTES:
         raise KgtraceError(f"TRAK: a projection of {size:,} parameters to {dim} dimensions takes "
                            f"{size * dim * 4 / 2**30:.1f} GiB and its features of {n:,} training triples "
                            f"{n * dim * 8 / 2**30:.1f} GiB, more than {MAX_PROJECTION_BYTES / 2**30:.0f} GiB each may. "
-                           f"Fix: a smaller projection (--trak-dim {fits})")
+                           f"Fix: a smaller projection ({option('--trak-dim', fits)})")
     return torch.randn(size, dim, generator=torch.Generator().manual_seed(seed)) / dim ** 0.5
 
 

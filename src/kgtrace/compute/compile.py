@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option_off
 from kgtrace.core.io import atomic_write_text
 
 __all__ = ["CompileLog", "CompileStats", "CompiledCall", "compile_log", "logged_compilation"]
@@ -251,7 +251,8 @@ class CompiledCall:
         cause = (str(error).strip().splitlines() or [""])[0]
         return KgtraceError(
             f"torch.compile failed for {self.name} ({type(error).__name__}: {cause}). "
-            "Fix: run without compilation (--no-compile), and report the error with TORCH_LOGS=graph_breaks"
+            f"Fix: run without compilation ({option_off('--compile')}), and report the error with "
+            "TORCH_LOGS=graph_breaks"
         )
 
 

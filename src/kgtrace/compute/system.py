@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import torch
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -97,7 +97,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise KgtraceError("device=cuda: no CUDA device is visible. Fix: use --device cpu or --device auto")
+        raise KgtraceError(f"device=cuda: no CUDA device is visible. Fix: use {option('--device', 'cpu')} or "
+                           f"{option('--device', 'auto')}")
     return torch.device(name)
 
 

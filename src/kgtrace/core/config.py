@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kgtrace.core.errors import ConfigError
+from kgtrace.core.errors import ConfigError, option_off
 from kgtrace.core.io import atomic_write_text
 from kgtrace.core.specs import model_named, model_names
 
@@ -203,7 +203,7 @@ class TrainConfig:
             problems.append(f"sparse=true: weight_decay={self.weight_decay} changes every row at every step, which a "
                             "sparse step cannot; set weight_decay 0, or sparse false")
         if self.compile:
-            problems.append("sparse=true: sparse gradients are not compiled; set compile false (--no-compile)")
+            problems.append(f"sparse=true: sparse gradients are not compiled; fix: {option_off('--compile')}")
         return problems
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,6 +42,11 @@ def option(flag: str, value: object = True) -> str:
     return f"{flag.lstrip('-').replace('-', '_')}={value!r}"
 
 
+def option_off(flag: str) -> str:
+    """A switch turned off as its reader gives it: ``--no-compile`` on the command line, ``compile=False`` from Python."""
+    return f"--no-{flag.lstrip('-')}" if on_command_line() else f"{flag.lstrip('-').replace('-', '_')}=False"
+
+
 def option_name(flag: str) -> str:
     """The option's name as its reader writes it: ``--out`` on the command line, ``out`` from Python."""
     return flag if on_command_line() else flag.lstrip("-").replace("-", "_")

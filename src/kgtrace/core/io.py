@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option
 
 MARKER = ".kgtrace"  # the marker of a folder kgtrace owns (kgtrace.core.owned)
 MANIFEST = ".kgtrace.files"  # beside it: the files kgtrace wrote there, one path (relative to the folder) a line
@@ -227,4 +227,5 @@ def _remove_if_empty(path: Path, top: Path) -> None:
 def check_json_out(path: str | os.PathLike) -> None:
     """Refuse an --out that is not .json (a TSV with the same stem is written beside it)."""
     if Path(path).suffix.lower() != ".json":
-        raise KgtraceError(f"--out {path}: must end in .json (a .tsv is written beside it). Fix: e.g. --out out.json")
+        raise KgtraceError(f"{option('--out', str(path))}: must end in .json (a .tsv is written beside it). Fix: e.g. "
+                           f"{option('--out', 'out.json')}")

@@ -350,7 +350,7 @@ def _walk_bits(num_entities: int) -> int:
     bits = max(MIN_WALK_BITS, (num_entities - 1).bit_length())
     if bits > MAX_WALK_BITS:
         raise KgtraceError(f"sampled corruptions support at most 2^{MAX_WALK_BITS} entities, got {num_entities}. "
-                           "Fix: rank against all entities (--corruptions 0)")
+                           f"Fix: rank against all entities ({option('--corruptions', 0)})")
     return bits
 
 

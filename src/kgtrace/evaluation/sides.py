@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option_name
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.models.base import FactorisedScorer, Scorer
@@ -134,7 +134,8 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
     if entity_chunk or model.num_entities * BYTES_PER_SCORE > memory_budget:
         if not isinstance(model, FactorisedScorer):
             raise KgtraceError(f"memory_budget={memory_budget} bytes cannot hold one query's {model.num_entities} "
-                               "scores, and this model cannot score entities in chunks. Fix: raise --memory-budget")
+                               "scores, and this model cannot score entities in chunks. Fix: raise "
+                               f"{option_name('--memory-budget')}")
         return rank_entity_chunked(model, sq, known, memory_budget=memory_budget, device=device,
                                    entity_chunk=entity_chunk)
     chunk = query_chunk_size(model.num_entities, memory_budget)

@@ -38,7 +38,7 @@ import numpy as np
 from torch import Tensor
 
 from kgtrace.compute.system import threads_problems
-from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError, option, option_name
 from kgtrace.core.io import atomic_write_text
 from kgtrace.core.owned import contents, file_digest, folder_lock
 from kgtrace.data.answers import AnswerIndex
@@ -103,7 +103,8 @@ class FaithfulnessSettings:
         if self.sample is not None and self.sample < 1:
             problems.append(f"sample={self.sample}: must be at least 1")
         if "proof" in self.methods and self.prover_run is None:
-            problems.append("methods=proof: needs the prover run whose proofs to remove; fix: pass --prover-run DIR")
+            problems.append(f"methods=proof: needs the prover run whose proofs to remove; fix: pass "
+                            f"{option_name('--prover-run')} (the folder kgtrace prove wrote)")
         if self.prover_run is not None and "proof" not in self.methods:
             problems.append(f"prover_run={self.prover_run}: only the proof method uses it; fix: add proof to methods")
         if self.finetune_from is not None and self.mode != "finetune":
@@ -186,7 +187,8 @@ def start_epoch(run: Run, settings: FaithfulnessSettings, epochs: int) -> int:
         if not early:
             raise KgtraceError(f"{run.path}: no checkpoint at or before epoch {epochs // 2} to fine-tune from "
                                f"(checkpoints: {', '.join(str(c.epoch) for c in run.checkpoints)}). "
-                               "Fix: pass --finetune-from EPOCH, or use --mode retrain")
+                               f"Fix: pass {option_name('--finetune-from')} (an epoch), or use "
+                               f"{option('--mode', 'retrain')}")
         return max(early)
     if settings.finetune_from not in available:
         raise ConfigError([f"finetune_from={settings.finetune_from}: the run has no such checkpoint before its last; "
@@ -202,11 +204,11 @@ def claim_folder(out: Path, run: Run) -> None:
         saved = json.loads(marker.read_text(encoding="utf-8"))
         if saved != identity:
             raise KgtraceError(f"{out}: holds the faithfulness check of {saved.get('run')} ({saved.get('checkpoint')}), "
-                               "not of this run's current last checkpoint. Fix: choose another --out")
+                               f"not of this run's current last checkpoint. Fix: choose another {option_name('--out')}")
         return
     if contents(out):
         raise KgtraceError(f"{out}: folder is not empty and is not a faithfulness folder (no run.json). "
-                           "Fix: choose another --out")
+                           f"Fix: choose another {option_name('--out')}")
     atomic_write_text(marker, json.dumps(identity, indent=2) + "\n")
 
 

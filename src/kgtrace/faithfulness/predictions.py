@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option_name
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.candidates import CandidateRestriction
 from kgtrace.evaluation.evaluate import Candidates, model_device, rank_queries
@@ -46,11 +46,12 @@ def rank_first_test(run: Run, known: AnswerIndex, restriction: CandidateRestrict
     test = run.dataset.test
     if not len(test):
         raise KgtraceError(f"{run.path}: the run's dataset has no test split, so there are no test predictions. "
-                           "Fix: pass --triples FILE")
+                           f"Fix: pass {option_name('--triples')}, the triples to explain")
     top1 = measure(run.model, test, known, restriction=restriction).top1
     if not top1.any():
         raise KgtraceError(f"{run.path}: the model ranks no test triple first (tail side), so there is no test "
-                           "prediction to explain. Fix: train the run longer, or pass --triples FILE")
+                           f"prediction to explain. Fix: train the run longer, or pass {option_name('--triples')}, the "
+                           "triples to explain")
     return test[torch.from_numpy(top1)]
 
 

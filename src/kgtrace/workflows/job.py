@@ -26,7 +26,7 @@ from kgtrace.attribution.explanations import explain_triples, predicted_triples
 from kgtrace.compute.system import resolve_device
 from kgtrace.core.checkpoint import latest_checkpoint
 from kgtrace.core.config import TrainConfig, read_yaml
-from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError, option, option_name
 from kgtrace.core.layout import RunLayout
 from kgtrace.core.owned import contents, folder_lock, read_mark
 from kgtrace.evaluation.candidates import check_restrict
@@ -116,8 +116,9 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     mark = read_mark(out)
     config_file = RunLayout(out).config
     if mark is None or mark.kind != "run" or not config_file.is_file():
-        raise KgtraceError(f"--out {out}: holds no run that kgtrace run wrote ({', '.join(contents(out)[:5])}), so it "
-                           "is neither reused nor replaced. Fix: choose another --out")
+        raise KgtraceError(f"{option('--out', str(out))}: holds no run that kgtrace run wrote "
+                           f"({', '.join(contents(out)[:5])}), so it is neither reused nor replaced. Fix: choose another "
+                           f"{option_name('--out')}")
     saved = read_yaml(config_file)
     wanted = {**config.to_dict(), "dataset": dataset_source(config.dataset)}  # as training stores it
     differ = [f"{key}: {saved.get(key)!r} there, {wanted[key]!r} asked" for key in ("dataset", "model", "seed")
@@ -125,11 +126,11 @@ def _check_same_run(out: Path, config: TrainConfig) -> dict:
     if saved.get("steps_per_epoch", 0) != config.steps_per_epoch:
         differ.append(f"steps_per_epoch: {saved.get('steps_per_epoch', 0)} there, {config.steps_per_epoch} asked")
     if isinstance(saved.get("epochs"), int) and saved["epochs"] > config.epochs:
-        differ.append(f"epochs: trained for {saved['epochs']} there, --epochs {config.epochs} asked "
-                      f"(--epochs {saved['epochs']} reuses it)")
+        differ.append(f"epochs: trained for {saved['epochs']} there, {option('--epochs', config.epochs)} asked "
+                      f"({option('--epochs', saved['epochs'])} reuses it)")
     if differ:
         raise KgtraceError(f"{out}: holds another run ({'; '.join(differ)}). "
-                           "Fix: pass --overwrite to replace it, or choose another --out")
+                           f"Fix: pass {option('--overwrite')} to replace it, or choose another {option_name('--out')}")
     return saved
 
 
