@@ -24,7 +24,7 @@ from kgtrace.prover.proofs import Proofs
 from kgtrace.prover.reference import ReferenceEngine, best_proofs, search
 from kgtrace.prover.rules import parse_rules
 from kgtrace.prover.run import load_prover_run
-from kgtrace.prover.scorer import BfsScorer, HybridScorer
+from kgtrace.prover.scorer import BfsScorer, HybridScorer, prover_report
 
 ANN, BOB, CAT, DAN = range(4)
 PARENT, GRANDPARENT = 0, 1
@@ -149,6 +149,7 @@ def test_prove_evaluate_explain_commands(tmp_path, capsys, nations):
     assert main(["evaluate", str(run), "--corruptions", "3", "--out", str(out), "--device", "cpu"]) == 0
     metrics = json.loads(out.read_text())
     assert metrics["prover"]["overflow"] == {"states": 0, "atoms": 0, "facts": 0}
+    assert prover_report(load_prover_run(run).model).to_df().to_dicts() == [{"states": 0, "atoms": 0, "facts": 0}]
     loaded = load_prover_run(run)
     # kgtrace.load_run loads either kind of run: the folder says which
     assert RunLayout(run).kind == "prover" and isinstance(kgtrace.load_run(run), kgtrace.ProverRun)

@@ -23,10 +23,13 @@ are. Scores:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import polars as pl
 import torch
 from torch import Tensor, nn
 
+from kgtrace.display.frames import FrameKind, as_frame
 from kgtrace.models.base import Scorer, forward_triples, inverse_queries
 from kgtrace.prover.engine import VectorEngine, pad_states
 from kgtrace.prover.logic import open_query_state, query_state
@@ -132,6 +135,10 @@ class ProverReport:
     def to_dict(self) -> dict[str, dict[str, int]]:
         """As ``kgtrace evaluate`` writes it under "prover": {"overflow": {states, atoms, facts}}."""
         return {"overflow": {"states": self.states, "atoms": self.atoms, "facts": self.facts}}
+
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """One row: the overflow counts (columns states, atoms, facts)."""
+        return as_frame(pl.DataFrame([self.to_dict()["overflow"]]), kind)
 
 
 def prover_report(model: nn.Module) -> ProverReport:

@@ -18,6 +18,7 @@ from typing import Any
 from kgtrace.core.config import TrainConfig
 from kgtrace.core.errors import ConfigError
 from kgtrace.display.frames import FrameKind
+from kgtrace.evaluation.candidates import check_restrict
 from kgtrace.evaluation.evaluate import Metrics
 from kgtrace.evaluation.run_metrics import write_test_metrics
 from kgtrace.runs.embedding import load_run
@@ -67,6 +68,7 @@ def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | N
         raise ConfigError([f"{name}: not a setting of TrainConfig (settings: {', '.join(sorted(known))})"
                            for name in unknown])
     config = TrainConfig(dataset=dataset, model=model, **settings)
+    check_restrict(restrict)  # before training: a malformed rule would fail only at the end
     run_dir = Path(out) if out is not None else Path("runs") / f"{Path(config.dataset).name}-{config.model}"
     with ExitStack() as hold:  # the run stays locked from training to its test metrics, as kgtrace train keeps it
         trained = train(config, run_dir, overwrite=overwrite, progress=progress, log=log, hold=hold)
