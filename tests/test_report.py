@@ -4,6 +4,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from kgtrace.attribution.results import Explanation
@@ -191,3 +192,38 @@ def test_drawing_survives_odd_graphs():
     assert overlapping(rects(svg, "node-label") + rects(svg, "edge-label")) == []
     lonely = subgraph_svg(drawn({"test": {"head": "a", "relation": "r", "tail": "b"}, "proponents": [], "opponents": []}))
     assert len(rects(lonely, "node-label")) == 2 and len(rects(lonely, "test-label")) == 1
+
+
+def crossings(svg):
+    """Where an edge of a drawing passes through a node it does not join, or through a label other than its own:
+    read from the drawn coordinates (each path's quadratic curve, sampled; the circles; the label boxes)."""
+    import html as html_module
+
+    paths = [(float(x0), float(y0), float(cx), float(cy), float(x1), float(y1), html_module.unescape(title))
+             for x0, y0, cx, cy, x1, y1, title in re.findall(
+                 r'<path d="M([-\d.]+),([-\d.]+) Q([-\d.]+),([-\d.]+) ([-\d.]+),([-\d.]+)"[^>]*><title>([^<]*)</title>',
+                 svg)]
+    nodes = [(float(x), float(y), float(r)) for x, y, r in re.findall(r'<circle cx="([-\d.]+)" cy="([-\d.]+)" '
+                                                                       r'r="([\d.]+)"', svg)]
+    labels = [(html_module.unescape(title), (float(x), float(y), float(x) + float(w), float(y) + float(h)))
+              for title, x, y, w, h in re.findall(r'<g class="[a-z-]+"><title>([^<]*)</title><rect x="([-\d.]+)" '
+                                                  r'y="([-\d.]+)" width="([\d.]+)" height="([\d.]+)"', svg)]
+    found = []
+    for x0, y0, cx, cy, x1, y1, title in paths:
+        points = [((1 - s) ** 2 * x0 + 2 * (1 - s) * s * cx + s * s * x1, (1 - s) ** 2 * y0 + 2 * (1 - s) * s * cy
+                   + s * s * y1) for s in np.linspace(0, 1, 200)]
+        ends = {min(range(len(nodes)), key=lambda i: np.hypot(x - nodes[i][0], y - nodes[i][1])) for x, y in
+                (points[0], points[-1])}
+        found += [(title, "node", i) for i, (nx, ny, r) in enumerate(nodes) if i not in ends
+                  and any(np.hypot(x - nx, y - ny) < r for x, y in points)]
+        found += [(title, "label", own) for own, (bx0, by0, bx1, by1) in labels if own != title
+                  and any(bx0 <= x <= bx1 and by0 <= y <= by1 for x, y in points)]
+    return found
+
+
+def test_no_edge_crosses_a_node_or_a_label_it_does_not_touch(page):
+    drawings = [crowded_item(), crowded_item(3)]
+    svgs = [subgraph_svg(item) for item in drawings] + re.findall(r'<svg class="subgraph".*?</svg>', page, re.S)
+    assert len(svgs) == 4
+    for svg in svgs:
+        assert "<path" in svg and crossings(svg) == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import count
@@ -125,8 +126,10 @@ def _names(item: Explanation) -> dict[str, str]:
     return names
 
 
-def _place(label: Label, anchor: tuple[float, float], start: tuple[float, float], taken: list[Box]) -> Label:
-    """``label`` moved to the first free spot: ``start`` (an offset from ``anchor``), then rings around it."""
+def _place(label: Label, anchor: tuple[float, float], start: tuple[float, float], taken: list[Box],
+           curves: Sequence[tuple[str, list[tuple[float, float]]]] = ()) -> Label:
+    """``label`` moved to the first free spot: ``start`` (an offset from ``anchor``), then rings around it. A spot
+    is free when its box meets no box in ``taken`` and no curve (title, points) but the label's own (same title)."""
     width, height = label.box.x1 - label.box.x0, label.box.y1 - label.box.y0
     x, y = anchor[0] + start[0], anchor[1] + start[1]
     for ring in count():
@@ -134,7 +137,8 @@ def _place(label: Label, anchor: tuple[float, float], start: tuple[float, float]
         for step in range(steps):
             angle = math.pi / 2 + 2 * math.pi * step / steps  # below first, then around
             box = Box.around(x + 9 * ring * math.cos(angle), y + 9 * ring * math.sin(angle), width, height)
-            if not any(box.overlaps(other) for other in taken):
+            crossed = any(title != label.title and _crosses(points, box) for title, points in curves)
+            if not crossed and not any(box.overlaps(other) for other in taken):
                 taken.append(box)
                 return Label(box, label.text, label.title, label.size, label.colour, label.kind, label.bold)
     raise AssertionError("unreachable: the rings grow without bound")
@@ -160,6 +164,26 @@ def _trim(a, c, b, r_a: float, r_b: float) -> tuple[tuple[float, float], tuple[f
     return pull(a, c, r_a + 1), pull(b, c, r_b + 4)
 
 
+def _points(start, c, end, count: int = 32) -> list[tuple[float, float]]:
+    """``count`` + 1 points along the quadratic curve from ``start`` through control ``c`` to ``end``."""
+    return [((1 - s) ** 2 * start[0] + 2 * (1 - s) * s * c[0] + s * s * end[0],
+             (1 - s) ** 2 * start[1] + 2 * (1 - s) * s * c[1] + s * s * end[1])
+            for s in (i / count for i in range(count + 1))]
+
+
+def _crosses(points: list[tuple[float, float]], box: Box) -> bool:
+    """Whether the polyline through ``points`` enters ``box`` (a segment's samples, 4 per segment, inside it)."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        for f in (0.0, 0.25, 0.5, 0.75, 1.0):
+            x, y = x0 + f * (x1 - x0), y0 + f * (y1 - y0)
+            if box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1:
+                return True
+    return False
+
+
+BENDS = (0.0, 0.15, -0.15, 0.3, -0.3, 0.45, -0.45, 0.6, -0.6, 0.8, -0.8)  # tried in turn to clear other nodes
+
+
 def _node_title(names: dict[str, str], node: str) -> str:
     return f"{names[node]} ({node})" if names[node] != node else node
 
@@ -173,19 +197,35 @@ class _Canvas:
         self.extent = list(self.taken)
         self.shapes: list[str] = []
         self.labels: list[Label] = []
+        self.curves: list[tuple[str, list[tuple[float, float]]]] = []  # (title, points) of every edge drawn
 
     def edge(self, a_node: str, b_node: str, bend: float, colour: str, width: float, title: str, marker: str,
              dash: str = "") -> tuple[float, float]:
-        """A curved arrow from a_node to b_node; returns the curve's middle (where its label goes)."""
+        """A curved arrow from a_node to b_node, bent further where it would cross another node; returns the
+        curve's middle (where its label goes)."""
         a, b = self.pos[a_node], self.pos[b_node]
-        c = _curve(a, b, bend)
-        start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
+        for extra in BENDS:
+            c = _curve(a, b, bend + extra)
+            start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
+            points = _points(start, c, end)
+            if not self._crosses_a_node(points, (a_node, b_node)):
+                break
+        else:  # no bend clears them all: the first, as asked
+            c = _curve(a, b, bend)
+            start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
+            points = _points(start, c, end)
+        self.curves.append((title, points))
         self.extent.append(Box(min(a[0], b[0], c[0]), min(a[1], b[1], c[1]), max(a[0], b[0], c[0]),
                                max(a[1], b[1], c[1])))
         self.shapes.append(f'<path d="M{start[0]:.1f},{start[1]:.1f} Q{c[0]:.1f},{c[1]:.1f} {end[0]:.1f},{end[1]:.1f}" '
                            f'fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.85"{dash} '
                            f'marker-end="url(#{marker}-{self.uid})"><title>{esc(title)}</title></path>')
         return 0.25 * a[0] + 0.5 * c[0] + 0.25 * b[0], 0.25 * a[1] + 0.5 * c[1] + 0.25 * b[1]
+
+    def _crosses_a_node(self, points: list[tuple[float, float]], ends: tuple[str, str]) -> bool:
+        """Whether the curve through ``points`` passes within a node's radius (and 3 px) of a node not its ends."""
+        return any(math.hypot(x - self.pos[n][0], y - self.pos[n][1]) < self.radius[n] + 3
+                   for n in self.pos if n not in ends for x, y in points)
 
     def loop(self, node: str, colour: str, width: float, title: str) -> tuple[float, float]:
         """A loop above ``node`` (a triple whose head is its tail); returns where its label goes."""
@@ -197,7 +237,7 @@ class _Canvas:
         return x, y - r - 30
 
     def place(self, label: Label, anchor: tuple[float, float], start: tuple[float, float] = (0, 0)) -> None:
-        self.labels.append(_place(label, anchor, start, self.taken))
+        self.labels.append(_place(label, anchor, start, self.taken, self.curves))
 
 
 def _draw_influencers(canvas: _Canvas, edges: list, test_pair: frozenset) -> list[tuple]:
@@ -231,10 +271,11 @@ def subgraph_svg(item: Explanation) -> str:
     canvas = _Canvas(pos, {n: TEST_R if n in (head, tail) else NODE_R for n in pos}, uid)
     relation = item.triple.relation_name
     title = f"explained triple: {names[head]} \u2014{relation}\u2192 {names[tail]}"
-    if head != tail:  # the test edge and its label first: every other label keeps clear of it
-        middle = canvas.edge(head, tail, 0.0, TEST, 3.0, title, "test", ' stroke-dasharray="7 4"')
-        canvas.place(_label(short(relation, 40), title, 12, TEST, "test-label", True), middle)
+    # Every edge first, then the labels, each clear of the edges it does not name: the test edge's label first.
+    middle = canvas.edge(head, tail, 0.0, TEST, 3.0, title, "test", ' stroke-dasharray="7 4"') if head != tail else None
     anchors = _draw_influencers(canvas, edges, frozenset((head, tail)))
+    if middle is not None:
+        canvas.place(_label(short(relation, 40), title, 12, TEST, "test-label", True), middle)
     for n in sorted(pos, key=lambda n: n not in (head, tail)):  # the test triple's entities first
         main = n in (head, tail)
         below = (0, canvas.radius[n] + 12) if pos[n][1] >= 0 or main else (0, -canvas.radius[n] - 12)
