@@ -76,7 +76,7 @@ def test_prepare_collects_all_problems(tmp_path):
     assert any("split:" in p for p in problems)
     assert any("seed:" in p for p in problems)
     assert len(problems) >= 4
-    with pytest.raises(ConfigError, match="--holdout-predicate"):
+    with pytest.raises(ConfigError, match="holdout_predicate"):  # from Python: the keyword argument
         prepare(tmp_path / "o", triples=UMLS_TRAIN, split="predicate")
     with pytest.raises(ConfigError, match="no triples left"):
         prepare(tmp_path / "o", triples=UMLS_TRAIN, drop_predicates=list(set(read_labeled_triples(UMLS_TRAIN)[:, 1])))

@@ -41,7 +41,7 @@ from kgtrace.attribution.factors import Factors, Outer, dot
 from kgtrace.attribution.topk import RunningTopK, TopK, top_k_results
 from kgtrace.attribution.tracin import TracIn
 from kgtrace.compute.system import bar_disable
-from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError, option_name
 from kgtrace.core.io import atomic_write_text, record_written
 from kgtrace.core.owned import KINDS, contents, folder_lock, read_mark, write_mark
 from kgtrace.data.pinned import split_digest
@@ -152,7 +152,8 @@ def _check_index_folder(folder: Path) -> None:
     if existing and (mark is None or mark.kind != INDEX_KIND):
         what = "was not written by kgtrace" if mark is None else f"is {KINDS.get(mark.kind, mark.kind)}"
         listing = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
-        raise KgtraceError(f"--out {folder}: the folder {what} and holds {listing}; an index is built only in a new "
+        raise KgtraceError(f"{option_name('--out')} {folder}: the folder {what} and holds {listing}; an index is "
+                           "built only in a new "
                            "folder or one where kgtrace was building an index. Nothing was changed. Fix: choose "
                            "another --out")
 

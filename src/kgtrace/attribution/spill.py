@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option_name
 
 __all__ = ["Spill", "spill_bytes"]
 
@@ -101,5 +101,6 @@ def _check_room(folder: Path, needed: int) -> None:
     if needed > free:
         raise KgtraceError(
             f"{folder}: TracIn's pass over the checkpoints a group at a time needs {needed / 2**30:.1f} GiB of disk "
-            f"there for the groups' influences, and {free / 2**30:.1f} GiB are free. Fix: raise --memory-budget so "
+            f"there for the groups' influences, and {free / 2**30:.1f} GiB are free. Fix: raise "
+            f"{option_name('--memory-budget')} so "
             "that more checkpoints are held at once, explain fewer triples per command, or write --out elsewhere")

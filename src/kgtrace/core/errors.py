@@ -47,9 +47,12 @@ def option_off(flag: str) -> str:
     return f"--no-{flag.lstrip('-')}" if on_command_line() else f"{flag.lstrip('-').replace('-', '_')}=False"
 
 
-def option_name(flag: str) -> str:
-    """The option's name as its reader writes it: ``--out`` on the command line, ``out`` from Python."""
-    return flag if on_command_line() else flag.lstrip("-").replace("-", "_")
+def option_name(flag: str, python: str | None = None) -> str:
+    """The option's name as its reader writes it: ``--out`` on the command line, ``out`` from Python (``python``
+    where the keyword argument is spelled otherwise: ``--category-pair`` is ``category_pairs``)."""
+    if on_command_line():
+        return flag
+    return python or flag.lstrip("-").replace("-", "_")
 
 
 class KgtraceError(Exception):

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from kgtrace.compute.system import forked_polars_error, polars_usable
-from kgtrace.core.errors import ConfigError, DataError
+from kgtrace.core.errors import ConfigError, DataError, option_name
 from kgtrace.data._io import decode_line, raw_blocks, raw_lines
 
 NODE_REQUIRED = ("id", "category")
@@ -116,7 +116,8 @@ def read_kgx(
         raise forked_polars_error(f"reading the KGX graph {edges_path}")
     problems = check_category_pairs(category_pairs)
     if isinstance(drop_predicates, str):
-        problems.append(f"--drop-predicate: {drop_predicates!r} must be a list of predicates, not one string")
+        problems.append(f"{option_name('--drop-predicate', 'drop_predicates')}: {drop_predicates!r} must be a list of "
+                        "predicates, not one string")
     if problems:
         raise ConfigError(problems)
     nodes, nodes_read = _read_nodes(nodes_path)
@@ -168,11 +169,12 @@ def check_category_pairs(category_pairs: Sequence[tuple[str, str]]) -> list[str]
     problems = []
     for pair in category_pairs:
         if isinstance(pair, str) or len(pair) != 2 or not all(isinstance(c, str) and c for c in pair):
-            problems.append(f"--category-pair: {pair!r} is not a pair of categories; "
+            problems.append(f"{option_name('--category-pair', 'category_pairs')}: {pair!r} is not a pair of categories; "
                             "write e.g. --category-pair biolink:ChemicalEntity,biolink:Disease")
     categories = {c for pair in category_pairs if not problems for c in pair}
     if len(categories) > MAX_PAIR_CATEGORIES:
-        problems.append(f"--category-pair: {len(categories)} distinct categories; use at most {MAX_PAIR_CATEGORIES}")
+        problems.append(f"{option_name('--category-pair', 'category_pairs')}: {len(categories)} distinct categories; use at most "
+                        f"{MAX_PAIR_CATEGORIES}")
     return problems
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from kgtrace.core.errors import ConfigError, DataError, KgtraceError
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError, option, option_name
 from kgtrace.core.io import atomic_folder, foreign_files
 from kgtrace.core.owned import check_out_folder, read_mark, write_mark
 from kgtrace.data._io import object_column
@@ -148,13 +148,14 @@ def _option_problems(
 ) -> list[str]:
     problems = _input_problems(triples, nodes, edges, names)
     if category_pairs and triples is not None:
-        problems.append("--category-pair: needs KGX input (--nodes and --edges), not --triples")
+        problems.append(f"{option_name('--category-pair', 'category_pairs')}: needs KGX input ({option_name('--nodes')} and "
+                        f"{option_name('--edges')}), not {option_name('--triples')}")
     problems += check_category_pairs(category_pairs)
     if isinstance(drop_predicates, str) or not all(isinstance(p, str) for p in drop_predicates):
-        problems.append(f"--drop-predicate: {drop_predicates!r} must be a list of predicates")
+        problems.append(f"{option_name('--drop-predicate', 'drop_predicates')}: {drop_predicates!r} must be a list of predicates")
     problems += _split_problems(split, fractions, holdout)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        problems.append(f"--seed: {seed!r} must be an integer")
+        problems.append(f"{option_name('--seed')}: {seed!r} must be an integer")
     problems += _out_problems(out, overwrite, [triples, nodes, edges, names])
     return problems
 
@@ -162,9 +163,11 @@ def _option_problems(
 def _input_problems(triples: str | None, nodes: str | None, edges: str | None, names: str | None) -> list[str]:
     problems = []
     if triples is not None and (nodes is not None or edges is not None):
-        problems.append("input: give either --triples or --nodes and --edges, not both")
+        problems.append(f"input: give either {option_name('--triples')} or {option_name('--nodes')} and "
+                        f"{option_name('--edges')}, not both")
     elif triples is None and (nodes is None or edges is None):
-        problems.append("input: give --triples FILE (labelled TSV), or both --nodes FILE and --edges FILE (KGX)")
+        problems.append(f"input: give {option_name('--triples')} FILE (labelled TSV), or both "
+                        f"{option_name('--nodes')} FILE and {option_name('--edges')} FILE (KGX)")
     for key, value in (("triples", triples), ("nodes", nodes), ("edges", edges), ("names", names)):
         if value is None or Path(value).is_file():
             continue
@@ -180,10 +183,11 @@ def _split_problems(split: str, fractions: Sequence[float], holdout: str | None)
         return [f"--split: {split!r} is not one of {', '.join(SPLIT_METHODS)}"]
     problems = check_fractions(fractions)
     if split == "predicate" and not holdout:
-        problems.append("--holdout-predicate: --split predicate needs the relation to hold out, "
-                        "e.g. --holdout-predicate biolink:treats")
+        problems.append(f"{option_name('--holdout-predicate')}: {option('--split', 'predicate')} needs the relation to hold out, "
+                        f"e.g. {option_name('--holdout-predicate')} biolink:treats")
     if split == "random" and holdout:
-        problems.append(f"--holdout-predicate {holdout!r}: is only used with --split predicate; add --split predicate")
+        problems.append(f"{option_name('--holdout-predicate')} {holdout!r}: is only used with "
+                        f"{option('--split', 'predicate')}; add {option('--split', 'predicate')}")
     return problems
 
 
@@ -235,7 +239,8 @@ def _held_relations(cut: _Cut, predicate: str) -> list[int]:
         labels = [label for key, label in cut.edge_map.items()
                   if label in cut.relations and json.loads(key).get("predicate") == predicate]
     if not labels:
-        raise ConfigError([f"--holdout-predicate: {predicate!r} is not a relation of the triples; use one of the "
+        raise ConfigError([f"{option_name('--holdout-predicate')}: {predicate!r} is not a relation of the triples; "
+                           "use one of the "
                            f"relation labels (or KGX predicates) in the input, e.g. {', '.join(cut.relations[:5])}"])
     return [cut.relations.index(label) for label in labels]
 

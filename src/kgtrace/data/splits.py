@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from kgtrace.compute.system import polars_usable
-from kgtrace.core.errors import ConfigError
+from kgtrace.core.errors import ConfigError, option_name
 from kgtrace.data._io import object_column
 
 POLICIES = ("move", "drop")
@@ -71,7 +71,7 @@ def holdout_relations(
     held = _series(triples[:, 1]).is_in(_series(np.asarray(list(relations), dtype=triples.dtype)).implode()).to_numpy()
     problems = []
     if not held.any():
-        problems.append(f"--holdout-predicate: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
+        problems.append(f"{option_name('--holdout-predicate')}: {', '.join(map(repr, relations)) or 'nothing'} is not a relation "
                         "of the triples; use one of the relation labels (or KGX predicates) in the input")
     if not 0 <= valid_fraction < 1:
         problems.append(f"valid fraction: {valid_fraction!r} must be in [0, 1)")
@@ -127,9 +127,9 @@ def check_fractions(fractions: Sequence[float]) -> list[str]:
         return [f"--fractions: {fractions!r} must be three numbers (train, valid, test), e.g. --fractions 0.8,0.1,0.1"]
     problems = []
     if any(f < 0 for f in values) or values[0] <= 0:
-        problems.append(f"--fractions: {fractions!r} must be non-negative with a positive train fraction")
+        problems.append(f"{option_name('--fractions')}: {fractions!r} must be non-negative with a positive train fraction")
     if abs(sum(values) - 1) > 1e-6:
-        problems.append(f"--fractions: {fractions!r} sum to {sum(values):g}; make them sum to 1")
+        problems.append(f"{option_name('--fractions')}: {fractions!r} sum to {sum(values):g}; make them sum to 1")
     return problems
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgtrace.core.errors import ConfigError, KgtraceError, option
+from kgtrace.core.errors import ConfigError, KgtraceError, option, option_name
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.ranks import RankCounts, count_ranks
 from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
@@ -237,7 +237,7 @@ def parse_restrict(texts: Sequence[str]) -> dict[tuple[str, str], set[str]]:
             else None
         )
         if problem:
-            problems.append(f"--restrict {text!r}: {problem}; {fix}")
+            problems.append(f"{option_name('--restrict')} {text!r}: {problem}; {fix}")
         else:
             rules.setdefault((relation, side), set()).update(categories)
     if problems:

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import KgtraceError, option_name
 from kgtrace.core.io import atomic_path
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import QueryRanks, model_device
@@ -51,7 +51,7 @@ def write_query_table(table: pl.DataFrame, path: str | Path) -> None:
     """TSV or Parquet by the file's extension, written atomically."""
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
-        raise KgtraceError(f"--per-query {path}: unknown format {suffix!r}. Fix: name the file .tsv or .parquet")
+        raise KgtraceError(f"{option_name('--per-query')} {path}: unknown format {suffix!r}. Fix: name the file .tsv or .parquet")
     with atomic_path(path) as tmp:
         if suffix == ".tsv":
             table.write_csv(tmp, separator="\t")

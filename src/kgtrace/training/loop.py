@@ -29,7 +29,7 @@ from kgtrace.compute.precision import matmul_mode, precision_problems
 from kgtrace.compute.system import keep_freed_memory, resolve_device, threads_problems
 from kgtrace.core.checkpoint import check_digests, latest_checkpoint, load_checkpoint, save_checkpoint
 from kgtrace.core.config import TrainConfig, parse_size, read_yaml, unknown_keys, write_yaml
-from kgtrace.core.errors import ConfigError, DataError, KgtraceError, on_command_line
+from kgtrace.core.errors import ConfigError, DataError, KgtraceError, on_command_line, option_name
 from kgtrace.core.io import append_line, atomic_open, remove_stale_temporaries
 from kgtrace.core.layout import RunLayout
 from kgtrace.core.owned import check_out_folder, claim_out_folder, folder_lock, kept_note
@@ -167,7 +167,8 @@ def resume_hints() -> tuple[str, ...]:
 def check_resumable(out: Path) -> None:
     """Refuse to resume a folder that holds no run (before anything is written into it)."""
     if not RunLayout(out).config.is_file():
-        raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop --resume to start a new run")
+        raise KgtraceError(f"{out}: no run to resume (config.yaml missing). Fix: drop {option_name('--resume')} to "
+                           "start a new run")
 
 
 RESUMABLE = ("epochs", "patience", "device", "threads", "compile", "captured_step")
