@@ -42,3 +42,6 @@ def test_parameters_are_tables_and_dataclass_fields_are_listed(site):
     explain = text_of(page[page.index('id="kgtrace.explain"'):page.index('id="kgtrace.Explanations"')])
     assert "Parameters: Name Type Description Default" in explain and "Returns:" in explain
     assert "triples Tensor | Named | Sequence [ Named ] ids [n, 3]" in explain
+    for name, follows in (("kgtrace.train", "kgtrace.resume"), ("kgtrace.TracIn", "kgtrace.load_dataset")):
+        section = text_of(page[page.index(f'id="{name}"'):page.index(f'id="{follows}"')])
+        assert "Parameters: Name Type Description Default" in section, name

@@ -62,26 +62,27 @@ SAVE_EVERY_S = 30.0  # how often a streaming pass with ``state`` saves its progr
 class TracIn:
     """TracInCP influence of a run's training triples on test triples.
 
-    run: a `kgtrace.runs.embedding.Run` (``kgtrace.load_run``); its model is copied, not changed.
-    params: "last", "all" or a list of parameter names (`select_parameters`).
-    checkpoints: "all" or a list of epochs; each is weighed by its recorded lr.
-    path: "auto", "fast", "rows", "general" or "reference" (`.paths`).
-    train_indices: restrict the training triples to these rows of ``run.dataset.train``
-        (columns of `influence` follow their order); None: all.
-    chunk_size: training triples per chunk (bounds memory); None: for the fast path 4096 on a CPU
-        and 65536 on a GPU (FAST_CHUNKS: a GPU's pass is otherwise bound by the launches of its
-        many small kernels per chunk); for paths that materialise per-sample gradients, as many as
-        keep them near 1 GB (vmap's intermediates measured at ~35x the gradients' own size on CPU),
-        at most 4096.
-    precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
-        products in that type (faster where the hardware has it, less exact: see docs/benchmarks.md).
-    compile: compute the per-triple gradients through torch.compile (`.compiled`; same
-        influences up to float rounding); the counters are in ``compiled.calls``.
-    world: the processes of a distributed job (`kgtrace.compute.distributed`); each streams every
-        ``world.size``-th training chunk and results are merged, equal to one process's. Every
-        process must make the same calls; each gets the whole result.
-    memory_budget: bytes (or a size such as "2GB") for the checkpoints' models held at once; when
-        they need more, the pass goes a group of checkpoints at a time (`.checkpoints`). None: all at once.
+    Args:
+        run: a `kgtrace.runs.embedding.Run` (``kgtrace.load_run``); its model is copied, not changed.
+        params: "last", "all" or a list of parameter names (`select_parameters`).
+        checkpoints: "all" or a list of epochs; each is weighed by its recorded lr.
+        path: "auto", "fast", "rows", "general" or "reference" (`.paths`).
+        train_indices: restrict the training triples to these rows of ``run.dataset.train``
+            (columns of `influence` follow their order); None: all.
+        chunk_size: training triples per chunk (bounds memory); None: for the fast path 4096 on a CPU
+            and 65536 on a GPU (FAST_CHUNKS: a GPU's pass is otherwise bound by the launches of its
+            many small kernels per chunk); for paths that materialise per-sample gradients, as many as
+            keep them near 1 GB (vmap's intermediates measured at ~35x the gradients' own size on CPU),
+            at most 4096.
+        precision: "fp32"; or "bf16" / "fp16" to compute gradients under autocast and their
+            products in that type (faster where the hardware has it, less exact: see docs/benchmarks.md).
+        compile: compute the per-triple gradients through torch.compile (`.compiled`; same
+            influences up to float rounding); the counters are in ``compiled.calls``.
+        world: the processes of a distributed job (`kgtrace.compute.distributed`); each streams every
+            ``world.size``-th training chunk and results are merged, equal to one process's. Every
+            process must make the same calls; each gets the whole result.
+        memory_budget: bytes (or a size such as "2GB") for the checkpoints' models held at once; when
+            they need more, the pass goes a group of checkpoints at a time (`.checkpoints`). None: all at once.
     """
 
     def __init__(

@@ -266,14 +266,23 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
           deadline: float | None = None, hold: ExitStack | None = None) -> TrainResult:
     """Train a model as ``config`` says into a new run folder ``out``; see the module docstring.
 
-    overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.core.owned); never a folder
-    holding the dataset or one of ``inputs`` (other files the run is made from, e.g. its config file).
-    world: the processes of a distributed job (every one calls train alike; see training.sharded);
-    only rank 0 writes into ``out``, holding its lock, and logs.
-    deadline: a ``time.monotonic()`` value; the first epoch that ends after it is checkpointed and
-    training pauses there (``resume`` goes on with the same result as one uninterrupted run).
-    hold: the caller's stack to keep the run folder's lock in after training returns (until the caller
-    has written what follows, e.g. the test metrics); None: released on return.
+    Args:
+        config: the run's settings (`TrainConfig`), validated here again.
+        out: the run folder to write.
+        overwrite: replace ``out`` if it holds a run kgtrace wrote (see kgtrace.core.owned); never a folder
+            holding the dataset or one of ``inputs`` (other files the run is made from, e.g. its config file).
+        world: the processes of a distributed job (every one calls train alike; see training.sharded);
+            only rank 0 writes into ``out``, holding its lock, and logs.
+        deadline: a ``time.monotonic()`` value; the first epoch that ends after it is checkpointed and
+            training pauses there (``resume`` goes on with the same result as one uninterrupted run).
+        hold: the caller's stack to keep the run folder's lock in after training returns (until the caller
+            has written what follows, e.g. the test metrics); None: released on return.
+        progress: show progress bars.
+        log: where the epoch lines go (``print``).
+        inputs: other files the run is made from (e.g. its config file): never replaced.
+
+    Returns:
+        The epochs completed, the losses and validation MRRs per epoch, the best epoch (``.to_df()``).
     """
     out = Path(out)
     config = TrainConfig(**{**config.validate().to_dict(), "dataset": dataset_source(config.dataset)})
