@@ -342,7 +342,7 @@ def test_a_cut_spill_file_is_an_error_not_zeros(conve_run, tmp_path, monkeypatch
 def test_a_group_at_a_time_refuses_without_the_disk(conve_run, tmp_path, monkeypatch):
     monkeypatch.setattr(spill_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
     tracin = TracIn(conve_run, train_indices=torch.arange(1000), memory_budget=one_model(conve_run))
-    with pytest.raises(KgtraceError, match=r"needs 0\.0 GiB.*--memory-budget"):
+    with pytest.raises(KgtraceError, match=r"needs 0\.0 GiB.*raise memory_budget.*elsewhere \(state\)"):
         tracin.top_k(conve_run.dataset.test[:2], state=tmp_path / "state.pt")
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match="memory_budget='lots'"):

@@ -102,5 +102,5 @@ def _check_room(folder: Path, needed: int) -> None:
         raise KgtraceError(
             f"{folder}: TracIn's pass over the checkpoints a group at a time needs {needed / 2**30:.1f} GiB of disk "
             f"there for the groups' influences, and {free / 2**30:.1f} GiB are free. Fix: raise "
-            f"{option_name('--memory-budget')} so "
-            "that more checkpoints are held at once, explain fewer triples per command, or write --out elsewhere")
+            f"{option_name('--memory-budget')} so that more checkpoints are held at once, explain fewer triples per "
+            f"command, or save the progress elsewhere ({option_name('--out', 'state')})")
