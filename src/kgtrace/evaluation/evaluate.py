@@ -182,11 +182,19 @@ def evaluate(
 ) -> Metrics:
     """Filtered rank metrics of ``triples`` [n, 3].
 
-    known: triples (or a prebuilt index) whose other answers are filtered out; the
-    caller decides (train+valid+test for test, train+valid for validation); None
-    ranks unfiltered. candidates: all entities (default), K sampled corruptions, a
-    type restriction, compiled or eager. Returns `Metrics`, e.g.
-    ``evaluate(...).both.realistic.mrr``; ``.to_dict()`` for JSON.
+    Args:
+        model: any scorer (`Scorer`): a run's ``model``, a prover's, a hybrid.
+        triples: the ranked triples [n, 3], ids of the model's dataset.
+        known: triples (or a prebuilt index) whose other answers are filtered out; the caller decides
+            (train+valid+test for test, train+valid for validation); None ranks unfiltered.
+        sides: the sides ranked: ``("head", "tail")`` or one of them.
+        ks: the k of each Hits@k.
+        candidates: all entities (default), K sampled corruptions, a type restriction, compiled or eager.
+        memory_budget: bytes for the scores held at once.
+        device: where to rank; None: the model's.
+
+    Returns:
+        `Metrics`, e.g. ``evaluate(...).both.realistic.mrr``; ``.to_dict()`` for JSON, ``.to_df()`` for a table.
     """
     ranks = rank_queries(model, triples, known=known, sides=sides, candidates=candidates,
                          memory_budget=memory_budget, device=device)

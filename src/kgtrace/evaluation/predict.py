@@ -71,11 +71,23 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
             restrict: str | Sequence[str] = ()) -> Predictions:
     """The ``top_n`` best tails of (head, relation, ?), or heads of (?, relation, tail): give exactly one of head, tail.
 
-    Ties keep the lower entity id first. ``new_only`` drops candidates whose triple is in
-    any split; ``category`` keeps only entities of that category (node_categories.tsv).
-    ``restrict``: the candidates, as `restriction_of` reads
-    them: by default, where the dataset has node categories, only entities of the categories the
-    relation takes on that side in training (a drug's ``treats`` tails are diseases); "none": all.
+    Ties keep the lower entity id first.
+
+    Args:
+        run: a loaded run (``kgtrace.load_run``).
+        relation: a label, an id or (KGX) a predicate such as ``biolink:treats``.
+        head: the query's head as a label, an id or a name in any case (``"metformin"``); asks for tails.
+        tail: the query's tail, likewise; asks for heads.
+        top_n: candidates returned.
+        new_only: drop candidates whose triple is in any split.
+        category: keep only entities of this node category (node_categories.tsv).
+        restrict: the candidates, as `restriction_of` reads them: by default, where the dataset has node
+            categories, only entities of the categories the relation takes on that side in training (a
+            drug's ``treats`` tails are diseases); ``"none"``: every entity.
+
+    Returns:
+        `Predictions`: the query, a table of candidates with names, categories, scores and splits
+        (``.to_df()``), and what the candidates were (``.note``).
     """
     ds = run.dataset
     ids, problems = find_ids(ds, head=head, relation=relation, tail=tail)
