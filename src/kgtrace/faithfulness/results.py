@@ -62,19 +62,16 @@ def _read_json(path: str | Path) -> dict:
     return data
 
 
-class _SameJson:
-    """Equality by the JSON a result writes (NaN equals NaN, arrays by value)."""
+def _same_json(self: Any, other: object) -> bool:
+    """Equality by the JSON a result writes (NaN equals NaN, arrays by value): a result class's ``__eq__``."""
+    if type(other) is not type(self):
+        return NotImplemented
+    return json.dumps(self.to_dict()) == json.dumps(other.to_dict())
 
-    def to_dict(self) -> dict:
-        raise NotImplementedError
 
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return json.dumps(self.to_dict()) == json.dumps(other.to_dict())  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(json.dumps(self.to_dict()))
+def _json_hash(self: Any) -> int:
+    """The hash that goes with `_same_json`."""
+    return hash(json.dumps(self.to_dict()))
 
 
 # ----------------------------------------------------------------------------- faithfulness.json
@@ -213,7 +210,7 @@ FaithfulnessTable = Literal["table", "cells", "agreement"]
 
 
 @dataclass(frozen=True, eq=False)
-class FaithfulnessResult(_SameJson):
+class FaithfulnessResult:
     """What a removal check measured: faithfulness.json, with the results of every variant in its folder."""
 
     run: str  # the run's folder, absolute
@@ -225,6 +222,8 @@ class FaithfulnessResult(_SameJson):
     table: tuple[FaithfulnessRow, ...]  # per variant, the control first, then per (method, k)
     agreement: tuple[AgreementRow, ...]  # empty unless retraining and fine-tuning both ran in the folder
     cells: tuple[CellRow, ...]  # every finished (variant, prediction, method, k), control excluded
+
+    __eq__, __hash__ = _same_json, _json_hash  # equal when they write the same JSON
 
     def to_dict(self) -> dict[str, Any]:
         """faithfulness.json's content, keys in its order."""
@@ -292,7 +291,7 @@ LdsTable = Literal["rows", "per_prediction"]
 
 
 @dataclass(frozen=True, eq=False)
-class LdsResult(_SameJson):
+class LdsResult:
     """What an LDS check measured: lds.json; ``rows`` is the table, ``errors`` the methods that refused, with why."""
 
     run: str  # the run's folder, absolute
@@ -311,6 +310,8 @@ class LdsResult(_SameJson):
     def best(self, output: str = "score") -> LdsRow:
         """The row with the highest mean LDS on ``output``."""
         return max((r for r in self.rows if r.output == output), key=lambda r: r.lds)
+
+    __eq__, __hash__ = _same_json, _json_hash  # equal when they write the same JSON
 
     def to_dict(self) -> dict[str, Any]:
         """lds.json's content, keys in its order (an undefined LDS or interval: None)."""
