@@ -91,7 +91,7 @@ def evaluate_options(args: argparse.Namespace) -> EvaluateOptions:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from kgtrace.compute.compile import compile_default
     from kgtrace.compute.system import resolve_device
-    from kgtrace.evaluation.candidates import restriction_of
+    from kgtrace.evaluation.candidates import check_restrict
     from kgtrace.workflows.any_run import load_any_run
 
     options = evaluate_options(args)
@@ -112,7 +112,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not len(getattr(ds, args.split)):
         raise KgtraceError(f"{ds.source}: the dataset has no {args.split} triples (a run imported from PyKEEN without "
                            "--dataset has training triples only). Fix: re-import it with --dataset, or choose --split")
-    restriction_of(ds, args.restrict)  # a bad --restrict rule is refused before any ranking
+    check_restrict(args.restrict)  # a malformed rule is refused at once (rank_run checks its names, then ranks)
     compile_ = not prover and compile_default(device, args.compile)
     with output_lock(args.out, args.world):
         return evaluate_loaded(args, run, prover, compile_, sides, ks, budget)

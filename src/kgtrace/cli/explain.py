@@ -224,12 +224,11 @@ def explain_self_influence(args: argparse.Namespace, run, tracin, compiled, out:
 def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, device, options: dict, compiled,
                          out: Path) -> int:
     from kgtrace.attribution.explanations import explain
-    from kgtrace.evaluation.candidates import restriction_note, restriction_of
+    from kgtrace.evaluation.candidates import restriction_note, restricts
 
     test = explain_targets(args, run)
-    restriction = restriction_of(run.dataset, args.restrict)
-    if args.world.is_main and restriction is not None:  # restricted by category: the first line says so
-        print(restriction_note(restriction, args.restrict).replace(
+    if args.world.is_main and restricts(run.dataset, args.restrict):  # restricted: the first line says so
+        print(restriction_note(True, args.restrict).replace(
             "candidates:", "candidates (of --predict and of the ranks):", 1))
     if args.method == "auto" and args.world.is_main:
         print(f"--method auto: {choice.method}, {choice.reason}; --method tracin or trak to choose")

@@ -57,6 +57,7 @@ __all__ = [
     "rank_side_sampled",
     "restriction_note",
     "restriction_of",
+    "restricts",
     "sample_corruptions",
 ]
 
@@ -263,6 +264,11 @@ def check_restrict(rules: Sequence[str]) -> None:
         parse_restrict(rules)
 
 
+def restricts(dataset, rules: Sequence[str] = ()) -> bool:
+    """Whether `restriction_of` (``dataset``, ``rules``) restricts the candidates, without building it."""
+    return list(rules) != ["none"] and (list(rules) not in ([], ["auto"]) or has_categories(dataset))
+
+
 def restriction_of(dataset, rules: Sequence[str] = ()) -> CandidateRestriction | None:
     """The candidates ``rules`` (``--restrict``) ask for.
 
@@ -281,10 +287,11 @@ def restriction_of(dataset, rules: Sequence[str] = ()) -> CandidateRestriction |
     return explicit_restriction(dataset, parse_restrict(rules))
 
 
-def restriction_note(restriction: CandidateRestriction | None, rules: Sequence[str] = ()) -> str:
-    """What the candidates are, in one line for a command's first output (``rules``: the ``--restrict`` given)."""
+def restriction_note(restriction: CandidateRestriction | bool | None, rules: Sequence[str] = ()) -> str:
+    """What the candidates are, in one line for a command's first output (``restriction``: the one built, or
+    whether there is one; ``rules``: the ``--restrict`` given)."""
     none = option("--restrict", "none")
-    if restriction is None:
+    if restriction is None or restriction is False:
         return "candidates: every entity"
     if list(rules) in ([], ["auto"], ["typed"]):
         return (f"candidates: each relation's heads and tails restricted to the node categories it takes in training "
