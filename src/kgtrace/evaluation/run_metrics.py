@@ -16,7 +16,7 @@ from kgtrace.display.plots import rank_histogram
 from kgtrace.evaluation.candidates import restriction_note, restriction_of
 from kgtrace.evaluation.evaluate import Candidates, Metrics, QueryRanks, metrics_of
 from kgtrace.evaluation.output import query_table, write_query_table
-from kgtrace.evaluation.sharded import evaluate_sharded, rank_queries_sharded
+from kgtrace.evaluation.sharded import rank_queries_sharded
 from kgtrace.evaluation.sides import SIDES
 from kgtrace.runs.embedding import Run, load_run
 
@@ -25,14 +25,11 @@ __all__ = ["RunEvaluation", "evaluate_run", "rank_run", "write_evaluation", "wri
 
 def evaluate_run(run_dir: str | Path, split: str = "test", memory_budget: int = 2 << 30,
                  world: World = ONE) -> Metrics:
-    """Filtered all-entity metrics of a run's best checkpoint (eager): what kgtrace train reports.
+    """Filtered all-entity metrics of a run's best checkpoint (eager), every entity a candidate.
 
     world: split the ranking over a distributed job's processes (the same metrics).
     """
-    run = load_run(run_dir)
-    ds = run.dataset
-    return evaluate_sharded(run.model, getattr(ds, split), world=world, known=ds.known_triples(split),
-                            memory_budget=memory_budget)
+    return rank_run(load_run(run_dir), split, restrict=("none",), memory_budget=memory_budget, world=world).metrics
 
 
 @dataclass(frozen=True)
