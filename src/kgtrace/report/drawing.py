@@ -204,16 +204,16 @@ class _Canvas:
         """A curved arrow from a_node to b_node, bent further where it would cross another node; returns the
         curve's middle (where its label goes)."""
         a, b = self.pos[a_node], self.pos[b_node]
+        tries = []  # (control point, start, end, points) of each bend tried, in BENDS' order
         for extra in BENDS:
             c = _curve(a, b, bend + extra)
             start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
-            points = _points(start, c, end)
-            if not self._crosses_a_node(points, (a_node, b_node)):
+            tries.append((c, start, end, _points(start, c, end)))
+            if not self._crosses_a_node(tries[-1][3], (a_node, b_node)):
                 break
-        else:  # no bend clears them all: the first, as asked
-            c = _curve(a, b, bend)
-            start, end = _trim(a, c, b, self.radius[a_node], self.radius[b_node])
-            points = _points(start, c, end)
+        else:  # no bend clears them all: the one asked
+            tries.append(tries[0])
+        c, start, end, points = tries[-1]
         self.curves.append((title, points))
         self.extent.append(Box(min(a[0], b[0], c[0]), min(a[1], b[1], c[1]), max(a[0], b[0], c[0]),
                                max(a[1], b[1], c[1])))
