@@ -127,10 +127,10 @@ class TrakTime:
 
     @property
     def seconds(self) -> float:
-        n, size = self.triples, self.parameters
-        m = min(n, size)
-        kernel, solve = 2.0 * n * size * m, m ** 3 / 3.0
-        return self.checkpoints * (self.load + self.linear * n + kernel / self.matmul_rate + solve / self.solve_rate)
+        kernel = TrakCost(self.triples, self.parameters, checkpoints=1).flops  # counted in tests/test_lds.py
+        solve = min(self.triples, self.parameters) ** 3 / 3.0
+        per_checkpoint = self.load + self.linear * self.triples + kernel / self.matmul_rate + solve / self.solve_rate
+        return self.checkpoints * per_checkpoint
 
     @classmethod
     def measure(cls, run: Run, pilots: tuple[int, int] = (32, 96)) -> TrakTime:
