@@ -229,7 +229,8 @@ def test_chunk_size_and_save_every(run_dir, tmp_path):
     grouped, _ = explain(run_dir, tmp_path, "--test", "2", "--no-progress", "--memory-budget", "1", name="grouped.json")
     assert grouped["explanations"] == default["explanations"]
     assert not list(tmp_path.glob("grouped.json.state*"))
-    refused(["explain", run_dir, "--test", "2", "--chunk-size", "0", "--save-every", "-1", "--device", "cpu",
-             "--out", tmp_path / "bad.json"], watch=tmp_path, mentions=["--chunk-size 0", "--save-every -1.0"])
+    refused(["explain", run_dir, "--test", "2", "--chunk-size", "0", "--save-every", "-1", "--budget", "nan",
+             "--device", "cpu", "--out", tmp_path / "bad.json"], watch=tmp_path,
+            mentions=["--chunk-size 0", "--save-every -1.0", "--budget nan: must be a number of seconds, 0 or more"])
     refused(["explain", run_dir, "--test", "2", "--memory-budget", "lots", "--device", "cpu", "--out",
              tmp_path / "bad.json"], watch=tmp_path, mentions=["--memory-budget 'lots'"])

@@ -495,6 +495,9 @@ def test_auto_picks_trak_where_it_fits_and_tracin_where_it_does_not(tiny_distmul
     chosen = choose_method(run)
     assert chosen.method == "trak" and "best LDS" in chosen.reason and "276 parameters" in chosen.reason
     assert "two timed pilots" in chosen.reason and f"budget of {methods.AUTO_BUDGET_S:g} s" in chosen.reason
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"budget=.*: must be a number of seconds, 0 or more"):
+            choose_method(run, budget=bad)
     chosen = choose_method(run, budget=0.0)  # any estimate is over a budget of nothing
     assert chosen.method == "tracin" and "more than the budget of 0 s" in chosen.reason
     monkeypatch.setattr(trak_module, "MAX_FEATURE_BYTES", TrakCost.of(run).feature_bytes - 1)

@@ -41,7 +41,7 @@ from kgtrace.attribution.topk import TopK
 from kgtrace.attribution.tracin import TracIn
 from kgtrace.attribution.trak import TrakCost, TrakTime, default_ridge, trak
 from kgtrace.core.config import MAX_SEED
-from kgtrace.core.errors import ConfigError
+from kgtrace.core.errors import ConfigError, option
 from kgtrace.runs.embedding import Run
 
 __all__ = ["AUTO_BUDGET_S", "Attribution", "AttributionInputs", "METHOD_SPECS", "MethodChoice", "MethodSpec",
@@ -282,6 +282,8 @@ def choose_method(run: Run, budget: float = AUTO_BUDGET_S) -> MethodChoice:
     (docs/benchmarks.md), where its exact gradients fit in memory and its time on this machine, estimated
     from two timed pilots (`TrakTime`), is within ``budget`` seconds; else TracIn, which streams over any
     number of training triples and parameters."""
+    if not budget >= 0:  # also NaN
+        raise ConfigError([f"{option('--budget', budget)}: must be a number of seconds, 0 or more"])
     cost = TrakCost.of(run)
     size = f"{cost.triples:,} training triples x {cost.parameters:,} parameters"
     if run.config.training == "negative-sampling":

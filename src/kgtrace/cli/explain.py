@@ -170,6 +170,8 @@ def check_explain_options(args: argparse.Namespace) -> None:
     problems = [f"--{key} {value}: must be at least 1" for key, value in counts.items() if value is not None and value < 1]
     if not args.save_every >= 0:  # also NaN
         problems.append(f"--save-every {args.save_every}: must be a number of seconds, 0 or more")
+    if not args.budget >= 0:  # also NaN
+        problems.append(f"--budget {args.budget}: must be a number of seconds, 0 or more")
     if args.out_dir and (args.self_influence or args.out):
         problems.append("--out-dir: writes one file per explained triple; fix: drop --out, and use it without --self")
     if not may_stream(args.method):
