@@ -105,3 +105,22 @@ def test_run_job_and_faithfulness_rank_among_categories(drugs, tmp_path, capsys)
     result = FaithfulnessResult.read(check / "faithfulness.json")
     assert "among the tails' categories" in result.predictions.how and result.settings.restrict == ()
     assert pl.read_csv(check / "faithfulness.tsv", separator="\t").height == 2
+
+
+def test_score_ranks_among_categories_and_says_so(drugs, tmp_path, capsys):
+    root, run = drugs
+    held_out = (root / "data" / "test.txt").read_text().splitlines()
+    triples = tmp_path / "t.tsv"
+    triples.write_text("\n".join(held_out) + "\n")
+    out, every = tmp_path / "s.json", tmp_path / "every.json"
+    capsys.readouterr()
+    assert main(["score", str(run), "--triples", str(triples), "--out", str(out)]) == 0
+    assert NOTE in capsys.readouterr().out.splitlines()[0]
+    assert main(["score", str(run), "--triples", str(triples), "--out", str(every), "--restrict", "none"]) == 0
+    restricted, unrestricted = json.loads(out.read_text()), json.loads(every.read_text())
+    assert NOTE in restricted["candidates"] and unrestricted["candidates"] == "candidates: every entity"
+    ranks = [(a["tail_rank"], b["tail_rank"]) for a, b in zip(restricted["rows"], unrestricted["rows"], strict=True)]
+    # Fewer candidates: no triple ranks worse among its relation's categories, and genes no longer crowd out diseases.
+    assert all(among <= every for among, every in ranks) and any(among < every for among, every in ranks)
+    python = kgtrace.score_triples(kgtrace.load_run(run), triples)
+    assert python.table["tail_rank"].to_list() == [row["tail_rank"] for row in restricted["rows"]]

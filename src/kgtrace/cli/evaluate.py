@@ -186,7 +186,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {short_category(row['categories']):<{width}}  "
               f"{row['label']}{name}")
     if args.out:
-        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q})}")
+        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q, 'candidates': found.note})}")
     return 0
 
 
@@ -210,12 +210,14 @@ def add_score_args(p: argparse.ArgumentParser) -> None:
                    help="labelled triples to score, head<TAB>relation<TAB>tail per line")
     p.add_argument("--checkpoint", default="best", help="best, last, or a checkpoint file")
     p.add_argument("--memory-budget", default="2GB", help="memory for scores while ranking, e.g. 2GB")
+    add_restrict_arg(p)
     p.add_argument("--out", metavar="FILE.json", help="JSON to write, with a TSV beside it (default: print only)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
 
 
 def cmd_score(args: argparse.Namespace) -> int:
     from kgtrace.compute.system import resolve_device
+    from kgtrace.evaluation.candidates import restriction_note
     from kgtrace.evaluation.predict import score_triples, write_table
     from kgtrace.runs.embedding import load_run
 
@@ -226,7 +228,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         check_json_out(args.out)
     run = load_run(args.run_dir, args.checkpoint, device=resolve_device(args.device))
     check_run_outputs(args.run_dir, run.config.dataset, indexed_outputs(args.out), reads=(args.triples,))
-    scored = score_triples(run, args.triples, memory_budget=budget)
+    scored = score_triples(run, args.triples, memory_budget=budget, restrict=args.restrict)
+    if scored.note != restriction_note(None):  # ranked among a relation's categories: the first line says so
+        print(scored.note)
     for skip in scored.skipped[:10]:
         print(f"{args.triples}:{skip['line']}: skipped: {skip['problem']}", file=sys.stderr)
     if len(scored.skipped) > 10:
@@ -239,7 +243,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"(showing 50 of {scored.table.height} scored triples; use --out for all of them)")
     print(f"scored {scored.table.height} triples, skipped {len(scored.skipped)} lines with unknown labels")
     if args.out:
-        print(f"wrote {args.out} and {write_table(scored.table, args.out, {'skipped': scored.skipped})}")
+        extra = {"candidates": scored.note, "skipped": scored.skipped}
+        print(f"wrote {args.out} and {write_table(scored.table, args.out, extra)}")
     return 0
 
 

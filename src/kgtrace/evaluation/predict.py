@@ -30,7 +30,7 @@ from kgtrace.data.lookup import find_ids, lookup_problem, lookup_relation, relat
 from kgtrace.data.triples import FIELDS, read_labeled_triples_with_lines
 from kgtrace.display.frames import FrameKind, as_frame
 from kgtrace.evaluation.candidates import restriction_note, restriction_of
-from kgtrace.evaluation.evaluate import model_device, rank_queries
+from kgtrace.evaluation.evaluate import Candidates, model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
 from kgtrace.runs.embedding import Run
 
@@ -60,6 +60,7 @@ class ScoredTriples:
 
     table: pl.DataFrame
     skipped: list[dict] = field(default_factory=list)
+    note: str = "candidates: every entity"  # what the ranks were among (restricted by category or not)
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
         """The scored triples as a data frame: "polars" or "pandas"."""
@@ -115,11 +116,24 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
     return Predictions(query, _candidate_table(ds, chosen, scores, known), restriction_note(restriction, rules))
 
 
-def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> ScoredTriples:
+def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30,
+                  restrict: str | Sequence[str] = ()) -> ScoredTriples:
     """Score every triple of a labelled file, with filtered realistic head and tail ranks against all splits.
 
-    Lines whose labels are not in the run's id maps are skipped and listed; a file with no
-    scorable line at all is an error.
+    Args:
+        run: a loaded run (``kgtrace.load_run``).
+        path: a file of ``head<TAB>relation<TAB>tail`` lines, in the labels of the run's id maps (or, for KGX data,
+            its predicates).
+        memory_budget: bytes for the ranking's scores at once.
+        restrict: the ranks' candidates, as in `predict`: by default, where the dataset has node categories,
+            the categories each relation takes on each side in training; ``"none"``: every entity.
+
+    Returns:
+        `ScoredTriples`: a row per scored line (names, score, head and tail ranks, known or not; ``.to_df()``),
+        the lines skipped for a label the run does not know, each with the line and why, and ``.note``.
+
+    Raises:
+        DataError: the file has no line that can be scored, naming its first problem.
     """
     labeled, lines = read_labeled_triples_with_lines(path)
     ds = run.dataset
@@ -135,7 +149,10 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
     triples = torch.from_numpy(ids[good].astype(np.int64))
     model = run.model.eval()
     scores = true_scores(model, triples[:, :2], triples[:, 2])  # [n]
-    ranks = rank_queries(model, triples, known=ds.all_triples(), memory_budget=memory_budget)
+    rules = [restrict] if isinstance(restrict, str) else list(restrict)
+    restriction = restriction_of(ds, rules)
+    ranks = rank_queries(model, triples, known=ds.all_triples(), candidates=Candidates(restriction=restriction),
+                         memory_budget=memory_budget)
     table = pl.DataFrame({
         "line": lines[good],
         **_labelled_columns(ds, triples),
@@ -144,7 +161,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30) -> S
         "tail_rank": ranks.counts["tail"].rank("realistic").numpy(),
         **_membership(ds, triples),
     })
-    return ScoredTriples(table, skipped)
+    return ScoredTriples(table, skipped, restriction_note(restriction, rules))
 
 
 def write_table(table: pl.DataFrame, path_json: str | Path, extra: dict) -> Path:
