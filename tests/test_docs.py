@@ -42,6 +42,13 @@ def test_parameters_are_tables_and_dataclass_fields_are_listed(site):
     explain = text_of(page[page.index('id="kgtrace.explain"'):page.index('id="kgtrace.Explanations"')])
     assert "Parameters: Name Type Description Default" in explain and "Returns:" in explain
     assert "triples Tensor | Named | Sequence [ Named ] ids [n, 3]" in explain
-    for name, follows in (("kgtrace.train", "kgtrace.resume"), ("kgtrace.TracIn", "kgtrace.load_dataset")):
-        section = text_of(page[page.index(f'id="{name}"'):page.index(f'id="{follows}"')])
+    # Every function of the front page, and TracIn's constructor: a parameter table and what it returns.
+    functions = ["kgtrace.pipeline", "kgtrace.load_run", "kgtrace.train", "kgtrace.resume", "kgtrace.evaluate",
+                 "kgtrace.predict", "kgtrace.score_triples", "kgtrace.explain", "kgtrace.load_dataset",
+                 "kgtrace.prepare", "kgtrace.build_model"]
+    starts = sorted((page.index(f'id="{name}"'), name) for name in [*functions, "kgtrace.TracIn"])
+    ends = dict(zip([name for _, name in starts], [start for start, _ in starts[1:]] + [len(page)], strict=True))
+    for start, name in starts:
+        section = text_of(page[start:ends[name]])
         assert "Parameters: Name Type Description Default" in section, name
+        assert name == "kgtrace.TracIn" or "Returns:" in section, name

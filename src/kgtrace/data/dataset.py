@@ -133,9 +133,24 @@ def load_dataset(
 ) -> Dataset:
     """Load a registered dataset by name (bundled, or fetched into the cache), or a dataset folder.
 
-    ``entities`` / ``relations`` override the id maps (reloading a run keeps its ids); a
-    triple whose label they lack is a DataError naming the file and line. Valid/test triples
-    unseen in train are left out with a warning (module doc); an empty train split is a DataError.
+    Valid and test triples whose entities or relations training never sees are left out with a warning
+    (module doc).
+
+    Args:
+        name_or_path: a registered name in kgtrace's or PyKEEN's spelling (``"nations"``, ``"FB15k-237"``;
+            ``kgtrace datasets`` lists them), or a folder holding train.txt, valid.txt and test.txt.
+        entities: the entities' id map to use instead of one built from the files (reloading a run keeps
+            its ids).
+        relations: the relations' id map, likewise.
+
+    Returns:
+        The `Dataset`: its splits as id tensors [n, 3], id maps, and names and categories where the folder
+        has them.
+
+    Raises:
+        DataError: a file's line cannot be read, or holds a label the given id maps lack (naming the file
+            and line), or the train split is empty.
+        KgtraceError: the name is neither registered nor a folder.
     """
     entry = DATASETS.get(str(name_or_path))
     if entry is None and not Path(name_or_path).exists():  # another spelling of a registered name ("FB15k-237")

@@ -105,11 +105,33 @@ def prepare(
 ) -> PrepareReport:
     """Build a dataset folder at ``out`` from ``triples`` (labelled TSV) or ``nodes`` + ``edges`` (KGX).
 
-    ``drop_predicates`` applies to both inputs; ``category_pairs`` and ``fold_qualifiers`` to
-    KGX. ``split="random"`` uses ``fractions`` (train, valid, test); ``split="predicate"`` puts
-    every triple of ``holdout_predicate`` in test and ``fractions[1]`` of the rest in valid.
-    ``names`` is an optional node-name file; its names win over KGX names.
-    All option problems are reported together in one ConfigError.
+    Give either ``triples`` or both ``nodes`` and ``edges``.
+
+    Args:
+        out: the dataset folder to write.
+        triples: a labelled TSV file, ``head<TAB>relation<TAB>tail`` per line.
+        nodes: a KGX nodes file (TSV or JSON lines, optionally gzipped); its names and categories are kept.
+        edges: the KGX edges file of those nodes, likewise.
+        category_pairs: KGX only: keep the edges between these node categories, either direction
+            (``[("biolink:ChemicalEntity", "biolink:Disease")]``); none given: every edge.
+        drop_predicates: predicates (relations) to leave out, in either input.
+        fold_qualifiers: KGX only: make a predicate with its qualifiers one relation
+            (``biolink:affects`` with ``object_direction_qualifier=increased``), as ROBOKOP's exports mean them.
+        split: ``"random"``: ``fractions`` of the triples in train, valid and test; ``"predicate"``: every
+            triple of ``holdout_predicate`` in test, ``fractions[1]`` of the rest in valid.
+        fractions: the (train, valid, test) shares of ``split="random"``, summing to 1.
+        holdout_predicate: the relation ``split="predicate"`` holds out (``"biolink:treats"``).
+        holdout_fraction: the share of that relation's triples held out; the rest stays in training.
+        names: a node-name file (``id<TAB>name`` or ``name<TAB>id``); its names win over the KGX nodes'.
+        seed: the split's random seed.
+        overwrite: replace a dataset folder kgtrace wrote at ``out``.
+
+    Returns:
+        A `PrepareReport`: the triples read and dropped (and why), and each split's size.
+
+    Raises:
+        ConfigError: listing every problem with the options at once.
+        DataError: an input line cannot be read, naming the file and line.
     """
     out = Path(out)
     problems = _option_problems(

@@ -54,6 +54,16 @@ def hyperparameter_names(model_class: type[nn.Module]) -> list[str]:
 def build_model(name: str, num_entities: int, num_relations: int, **kwargs: object) -> nn.Module:
     """Build the registered model ``name`` with hyperparameters ``kwargs``.
 
+    Args:
+        name: a registered model in kgtrace's or PyKEEN's spelling (``"conve"``, ``"ConvE"``; `MODELS`).
+        num_entities: the entities scored (``dataset.num_entities``).
+        num_relations: the relations, likewise.
+        **kwargs: the model's hyperparameters (``embedding_dim=200``, ...); docs/training.md lists each
+            model's.
+
+    Returns:
+        The model, scoring triples through `score_hrt` and all tails at once through `score_t`.
+
     Raises:
         ConfigError: listing every problem at once: an unknown model name, unknown
             hyperparameter keys (with the valid keys) and invalid values.

@@ -310,8 +310,25 @@ def train(config: TrainConfig, out: str | Path, *, overwrite: bool = False, prog
 
 def resume(out: str | Path, *, progress: bool = True, log=print, world: World = ONE, deadline: float | None = None,
            hold: ExitStack | None = None, **overrides: Any) -> TrainResult:
-    """Continue the run in ``out`` from its latest checkpoint (``overrides``: see RESUMABLE), holding its lock;
-    ``deadline`` and ``hold`` as in `train`."""
+    """Continue the run in ``out`` from its latest checkpoint, holding its lock.
+
+    The result equals one uninterrupted run's: the model, the optimizer, the batches' order and the
+    random state come back from the checkpoint.
+
+    Args:
+        out: the run folder (``kgtrace train`` or `train` wrote it).
+        progress: show progress bars.
+        log: where the epoch lines go (``print``).
+        world: the processes of a distributed job, as in `train`.
+        deadline: a ``time.monotonic()`` value at which training pauses again, as in `train`.
+        hold: the caller's stack to keep the lock in after returning, as in `train`.
+        **overrides: settings to change: only ``epochs``, ``patience``, ``device``, ``threads``, ``compile``
+            and ``captured_step`` (``RESUMABLE``; e.g. ``epochs=200`` to train further); any other setting
+            may be given with the run's own value, and a different one is refused.
+
+    Returns:
+        As `train`: the epochs completed, the losses and validation MRRs per epoch, the best epoch.
+    """
     out = Path(out)
     check_resumable(out)
     with ExitStack() as held:

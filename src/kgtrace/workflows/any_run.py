@@ -19,12 +19,22 @@ __all__ = ["load_any_run"]
 
 def load_any_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: torch.device | str = "cpu", *,
                  compile: bool | None = None) -> Run | ProverRun:
-    """The run in ``run_dir``: a `Run` (model, dataset, checkpoints) or a
-    `ProverRun` (rules, engine, scorer), each with its ``model`` scoring triples.
+    """The run in ``run_dir``, each kind with its ``model`` scoring triples.
 
-    checkpoint: None/'best', 'last' or a file (a BFS prover run has none). compile: a prover run's engine step
-    and beam search through torch.compile (None: as its config says); an embedding run compiles nothing on load.
-    A folder with neither run is refused, naming what it lacks.
+    Args:
+        run_dir: a run folder: an embedding run (``kgtrace train``, `pipeline`) or a prover run
+            (``kgtrace prove``).
+        checkpoint: ``None`` or ``"best"`` (the best validation MRR), ``"last"``, or a checkpoint file; a BFS
+            prover run has none.
+        device: where the model goes (``"cpu"``, ``"cuda"``, a `torch.device`).
+        compile: a prover run's engine step and beam search through torch.compile (None: as its config
+            says); an embedding run compiles nothing on load.
+
+    Returns:
+        A `Run` (model, dataset, config, checkpoints) or a `ProverRun` (rules, engine, scorer).
+
+    Raises:
+        KgtraceError: the folder holds neither kind of run, naming what it lacks.
     """
     if RunLayout(run_dir).kind == "prover":
         return load_prover_run(run_dir, checkpoint, device, compile=compile)

@@ -59,8 +59,17 @@ def pipeline(*, dataset: str = "umls", model: str = "conve", out: str | Path | N
         restrict: the test ranking's candidates: by default, where the dataset has node categories, each
             relation's categories in training (the metrics against every entity are kept in ``unrestricted``);
             ``("none",)``: every entity.
-        settings: any other field of `TrainConfig` (``epochs=30``, ``lr=0.003``,
+        progress: show progress bars.
+        log: where the epoch lines go (``print``).
+        **settings: any other field of `TrainConfig` (``epochs=30``, ``lr=0.003``,
             ``model_args={"embedding_dim": 100}``); an unknown one is refused with the fields' names.
+
+    Returns:
+        A `PipelineResult`: the run folder, the training (losses and validation MRRs per epoch), the test
+        metrics (``.to_df()``), and, where the candidates were restricted, the metrics against every entity.
+
+    Raises:
+        ConfigError: an unknown setting, or settings `TrainConfig` refuses, all listed at once.
     """
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(settings) - known)
