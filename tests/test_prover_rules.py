@@ -53,7 +53,7 @@ def test_every_bad_line_is_reported_at_once_with_file_and_line():
         "0.9  grandparent(X,Y) :- parent(X,Z), parent(Z,Y)",  # fine
         "0.9  grandparnt(X,Y) :- parent(X,Y)",  # unknown relation, with a close label
         "1.5  child(X,Y) :- parent(Y,X)",  # confidence out of range
-        "0.5  child(X,Y) :- parent(Y,john)",  # a constant
+        "0.5  child(X,Y) :- parent(Y,john)",  # a constant unquoted
         "0.5  child(X,Y) :- parent(X,Z)",  # Y not in the body
         "0.5  child(X,X) :- parent(X,X)",  # repeated head variable
         "0.5  child(X,Y) :- parent(X,Z), parent(Z,W), parent(W,Y)",  # body too long for max_body=2
@@ -65,8 +65,9 @@ def test_every_bad_line_is_reported_at_once_with_file_and_line():
     problems = info.value.problems
     assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "5", "6", "7", "8", "9"]
     assert "grandparnt" in problems[0] and "'grandparent'" in problems[0]
-    assert "1.5" in problems[1] and "not a variable" in problems[2] and "variable Y" in problems[3]
-    assert "repeats" in problems[4] and "3 atoms" in problems[5] and "fix:" in problems[6]
+    assert "1.5" in problems[1] and "neither a variable nor a quoted constant" in problems[2]
+    assert "variable Y" in problems[3] and "two distinct variables" in problems[4]
+    assert "3 atoms" in problems[5] and "fix:" in problems[6]
     # Three body atoms are fine when configured.
     longer = parse_rules(lines[6:7], RELATIONS, max_body=3)
     assert longer.rules[0].body == ((0, 0, 2), (0, 2, 3), (0, 3, 1)) and longer.rules[0].num_free == 2

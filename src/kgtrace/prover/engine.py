@@ -63,6 +63,7 @@ class VectorEngine(nn.Module):
     def __init__(self, triples: Tensor, rules: RuleSet, num_entities: int, shapes: EngineShapes | None = None):
         super().__init__()
         E, R = num_entities, rules.num_relations
+        rules.require_variables()  # SLD resolution unifies variables; constants are rule application's
         self.num_entities, self.num_relations = E, R
         facts = fact_atoms(triples)  # [N, 3] (r, h, t), sorted: row = fact id
         self.num_facts = len(facts)

@@ -21,6 +21,11 @@ Rules are Horn clauses ``r(X, Y) :- b1, ..., bn`` over binary atoms whose head h
 distinct variables, every head variable occurring in the body (range restriction). A rule
 stores its body with *local* variables: ``0`` is the head's X, ``1`` its Y, and ``2, 3, ...``
 the body-only variables in order of first occurrence.
+
+Rules of AnyBURL's acyclic kinds hold constants: ``r(X, c) :- s(X, Y)`` and ``r(X, c) :- s(X, d)``
+(or ``r(c, X)``). A constant entity e is the local term ``-1 - e`` (`constant_term`), in the head's
+arguments (``Rule.head_args``, ``(0, 1)`` for a head over X and Y) and in the body. Only rule
+application (`kgtrace.prover.apply`) reads such rules; the SLD engines take rules over variables.
 """
 
 from __future__ import annotations
@@ -57,11 +62,27 @@ class Rule:
     confidence: float  # in (0, 1]
     name: str = ""  # the prototype format's rule name, else "" (then the file:line names it)
     source: str = ""  # "FILE:LINE" it was read from, or "" for rules built in code
+    head_args: tuple[int, int] = (0, 1)  # the head's local terms: X = 0, Y = 1, a constant -1 - entity
 
     @property
     def num_free(self) -> int:
         """Body-only variables (Z, W, ...)."""
         return max((v for atom in self.body for v in atom[1:]), default=1) - 1
+
+    @property
+    def has_constants(self) -> bool:
+        """Whether the rule names an entity (AnyBURL's acyclic rules), in its head or body."""
+        return any(term < 0 for term in self.head_args) or any(term < 0 for atom in self.body for term in atom[1:])
+
+
+def constant_term(entity: int) -> int:
+    """A rule's local term for the constant ``entity``: negative, apart from the variables 0, 1, 2, ..."""
+    return -1 - entity
+
+
+def constant_of(term: int) -> int:
+    """The entity of a negative local term (`constant_term`'s inverse)."""
+    return -1 - term
 
 
 def is_variable(term: int, num_entities: int) -> bool:

@@ -97,6 +97,7 @@ class ReferenceEngine:
         self.num_entities = num_entities
         self.num_relations = rules.num_relations
         self.rules = rules.rules
+        rules.require_variables()  # SLD resolution unifies variables; constants are rule application's
         facts = fact_atoms(triples)
         self.limits = resolve_shapes(limits, facts, rules) if limits is not None else None
         self.facts: list[Atom] = [tuple(atom) for atom in facts.tolist()]

@@ -1,0 +1,89 @@
+"""The training graph as rule learning and rule application walk it: directed relations as sparse matrices.
+
+A relation r (0 <= r < R) is walked forwards as the *directed relation* r, from a head to its tails,
+and backwards as r + R, from a tail to its heads. A path of directed relations d_1 .. d_n from an
+entity a reaches the entities y joined to a by some walk a -d_1-> z_1 -d_2-> ... -d_n-> y.
+
+Reach is computed for a batch of B start entities at once as a 0/1 matrix [E, B] (column b: the
+entities the b-th start reaches), one sparse product per step: ``reach' = (M_d @ reach > 0)`` where
+``M_d[y, x] = 1`` when d(x, y) is a fact. The walk is over relations, not over distinct entities: a
+middle entity may repeat (AnyBURL's object identity is kept only between a rule's head arguments, by
+the callers).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["DirectedGraph", "directed_inverse"]
+
+
+def directed_inverse(d: int, num_relations: int) -> int:
+    """The directed relation walking d backwards: r <-> r + R."""
+    return d + num_relations if d < num_relations else d - num_relations
+
+
+@dataclass(frozen=True)
+class DirectedGraph:
+    """The facts of a split, indexed for walks: per directed relation its matrix, and every fact's key."""
+
+    num_entities: int
+    num_relations: int
+    steps: tuple[Tensor, ...]  # [2R] sparse CSR float32 [E, E]: steps[d][y, x] = 1 when d(x, y)
+    keys: Tensor  # [2N] sorted int64 keys (x * 2R + d) * E + y of every directed fact d(x, y)
+    offsets: Tensor  # [E + 1] CSR row pointers of `neighbours` by source entity x
+    neighbours: Tensor  # [2N, 2] (d, y) of each directed fact d(x, y), grouped by x
+
+    @classmethod
+    def of(cls, triples: Tensor, num_entities: int, num_relations: int) -> DirectedGraph:
+        """Index ``triples`` [N, 3] (h, r, t) ids; duplicates count once."""
+        E, R = num_entities, num_relations
+        h, r, t = torch.unique(triples.long().cpu(), dim=0).unbind(1)
+        x, d, y = torch.cat([h, t]), torch.cat([r, r + R]), torch.cat([t, h])  # [2N] both directions
+        keys = (x * 2 * R + d) * E + y
+        keys, order = torch.sort(keys)
+        x, d, y = x[order], d[order], y[order]  # grouped by x (the key's leading part)
+        offsets = torch.zeros(E + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(torch.bincount(x, minlength=E), 0)
+        steps = tuple(_step_matrix(x[d == k], y[d == k], E) for k in range(2 * R))
+        return cls(E, R, steps, keys, offsets, torch.stack([d, y], 1))
+
+    def has(self, x: Tensor, d: Tensor, y: Tensor) -> Tensor:
+        """Whether d(x, y) is a fact, elementwise over equal-shaped LongTensors: a BoolTensor of their shape."""
+        keys = (x.long() * 2 * self.num_relations + d.long()) * self.num_entities + y.long()
+        at = torch.searchsorted(self.keys, keys).clamp(max=len(self.keys) - 1)
+        return self.keys[at] == keys
+
+    def walk(self, reach: Tensor, d: int) -> Tensor:
+        """One step along directed relation d: [E, B] 0/1 float32 -> [E, B] 0/1 float32."""
+        return (torch.sparse.mm(self.steps[d], reach) > 0).float()
+
+    def reach(self, starts: Tensor, path: tuple[int, ...]) -> Tensor:
+        """[E, B] 0/1: the entities each of ``starts`` [B] reaches along ``path``."""
+        reach = torch.zeros(self.num_entities, len(starts))
+        reach[starts.long(), torch.arange(len(starts))] = 1.0
+        for d in path:
+            reach = self.walk(reach, d)
+        return reach
+
+    def sources(self, path: tuple[int, ...], end: int | None) -> Tensor:
+        """[E] bool: the entities from which ``path`` reaches ``end`` (None: reaches anything)."""
+        back = tuple(directed_inverse(d, self.num_relations) for d in reversed(path))
+        start = torch.ones(self.num_entities, 1) if end is None else self.reach(torch.tensor([end]), ())
+        for d in back:
+            start = self.walk(start, d)
+        return start[:, 0] > 0
+
+
+def _step_matrix(x: Tensor, y: Tensor, num_entities: int) -> Tensor:
+    """Sparse CSR [E, E] with a 1 at (y, x) for each pair."""
+    indices = torch.stack([y, x])
+    values = torch.ones(len(x))
+    with warnings.catch_warnings():  # torch's note that CSR support is in beta: nothing to act on
+        warnings.simplefilter("ignore", UserWarning)
+        matrix = torch.sparse_coo_tensor(indices, values, (num_entities, num_entities), check_invariants=True)
+        return matrix.coalesce().to_sparse_csr()
