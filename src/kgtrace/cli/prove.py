@@ -29,6 +29,41 @@ def add_rules_args(p: argparse.ArgumentParser) -> None:
     mine.add_argument("--out", required=True, metavar="FILE", help="rule file to write")
     add_mining_args(mine)
     mine.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    learn = actions.add_parser("learn", formatter_class=HelpFormatter,
+                               help="learn AnyBURL's path rules (cyclic up to 3 atoms, and with constants) until "
+                                    "--seconds are up",
+                               description="Sample paths from the training triples and read rules off them, as "
+                                           "AnyBURL does: r(X,Y) :- path(X,Y) of 1 to --max-length atoms, and "
+                                           "r(X,\"c\") :- s(X,\"d\") and r(X,\"c\") :- s(X,A) (either side); each "
+                                           "new rule measured (confidence = correct / (groundings + offset)); write "
+                                           "them best first. Rerunning the command continues the learning from "
+                                           "FILE.state (give more --seconds or --rounds). Rank with them: kgtrace "
+                                           "prove apply --rules FILE.")
+    learn.add_argument("--dataset", default="umls", help=train_help("dataset"))
+    learn.add_argument("--out", required=True, metavar="FILE", help="rule file to write")
+    add_learning_args(learn)
+    learn.add_argument("--overwrite", action="store_true", help="replace an existing --out file and learn anew")
+
+
+def add_learning_args(p: argparse.ArgumentParser) -> None:
+    from kgtrace.prover.config import LearnConfig
+
+    defaults = field_defaults(LearnConfig)
+    p.add_argument("--seconds", type=float, default=defaults.seconds, help="time to learn for (all runs together)")
+    p.add_argument("--rounds", type=int, default=defaults.rounds,
+                   help="stop after this many rounds of sampled paths, however fast (0: --seconds alone); the same "
+                        "rules on any machine")
+    p.add_argument("--max-length", type=int, default=defaults.max_length, help="body atoms of the longest cyclic rule")
+    p.add_argument("--no-acyclic", dest="acyclic", action="store_false", help="no rules with constants")
+    p.add_argument("--paths-per-round", type=int, default=defaults.paths_per_round,
+                   help="training facts sampled per round, a path of each length walked from each")
+    p.add_argument("--confidence-sample", type=int, default=defaults.confidence_sample,
+                   help="start entities whose groundings measure a cyclic rule")
+    p.add_argument("--min-support", type=int, default=defaults.min_support, help="correct predictions a rule needs")
+    p.add_argument("--min-confidence", type=float, default=defaults.min_confidence, help="confidence a rule needs")
+    p.add_argument("--confidence-offset", type=float, default=defaults.confidence_offset,
+                   help="confidence = correct / (groundings + offset): AnyBURL's unseen negatives")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the sampled paths")
 
 
 def add_mining_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +99,26 @@ def mining_config(args: argparse.Namespace):
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
+    if args.action == "learn":
+        return rules_learn(args)
+    return rules_mine(args)
+
+
+def rules_learn(args: argparse.Namespace) -> int:
+    from kgtrace.prover.config import LearnConfig
+    from kgtrace.prover.learn import learn_rule_file
+
+    config = LearnConfig(**{f.name: getattr(args, f.name) for f in fields(LearnConfig)})
+    check_outputs(named_output(args.out, "--out"), pinned=dataset_inputs(args.dataset))
+    learned = learn_rule_file(args.dataset, args.out, config, overwrite=args.overwrite)
+    heads = len({m.rule.head for m in learned})
+    constants = sum(m.rule.has_constants for m in learned)
+    print(f"wrote {len(learned)} rules ({constants} with constants) for {heads} relations into {args.out}; rank with "
+          f"them: kgtrace prove apply --dataset {args.dataset} --rules {args.out} --out RUN")
+    return 0
+
+
+def rules_mine(args: argparse.Namespace) -> int:
     from kgtrace.data.dataset import load_dataset
     from kgtrace.prover.mining import mine_rules
     from kgtrace.prover.rules import write_rules
@@ -93,6 +148,16 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                          "--depth steps: the product of the confidences of the rules of its best "
                                          "proof, 0 without one. Rank it with kgtrace evaluate RUN.")
     add_prover_args(bfs)
+    apply = actions.add_parser("apply", formatter_class=HelpFormatter,
+                               help="rule application: a candidate ranked by the rules that predict it (AnyBURL's)",
+                               description="Write a prover run that ranks every entity as the answer of a query by "
+                                           "the rules whose body's path from the query's entity predicts it: "
+                                           "maxplus (AnyBURL's: the best rule's confidence, ties by the next best), "
+                                           "max, or noisy_or. Rules of kgtrace rules learn (paths up to 3 atoms, "
+                                           "constants) or mined. Rank it with kgtrace evaluate RUN.")
+    add_prover_args(apply)
+    apply.add_argument("--aggregation", choices=("maxplus", "max", "noisy_or"), default="maxplus",
+                       help="how the rules predicting a candidate combine (a hybrid needs max or noisy_or)")
     train = actions.add_parser("train", formatter_class=HelpFormatter,
                                help="learn a proof policy with PPO over training triples and sampled false ones",
                                description="Write a prover run and train its policy (PPO: clipped objective, GAE, "
@@ -208,7 +273,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
         return prove_train(args)
     if args.action == "weigh":
         return prove_weigh(args)
-    config, rules, notes, ds = prover_config(args, args.action)
+    more = {"aggregation": args.aggregation} if args.action == "apply" else {}
+    config, rules, notes, ds = prover_config(args, args.action, **more)
     if config.embedding_run:
         from kgtrace.prover.embedding import embedding_model
 

@@ -32,7 +32,6 @@ reach of each path prefix is kept (within ``cache_bytes``) for the rules that sh
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -40,16 +39,17 @@ from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
 from kgtrace.models.base import inverse_queries
-from kgtrace.prover.graph import DirectedGraph, directed_inverse
+from kgtrace.prover.config import AGGREGATIONS
+from kgtrace.prover.graph import DirectedGraph, PathWalker, directed_inverse
 from kgtrace.prover.logic import Rule, constant_of
 from kgtrace.prover.rules import RuleSet
 
 __all__ = ["AGGREGATIONS", "DirectedRule", "RuleScorer", "directed_rules", "rule_path"]
 
-AGGREGATIONS = ("maxplus", "max", "noisy_or")
 KEY_BITS = 52  # a maxplus key's bits: integers below 2^53 are exact in float64
 MAX_PLACES = 8  # maxplus compares at most this many rules per candidate
 MAX_CONFIDENCE = 1.0 - 1e-9  # noisy_or: a rule of confidence 1 would make -log(1 - c) infinite
+FLUSH_EVENTS = 1 << 20  # predictions buffered before they are added to the scores
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ class RuleScorer(nn.Module):
             self.by_query[directed.query].append(directed)
         for applied in self.by_query:  # descending confidence; equal ones in rule order
             applied.sort(key=lambda d: (-d.confidence, d.rule))
-        self._answers: dict[tuple[int, int], Tensor] = {}  # (query, position): a constant rule's answers [E] bool
+        self.overflow = torch.zeros(3, dtype=torch.long)  # as the engines report it: nothing is lost here
+        self._answers: dict[tuple[tuple[int, ...], int | None], Tensor] = {}  # (path, end): a constant rule's answers
 
     @torch.no_grad()
     def score_t(self, hr: Tensor) -> Tensor:
@@ -152,78 +153,102 @@ class RuleScorer(nn.Module):
         """[B, E] float64 scores of the queries q(a, ?) for each anchor a of ``anchors`` [B]."""
         B, E = len(anchors), self.num_entities
         applied = self.by_query[q]
-        total = _Aggregate(self.aggregation, B * E, [d.confidence for d in applied])
-        cache: OrderedDict[tuple[int, ...], Tensor] = OrderedDict()
-        own = anchors + torch.arange(B) * E  # each row's anchor, as a flat cell
-        for position, directed in enumerate(applied):
-            cells = self._cells(q, position, directed, anchors, cache)
-            cells = cells[~torch.isin(cells, own)]  # an answer is never the anchor
-            total.add(cells, directed.confidence)
-        return total.values.view(B, E)
+        own = anchors + torch.arange(B) * E  # each row's anchor, as a flat cell: never an answer
+        total = _Aggregate(self.aggregation, B * E, [d.confidence for d in applied], own)
+        walker = PathWalker(self.graph, anchors, self.cache_bytes)
+        for directed in applied:
+            total.add(self._cells(directed, anchors, walker), directed.confidence)
+        return total.result().view(B, E)
 
-    def _cells(self, q: int, position: int, directed: DirectedRule, anchors: Tensor,
-               cache: OrderedDict[tuple[int, ...], Tensor]) -> Tensor:
+    def _cells(self, directed: DirectedRule, anchors: Tensor, walker: PathWalker) -> Tensor:
         """The flat cells (row * E + answer) the rule predicts for these anchors."""
         E = self.num_entities
         if directed.kind == "constant":
             rows = (anchors == directed.constant).nonzero().squeeze(1)
             if not len(rows):
                 return rows
-            answers = self._constant_answers(q, position, directed).nonzero().squeeze(1)  # [n]
+            answers = self._sources(directed.path, directed.end)  # [n]
             return (rows.unsqueeze(1) * E + answers.unsqueeze(0)).reshape(-1)  # [rows * n]
-        reach = self._reach(anchors, directed.path, cache)  # [E, B]
+        reach = walker.reach(directed.path)  # [E, B]
         if directed.kind == "cyclic":
-            answer, row = (reach > 0).nonzero().unbind(1)
+            answer, row = reach.nonzero().unbind(1)
             return row * E + answer
         ends = reach.any(0) if directed.end is None else reach[directed.end] > 0  # [B]
         return ends.nonzero().squeeze(1) * E + directed.constant
 
-    def _constant_answers(self, q: int, position: int, directed: DirectedRule) -> Tensor:
-        key = (q, position)
+    def _sources(self, path: tuple[int, ...], end: int | None) -> Tensor:
+        """The entities whose ``path`` reaches ``end`` (anything), once per (path, end): rules share them."""
+        key = (path, end)
         if key not in self._answers:
-            self._answers[key] = self.graph.sources(directed.path, directed.end)
+            self._answers[key] = self.graph.sources(path, end).nonzero().squeeze(1)
         return self._answers[key]
-
-    def _reach(self, anchors: Tensor, path: tuple[int, ...], cache: OrderedDict[tuple[int, ...], Tensor]) -> Tensor:
-        """[E, B] 0/1 along ``path`` from each anchor, from the longest prefix already walked."""
-        done = next((k for k in range(len(path), 0, -1) if path[:k] in cache), 0)
-        if done:
-            cache.move_to_end(path[:done])
-            reach = cache[path[:done]]
-        else:
-            reach = self.graph.reach(anchors, ())
-        size = reach.numel() * reach.element_size()
-        for k in range(done, len(path)):
-            reach = self.graph.walk(reach, path[k])
-            cache[path[: k + 1]] = reach
-            while len(cache) * size > self.cache_bytes and len(cache) > 1:
-                cache.popitem(last=False)
-        return reach
 
 
 class _Aggregate:
-    """A query batch's scores, flat [B * E] float64, as rules fire in descending confidence (module doc)."""
+    """A query batch's scores, flat [B * E] float64, from rules fired in descending confidence (module doc).
 
-    def __init__(self, kind: str, cells: int, confidences: list[float]):
-        self.kind = kind
+    Each rule's cells wait in a buffer; a flush adds the buffered rules at once. Within a flush, maxplus
+    numbers each cell's events in rule order (a stable sort by cell), so a cell's k-th event is its k-th
+    best rule, as when the rules are added one by one.
+    """
+
+    def __init__(self, kind: str, cells: int, confidences: list[float], own: Tensor):
+        self.kind, self.own = kind, own
         self.values = torch.zeros(cells, dtype=torch.float64)
+        self.buffer: list[tuple[Tensor, float]] = []
+        self.buffered = 0
         if kind == "maxplus":
             distinct = sorted(set(confidences))
             self.level = {c: i + 1 for i, c in enumerate(distinct)}  # 1..L, ascending
-            self.bits = max(1, len(distinct).bit_length())
-            self.places = max(1, min(MAX_PLACES, KEY_BITS // self.bits))
+            bits = max(1, len(distinct).bit_length())
+            self.places = max(1, min(MAX_PLACES, KEY_BITS // bits))
+            # The weight of a cell's k-th best rule per unit of level, 0 past the places compared.
+            self.scale = torch.tensor([2.0 ** (bits * (self.places - 1 - k)) for k in range(self.places)] + [0.0],
+                                      dtype=torch.float64)
             self.fired = torch.zeros(cells, dtype=torch.int8)  # rules fired per cell so far (capped at places)
+            self.fired[own] = self.places  # the anchor is never an answer
 
     def add(self, cells: Tensor, confidence: float) -> None:
-        if not len(cells):
+        if len(cells):
+            self.buffer.append((cells, confidence))
+            self.buffered += len(cells)
+            if self.buffered >= FLUSH_EVENTS:
+                self._flush()
+
+    def result(self) -> Tensor:
+        self._flush()
+        if self.kind != "maxplus":
+            self.values[self.own] = 0.0
+        return self.values
+
+    def _flush(self) -> None:
+        if not self.buffer:
             return
+        cells = torch.cat([c for c, _ in self.buffer])
+        weight = torch.cat([torch.full((len(c),), self._weight(v), dtype=torch.float64) for c, v in self.buffer])
+        self.buffer, self.buffered = [], 0
         if self.kind == "max":
-            self.values[cells] = torch.clamp(self.values[cells], min=confidence)
+            self.values.scatter_reduce_(0, cells, weight, "amax")
         elif self.kind == "noisy_or":
-            self.values[cells] -= math.log1p(-min(confidence, MAX_CONFIDENCE))
+            self.values.index_add_(0, cells, weight)
         else:
-            fired = self.fired[cells].long()
-            place = fired < self.places
-            shift = (self.bits * (self.places - 1 - fired[place])).double()
-            self.values[cells[place]] += self.level[confidence] * torch.exp2(shift)
-            self.fired[cells] = (fired + 1).clamp(max=self.places).to(torch.int8)
+            self._add_places(cells, weight)
+
+    def _weight(self, confidence: float) -> float:
+        if self.kind == "maxplus":
+            return float(self.level[confidence])
+        return confidence if self.kind == "max" else -math.log1p(-min(confidence, MAX_CONFIDENCE))
+
+    def _add_places(self, cells: Tensor, level: Tensor) -> None:
+        """maxplus: each event adds level x scale[its place], its place = the cell's rules fired before it."""
+        order = torch.argsort(cells, stable=True)  # by cell; within a cell, rule order (best first)
+        cells, level = cells[order], level[order]
+        n = len(cells)
+        first = torch.ones(n, dtype=torch.bool)
+        first[1:] = cells[1:] != cells[:-1]
+        position = torch.arange(n)
+        start = torch.where(first, position, 0).cummax(0).values  # where each event's cell begins
+        place = (self.fired[cells].long() + position - start).clamp(max=self.places)
+        self.values.index_add_(0, cells, level * self.scale[place])  # integers below 2^53: exact in any order
+        unique, counts = torch.unique_consecutive(cells, return_counts=True)
+        self.fired[unique] = (self.fired[unique].long() + counts).clamp(max=self.places).to(torch.int8)

@@ -10,13 +10,19 @@ from kgtrace.core.config import choice_problems
 from kgtrace.core.errors import ConfigError
 from kgtrace.prover.logic import EngineShapes
 
-__all__ = ["HYBRID_WEIGHTS", "MiningConfig", "ProverConfig"]
+__all__ = ["HYBRID_WEIGHTS", "LearnConfig", "MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
-METHODS = ("bfs", "policy")
+METHODS = ("bfs", "policy", "apply")
+AGGREGATIONS = ("maxplus", "max", "noisy_or")  # rule application's (kgtrace.prover.apply)
 PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
 HYBRID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # the grid kgtrace prove weigh chooses from
+
+
+def max_body(method: str) -> int:
+    """Body atoms a rule may have: AnyBURL's paths of up to 3 for rule application, 2 for the SLD engines' shapes."""
+    return 3 if method == "apply" else 2
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,45 @@ class MiningConfig:
 
 
 @dataclass(frozen=True)
+class LearnConfig:
+    """``kgtrace rules learn``: AnyBURL's path rules, learned from sampled paths until the time is up."""
+
+    seconds: float = 300.0  # the time budget (a resumed run counts the time already spent)
+    rounds: int = 0  # stop after this many rounds however fast they go (0: the time budget alone); reproducible
+    max_length: int = 3  # cyclic rules have 1 to max_length body atoms
+    acyclic: bool = True  # also rules with constants: r(X,c) :- s(X,d) and r(X,c) :- s(X,A), either side
+    paths_per_round: int = 4096  # training facts sampled per round, a path of each length walked from each
+    confidence_sample: int = 500  # start entities whose body groundings estimate a cyclic rule's confidence
+    min_support: int = 2  # correct predictions (in the sample) a rule needs
+    min_confidence: float = 0.001
+    confidence_offset: float = 5.0  # confidence = correct / (groundings + offset): AnyBURL's unseen negatives
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()  # a LearnConfig cannot be built invalid
+
+    def validate(self) -> "LearnConfig":
+        problems = [f"{key}={getattr(self, key)}: must be at least {low}"
+                    for key, low in (("max_length", 1), ("paths_per_round", 1), ("confidence_sample", 1),
+                                     ("min_support", 1), ("rounds", 0)) if getattr(self, key) < low]
+        if not self.seconds > 0:
+            problems.append(f"seconds={self.seconds}: must be a positive number of seconds")
+        if not 0.0 <= self.min_confidence <= 1.0:
+            problems.append(f"min_confidence={self.min_confidence}: must be in [0, 1]")
+        if not self.confidence_offset >= 0:
+            problems.append(f"confidence_offset={self.confidence_offset}: must be 0 or more")
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+
+@dataclass(frozen=True)
 class ProverConfig:
     """Everything that determines a prover run."""
 
     dataset: str = "umls"  # bundled name or dataset folder
-    method: str = "bfs"  # bfs: best proof by exhaustive search; policy: a learned policy's proof
+    method: str = "bfs"  # bfs: best proof by exhaustive search; policy: a learned policy's proof; apply: rule application
+    aggregation: str = "maxplus"  # apply: how the rules predicting a candidate combine (maxplus, max, noisy_or)
     rules: str = ""  # where the rules came from: a file, or "mined"
     mining: dict[str, Any] = field(default_factory=dict)  # the MiningConfig when mined
     depth: int = 3  # bfs: search depth; policy: steps of a rollout
@@ -112,6 +152,10 @@ class ProverConfig:
     def validate(self) -> "ProverConfig":
         problems = choice_problems(self, "method", METHODS) + choice_problems(self, "device", DEVICES)
         problems += choice_problems(self, "proof_score", PROOF_SCORES)
+        problems += choice_problems(self, "aggregation", AGGREGATIONS)
+        if self.method == "apply" and self.embedding_run and self.aggregation == "maxplus":
+            problems.append("aggregation='maxplus' with embedding_run: a hybrid adds the rules' score to a logit, and "
+                            "maxplus's scores are ranking keys; fix: use aggregation max or noisy_or")
         for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0),
                          ("embedding_dim", 1), ("beam_width", 1), ("epochs", 1), ("chunk_queries", 1), ("corruptions", 0),
                          ("ppo_epochs", 1), ("minibatch", 1), ("checkpoint_every", 1), ("eval_every", 0),
@@ -151,6 +195,9 @@ class ProverConfig:
             problems.append(f"embedding_run={self.embedding_run}: a run with a link head has its own embedding score; "
                             "drop embedding_run or set link_weight 0")
         return problems
+
+    def max_body(self) -> int:
+        return max_body(self.method)
 
     def hybrid(self) -> bool:
         """Whether a triple's score adds an embedding logit (an embedding run's, or the link head's) to its proofs'."""

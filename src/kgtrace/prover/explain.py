@@ -6,6 +6,7 @@ import math
 
 from torch import Tensor
 
+from kgtrace.core.errors import ConfigError
 from kgtrace.prover.logic import Atom, atom_text, query_state, state_text
 from kgtrace.prover.policy import policy_proof
 from kgtrace.prover.proofs import Proofs, ProofStep, TripleProof
@@ -20,6 +21,9 @@ def find_proof(run: ProverRun, triple: tuple[int, int, int]) -> Proof | None:
     """The proof the run scores a triple by: the best proof within depth (bfs), or the policy's (policy)."""
     if run.config.method == "policy":
         return policy_proof(run, triple)
+    if run.config.method == "apply":
+        raise ConfigError(["a rule application run (kgtrace prove apply) ranks by the rules that predict a triple, "
+                           "not by a proof; fix: explain a kgtrace prove bfs run over the same rules"])
     engine = ReferenceEngine(run.dataset.train, run.rules, run.dataset.num_entities, run.config.shapes())
     return best_proofs(search(engine, query_state(triple), run.config.depth)).get(None)
 

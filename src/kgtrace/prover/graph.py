@@ -14,12 +14,13 @@ the callers).
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["DirectedGraph", "directed_inverse"]
+__all__ = ["DirectedGraph", "PathWalker", "directed_inverse"]
 
 
 def directed_inverse(d: int, num_relations: int) -> int:
@@ -72,11 +73,51 @@ class DirectedGraph:
 
     def sources(self, path: tuple[int, ...], end: int | None) -> Tensor:
         """[E] bool: the entities from which ``path`` reaches ``end`` (None: reaches anything)."""
+        if len(path) == 1:  # one step, read off the keys: the x with d(x, end), or with any d-edge
+            return self._one_step_sources(path[0], end)
         back = tuple(directed_inverse(d, self.num_relations) for d in reversed(path))
         start = torch.ones(self.num_entities, 1) if end is None else self.reach(torch.tensor([end]), ())
         for d in back:
             start = self.walk(start, d)
         return start[:, 0] > 0
+
+
+    def _one_step_sources(self, d: int, end: int | None) -> Tensor:
+        E, R = self.num_entities, self.num_relations
+        found = torch.zeros(E, dtype=torch.bool)
+        if end is None:
+            pairs = self.keys // E  # x 2R + d' of each fact
+            found[pairs[pairs % (2 * R) == d] // (2 * R)] = True
+            return found
+        back = directed_inverse(d, R)  # d(x, end) is back(end, x)
+        low = torch.searchsorted(self.keys, torch.tensor([(end * 2 * R + back) * E, (end * 2 * R + back + 1) * E]))
+        found[self.neighbours[int(low[0]):int(low[1]), 1]] = True
+        return found
+
+
+class PathWalker:
+    """Reach along paths from fixed starts, each path prefix walked once while it stays in ``cache_bytes``: rules
+    sharing a prefix (taken one after another) share its products."""
+
+    def __init__(self, graph: DirectedGraph, starts: Tensor, cache_bytes: int = 512 << 20):
+        self.graph, self.starts, self.cache_bytes = graph, starts, cache_bytes
+        self.cache: OrderedDict[tuple[int, ...], Tensor] = OrderedDict()
+
+    def reach(self, path: tuple[int, ...]) -> Tensor:
+        """[E, B] 0/1 along ``path`` from each start, from the longest prefix already walked."""
+        done = next((k for k in range(len(path), 0, -1) if path[:k] in self.cache), 0)
+        if done:
+            self.cache.move_to_end(path[:done])
+            reach = self.cache[path[:done]]
+        else:
+            reach = self.graph.reach(self.starts, ())
+        size = reach.numel() * reach.element_size()
+        for k in range(done, len(path)):
+            reach = self.graph.walk(reach, path[k])
+            self.cache[path[: k + 1]] = reach
+            while len(self.cache) * size > self.cache_bytes and len(self.cache) > 1:
+                self.cache.popitem(last=False)
+        return reach
 
 
 def _step_matrix(x: Tensor, y: Tensor, num_entities: int) -> Tensor:

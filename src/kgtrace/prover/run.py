@@ -2,7 +2,7 @@
 
 Layout::
 
-    prover.yaml          the resolved ProverConfig (method bfs or policy, depth, shapes, hybrid, ...)
+    prover.yaml          the resolved ProverConfig (method bfs, policy or apply, depth, shapes, hybrid, ...)
     rules.txt            the rules the run proves with (copied from --rules, or mined)
     node_dict, rel_dict  the id maps of the dataset
     data.json            the digest of each split (kgtrace.data.pinned)
@@ -29,9 +29,11 @@ from kgtrace.core.owned import check_out_folder, claim_out_folder, folder_lock, 
 from kgtrace.data.dataset import Dataset, dataset_inputs
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
+from kgtrace.prover.apply import RuleScorer
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.embedding import embedding_model
 from kgtrace.prover.engine import VectorEngine
+from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.link import LinkHead
 from kgtrace.prover.policy import load_policy_scorer
 from kgtrace.prover.rules import RuleSet, read_rules, write_rules
@@ -50,8 +52,8 @@ class ProverRun:
     config: ProverConfig
     dataset: Dataset
     rules: RuleSet
-    engine: VectorEngine
-    model: nn.Module  # a Scorer: BfsScorer, a policy scorer, or a HybridScorer around one (and an embedding model)
+    engine: VectorEngine | None  # the SLD engine (bfs, policy); None for rule application
+    model: nn.Module  # a Scorer: BfsScorer, a policy scorer, a RuleScorer, or a HybridScorer around one
 
 
 def is_prover_run(path: str | Path) -> bool:
@@ -84,7 +86,8 @@ def write_run_files(out: Path, config: ProverConfig, dataset: Dataset, rules: Ru
     pin_splits(out, dataset)
     write_rules(out / RULES_FILE, rules.rules, dataset.relations.labels,
                 notes if notes is not None else [rule.source for rule in rules.rules],
-                header=[f"rules of the prover run {out.name} ({config.rules or 'given in code'})"])
+                header=[f"rules of the prover run {out.name} ({config.rules or 'given in code'})"],
+                entity_labels=dataset.entities.labels)
     write_yaml(config.to_dict(), out / CONFIG_FILE)
 
 
@@ -108,15 +111,20 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
         raise KgtraceError(f"{run_dir}: not a prover run (no {CONFIG_FILE}). Fix: pass the --out folder of kgtrace prove")
     config = read_config(run_dir)
     dataset = load_pinned_dataset(run_dir, config.dataset)
-    rules = read_rules(run_dir / RULES_FILE, dataset.relations)
-    engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
+    rules = read_rules(run_dir / RULES_FILE, dataset.relations, entities=dataset.entities, max_body=config.max_body())
     if compile is not None:  # the returned run's config says what it runs with
         config = dataclasses.replace(config, compile=compile)
-    derive = compiled_deriver(engine, 1024) if config.compile else None
-    if config.method == "bfs":
-        model: nn.Module = BfsScorer(engine, config.depth, derive)
+    engine = None
+    if config.method == "apply":
+        graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
+        model: nn.Module = RuleScorer(graph, rules, config.aggregation)
     else:
-        model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, config.compile)
+        engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
+        derive = compiled_deriver(engine, 1024) if config.compile else None
+        if config.method == "bfs":
+            model = BfsScorer(engine, config.depth, derive)
+        else:
+            model = load_policy_scorer(run_dir, config, dataset, engine, derive, checkpoint, device, config.compile)
     if config.embedding_run:
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
     elif config.link_weight:

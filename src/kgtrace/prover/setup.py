@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kgtrace.data.dataset import Dataset, load_dataset
-from kgtrace.prover.config import MiningConfig, ProverConfig
+from kgtrace.prover.config import MiningConfig, ProverConfig, max_body
 from kgtrace.prover.mining import mine_rules, rule_set
 from kgtrace.prover.rules import RuleSet, read_rules
 from kgtrace.training.loop import dataset_source
@@ -41,7 +41,8 @@ def prover_setup(dataset: str, method: str, *, rules_file: str | Path | None = N
         mined = mine_rules(ds.train, ds.num_entities, ds.num_relations, mining.validate())
         rules, notes, source = rule_set(mined, ds.num_relations), [m.note() for m in mined], "mined"
     else:
-        rules, notes, source = read_rules(rules_file, ds.relations), None, str(Path(rules_file).resolve())
+        rules = read_rules(rules_file, ds.relations, entities=ds.entities, max_body=max_body(method))
+        notes, source = None, str(Path(rules_file).resolve())
     if method == "policy":
         settings["init_from"] = str(Path(init_from).resolve()) if init_from else ""
         settings["entity_embeddings"] = (bool(settings.get("entity_embeddings")) or bool(init_from)
