@@ -9,4 +9,8 @@ run        prover run folders                          explain    proofs step by
 hybrid     a hybrid's weight chosen on validation (kgtrace prove weigh)
 setup      a run's dataset, rules and config from keyword settings (kgtrace prove)
 link       NTP-lambda's link head: ComplEx on the policy's own embeddings, trained beside PPO
+graph      the training graph's directed relations as sparse matrices, for walks
+learn      AnyBURL's path rules learned from sampled paths, anytime (kgtrace rules learn)
+apply      rule application: every entity ranked by the rules predicting it (kgtrace prove apply)
+apply_reference  the same, grounded by backtracking one query at a time
 """
