@@ -124,3 +124,21 @@ def test_score_ranks_among_categories_and_says_so(drugs, tmp_path, capsys):
     assert all(among <= every for among, every in ranks) and any(among < every for among, every in ranks)
     python = kgtrace.score_triples(kgtrace.load_run(run), triples)
     assert python.table["tail_rank"].to_list() == [row["tail_rank"] for row in restricted["rows"]]
+
+
+def test_explain_with_rules_shows_paths_in_names(drugs, tmp_path, capsys):
+    root, run = drugs
+    rules = tmp_path / "rules.txt"
+    assert main(["rules", "learn", "--dataset", str(root / "data"), "--out", str(rules), "--rounds", "5"]) == 0
+    out = tmp_path / "why.json"
+    assert main(["explain", str(run), "--triple", "metformin", "biolink:treats", "type 2 diabetes mellitus",
+                 "--method", "tracin", "--top-k", "2", "--rules", str(rules), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "paths in the graph that imply it" in printed
+    assert "(metformin, biolink:treats, type 2 diabetes mellitus): " in printed
+    assert "metformin -biolink:affects-> " in printed or "metformin -biolink:treats-> " in printed
+    paths = json.loads(out.with_name("why.paths.json").read_text())
+    [triple] = paths["triples"]
+    assert triple["head_name"] == "metformin" and triple["rules"]
+    first = triple["rules"][0]
+    assert first["groundings"] and all(f["relation_name"].startswith("biolink:") for f in first["groundings"][0])

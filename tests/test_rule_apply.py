@@ -1,5 +1,6 @@
 """Rule application (kgtrace.prover.apply) against the readable per-query reference, on small random graphs."""
 
+import itertools
 import json
 import random
 from dataclasses import replace
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.data.dataset import Dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.prover import apply as apply_module
@@ -16,6 +18,7 @@ from kgtrace.prover.apply_reference import aggregate_reference, predictions_refe
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.learn import learn_rules
+from kgtrace.prover.paths import explain_paths, triple_paths
 from kgtrace.prover.rules import RuleSet, format_rule, parse_rules
 
 E, R = 14, 3
@@ -201,3 +204,62 @@ def test_rules_learn_then_prove_apply_then_evaluate(tmp_path, capsys):
               "--embedding-run", str(run)]
     assert main(hybrid) == 2
     assert "aggregation='maxplus' with embedding_run" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- paths as explanations
+
+
+def brute_force_paths(triples, rule, h, t):
+    """Every grounding of the rule that predicts (h, rule.head, t), as its facts in body order, by trying every
+    assignment of entities to the body's variables (the triple itself never a fact)."""
+    facts = {tuple(x) for x in triples.tolist()} - {(h, rule.head, t)}
+    head = dict(zip(rule.head_args, (h, t), strict=True))
+    if any(term < 0 and -1 - term != value for term, value in head.items()):
+        return []  # a constant of the head is not the triple's entity there
+    free = sorted({v for _, a, b in rule.body for v in (a, b) if v >= 0} - set(head))
+    found = []
+    for values in itertools.product(range(E), repeat=len(free)):
+        value = {**{k: v for k, v in head.items() if k >= 0}, **dict(zip(free, values, strict=True))}
+        ground = [(value[a] if a >= 0 else -1 - a, relation, value[b] if b >= 0 else -1 - b)
+                  for relation, a, b in rule.body]
+        if all(fact in facts for fact in ground):
+            found.append(ground)
+    return found
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_path_explanations_list_every_grounding_brute_force_finds(seed):
+    triples = random_graph(seed)
+    ds = Dataset("g", "g", ENTITIES, RELATIONS, triples, triples[:0], triples[:0])
+    rules = parse_rules(random_rules(seed), RELATIONS, entities=ENTITIES, max_body=3)
+    graph = DirectedGraph.of(triples, E, R)
+    explained = 0
+    for h, r, t in [(h, r, t) for h in range(E) for r in range(R) for t in range(E) if h != t]:
+        found = triple_paths(ds, graph, rules, (h, r, t), top=len(rules), per_rule=10 ** 6)
+        label = lambda a, b, c: (ENTITIES.labels[a], RELATIONS.labels[b], ENTITIES.labels[c])  # noqa: E731
+        wanted = sorted((format_rule(rule, RELATIONS.labels, entity_labels=ENTITIES.labels).split("  ", 1)[1],
+                         sorted(sorted(label(*fact) for fact in path) for path in paths))
+                        for rule in rules.rules if rule.head == r and (paths := brute_force_paths(triples, rule, h, t)))
+        # Each rule's paths as label triples, in any order (the explanation lists a path's facts in path order,
+        # brute force in the body's order: compare their sets).
+        shown = sorted((rp.rule, sorted(sorted((f.head, f.relation, f.tail) for f in path) for path in rp.groundings))
+                       for rp in found.rules)
+        assert shown == wanted, (h, r, t)
+        confidences = [rp.confidence for rp in found.rules]
+        assert confidences == sorted(confidences, reverse=True)
+        explained += bool(found.rules)
+    assert explained > 30
+
+
+def test_explain_paths_takes_names_and_prints_paths():
+    triples = random_graph(0)
+    ds = Dataset("g", "g", ENTITIES, RELATIONS, triples, triples[:0], triples[:0])
+    rules = parse_rules(["0.5  r(X,Y) :- s(X,A), t(A,Y)"], RELATIONS, entities=ENTITIES)
+    s_facts = [(a, b) for a, rel, b in triples.tolist() if rel == 1]
+    t_facts = [(a, b) for a, rel, b in triples.tolist() if rel == 2]
+    h, a, t = next((h, a, t) for h, a in s_facts for a2, t in t_facts if a == a2 and h != t)
+    [paths] = explain_paths(ds, rules, (f"e{h}", "r", f"e{t}"))
+    assert paths.kind.startswith("paths in the graph") and paths.rules[0].rule == "r(X,Y) :- s(X,Z), t(Z,Y)"
+    assert f"e{h} -s-> e{a} ; e{a} -t-> e{t}" in "\n".join(paths.lines())
+    assert paths.to_df().height == 2 * len(paths.rules[0].groundings)
+    assert json.loads(json.dumps(paths.to_dict()))["rules"][0]["groundings"][0][0]["head"] == f"e{h}"

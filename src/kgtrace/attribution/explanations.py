@@ -36,7 +36,7 @@ from kgtrace.attribution.tracin import TracIn
 from kgtrace.compute.system import resolve_device
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.data.dataset import Dataset
-from kgtrace.data.lookup import parse_triple
+from kgtrace.data.lookup import Named, triples_of
 from kgtrace.evaluation.candidates import restriction_of
 from kgtrace.evaluation.evaluate import Candidates, rank_queries
 from kgtrace.evaluation.predict import predict
@@ -44,7 +44,6 @@ from kgtrace.runs.embedding import Run, load_run
 
 __all__ = ["explain", "explain_triples", "method_for", "predicted_triples", "self_influence_ranking", "triples_of"]
 
-Named = tuple[str | int, str | int, str | int]
 
 
 # ----------------------------------------------------------------------------- targets
@@ -65,23 +64,6 @@ def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int
     h, r = run.dataset.entities.to_id[found.query["head"]], run.dataset.relations.to_id[found.query["relation"]]
     tails = torch.from_numpy(found.table["id"].to_numpy().astype("int64"))
     return torch.stack([torch.full_like(tails, h), torch.full_like(tails, r), tails], dim=1)
-
-
-def triples_of(dataset: Dataset, triples: Tensor | Named | Sequence[Named]) -> Tensor:
-    """Id triples [n, 3] from a tensor of ids, one (head, relation, tail) or a list of them, each part an id, a
-    label or (entities) a name in any case; every unknown part is reported at once, with close matches."""
-    if isinstance(triples, Tensor):
-        return triples.long().reshape(-1, 3).cpu()
-    rows = [triples] if len(triples) == 3 and not isinstance(triples[0], (tuple, list)) else list(triples)
-    parsed, problems = [], []
-    for row in rows:
-        try:
-            parsed.append(parse_triple(dataset, *row))
-        except ConfigError as e:
-            problems += e.problems
-    if problems:
-        raise ConfigError(problems)
-    return torch.stack(parsed) if parsed else torch.empty(0, 3, dtype=torch.long)
 
 
 # ----------------------------------------------------------------------------- explanations

@@ -100,6 +100,10 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
                    help="where to compute (auto: CUDA when available)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     add_restrict_arg(p)
+    p.add_argument("--rules", metavar="FILE",
+                   help="also the paths in the graph that imply each triple: the rules of FILE (kgtrace rules learn) "
+                        "that predict it, strongest first, each with its paths of training facts; written beside the "
+                        "output as NAME.paths.json")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -190,6 +194,8 @@ def check_explain_options(args: argparse.Namespace) -> None:
     if args.index and args.self_influence:
         problems.append("--index with --self: the index answers queries, not self-influence; fix: drop --index")
     problems += memory_budget(args.memory_budget)[1]
+    if args.rules and (args.self_influence or args.out_dir):
+        problems.append("--rules: paths explain triples, one file beside --out; fix: drop --self and --out-dir")
     if args.index and args.world.distributed:
         problems.append("--index: queries of a projected index run in one process; fix: run it without torchrun")
     if problems:
@@ -243,6 +249,8 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
     print_explanations(items)
+    if args.rules:
+        explain_rule_paths(run.dataset, args.rules, test, paths_file(out))
     if args.out_dir:
         for i in range(len(items)):
             items[i:i + 1].write(Path(args.out_dir) / f"triple-{i:04d}.json")
@@ -250,6 +258,26 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     else:
         print(f"wrote {out} and {items.write(out)}")
     return 0
+
+
+def paths_file(out: Path) -> Path:
+    """Where --rules writes the paths beside explain's output."""
+    return out.with_name(out.stem + ".paths.json")
+
+
+def explain_rule_paths(dataset, rules_file: str, triples: Tensor, out: Path, rules=None) -> None:
+    """Print each triple's paths (the rules of ``rules_file``, or ``rules``, that predict it) and write them to ``out``."""
+    from kgtrace.prover.paths import KIND, explain_paths
+    from kgtrace.prover.rules import read_rules
+
+    if rules is None:
+        rules = read_rules(rules_file, dataset.relations, entities=dataset.entities, max_body=3)
+    found = explain_paths(dataset, rules, triples)
+    print(f"\n{KIND}:")
+    for paths in found:
+        print("\n".join(paths.lines()))
+    write_json({"kind": KIND, "rules": str(rules_file), "triples": [p.to_dict() for p in found]}, out)
+    print(f"wrote {out}")
 
 
 def explain_prover_run(args: argparse.Namespace) -> int:
@@ -265,6 +293,10 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     check_json_out(out)
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
     check_run_outputs(args.run_dir, run.config.dataset, named_output(out, "--out"), reads=(args.triples,))
+    if run.config.method == "apply":  # rule application: the rules that predict each triple, and their paths
+        explain_rule_paths(run.dataset, str(Path(args.run_dir) / "rules.txt"), explain_targets(args, run), out,
+                           rules=run.rules)
+        return 0
     proofs = explain_proofs(run, explain_targets(args, run))
     for line in proofs.lines():
         print(line)

@@ -13,6 +13,7 @@ predicate folded with several qualifier sets names several relations, and the me
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 import json
 import os
 
@@ -28,8 +29,7 @@ from kgtrace.data.vocab import Vocab
 
 __all__ = [
     "encode_named_triples", "find_ids", "lookup_entity", "lookup_problem", "lookup_relation", "parse_ids",
-    "parse_triple",
-    "relation_ids", "relation_matches",
+    "parse_triple", "relation_ids", "relation_matches", "triples_of",
 ]
 
 
@@ -188,3 +188,23 @@ def _predicate(key: str) -> str:
     except json.JSONDecodeError:
         return key
     return str(desc["predicate"]) if isinstance(desc, dict) and "predicate" in desc else key
+
+
+Named = tuple[str | int, str | int, str | int]  # a triple as its parts: ids, labels or names
+
+
+def triples_of(dataset: Dataset, triples: Tensor | Named | Sequence[Named]) -> Tensor:
+    """Id triples [n, 3] from a tensor of ids, one (head, relation, tail) or a list of them, each part an id, a
+    label or (entities) a name in any case; every unknown part is reported at once, with close matches."""
+    if isinstance(triples, Tensor):
+        return triples.long().reshape(-1, 3).cpu()
+    rows = [triples] if len(triples) == 3 and not isinstance(triples[0], (tuple, list)) else list(triples)
+    parsed, problems = [], []
+    for row in rows:
+        try:
+            parsed.append(parse_triple(dataset, *row))
+        except ConfigError as e:
+            problems += e.problems
+    if problems:
+        raise ConfigError(problems)
+    return torch.stack(parsed) if parsed else torch.empty(0, 3, dtype=torch.long)
