@@ -19,7 +19,14 @@ from kgtrace.faithfulness import METHODS, FaithfulnessSettings, Measures, agreem
 from kgtrace.faithfulness import summarize as summarize_measures
 from kgtrace.faithfulness.experiment import removals
 from kgtrace.faithfulness.predictions import measure, rank_first_test, sample_rows
-from kgtrace.faithfulness.removals import MethodInputs, neighbourhood, proof_facts, random_triples, tracin_last
+from kgtrace.faithfulness.removals import (
+    MethodInputs,
+    neighbourhood,
+    path_removals,
+    proof_facts,
+    random_triples,
+    tracin_last,
+)
 from kgtrace.faithfulness.retrain import job_key
 from kgtrace.report import build_html
 from kgtrace.runs.embedding import load_run
@@ -122,7 +129,7 @@ def test_measure_scores_probabilities_and_filtered_ranks_by_hand():
 
 
 def test_method_registry_and_settings_errors():
-    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof"]
+    assert list(METHODS) == ["tracin-last", "tracin-all", "random", "neighbourhood", "proof", "paths"]
     assert list(removal_methods()) == [*METHODS, "grad-cos", "influence", "influence-fisher", "trak"]
     with pytest.raises(ConfigError, match="unknown method proofs; choose from tracin-last, tracin-all, random"):
         FaithfulnessSettings(methods=("tracin-last", "proofs")).validate()
@@ -130,6 +137,8 @@ def test_method_registry_and_settings_errors():
         FaithfulnessSettings(methods=("proof",)).validate()
     with pytest.raises(ConfigError, match="only the proof method uses it"):
         FaithfulnessSettings(methods=("random",), prover_run="somewhere").validate()
+    with pytest.raises(ConfigError, match="methods=paths: needs the rules"):
+        FaithfulnessSettings(methods=("paths",)).validate()
     with pytest.raises(ConfigError) as error:
         FaithfulnessSettings(ks=(0, 5), mode="cheap", jobs=0).validate()
     assert len(error.value.problems) == 3
@@ -214,6 +223,23 @@ def test_proof_of_a_prover_run_on_other_labels_is_refused(toy_run, tmp_path):
     run = load_run(toy_run, "last")
     with pytest.raises(KgtraceError, match="entities differ from those of"):
         proof_facts(run, ids(run, ("b", "s", "d")), 2, MethodInputs(prover_run=str(tmp_path / "prover")))
+
+
+def test_paths_removes_the_facts_of_the_strongest_paths_then_retrains_without_them(toy_run, tmp_path):
+    run = load_run(toy_run, "last")
+    rules = tmp_path / "rules.txt"
+    rules.write_text('0.9  s(X,Y) :- r(X,Z), s(Z,Y)\n0.5  s(X,"d") :- r(X,Z)\n')
+    predictions = ids(run, ("b", "s", "d"), ("a", "r", "e"))
+    found = path_removals(run, predictions, 10, MethodInputs(rules=str(rules)))
+    # b -r-> c -s-> d (the 0.9 rule's path), then b's r-edges (the 0.5 rule's: c already taken); nothing implies a r e.
+    r_edges = [TRAIN.index(line) for line in TRAIN if line.startswith("b\tr\t") and line != "b\tr\tc"]
+    assert found[0].tolist() == [TRAIN.index("b\tr\tc"), TRAIN.index("c\ts\td"), *r_edges] and found[1].tolist() == []
+    assert path_removals(run, predictions, 1, MethodInputs(rules=str(rules)))[0].tolist() == [TRAIN.index("b\tr\tc")]
+    settings = small(methods=("paths",), rules=str(rules))
+    summary = check_faithfulness(toy_run, tmp_path / "check", settings, triples=predictions[:1], progress=False,
+                                 log=quiet)
+    assert {(c.method, c.k): c.removed for c in summary.cells}[("paths", 2)] == tuple(found[0][:2].tolist())
+    assert summary.settings.rules == str(rules)
 
 
 def test_check_with_the_proof_method_retrains_without_the_proof(toy_run, toy_prover, tmp_path):

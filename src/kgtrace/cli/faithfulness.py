@@ -44,10 +44,12 @@ def add_faithfulness_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default="1,5,10", help="numbers of training triples removed, comma-separated")
     p.add_argument("--methods", default=None,
                    help=f"removal methods, comma-separated: {', '.join(removal_methods())} (proof needs "
-                        "--prover-run); default tracin-last,tracin-all,random,neighbourhood. With --lds, attribution "
-                        f"methods: {', '.join(attributions())}; default {','.join(lds_methods())}")
+                        "--prover-run, paths --rules); default tracin-last,tracin-all,random,neighbourhood. With "
+                        f"--lds, attribution methods: {', '.join(attributions())}; default {','.join(lds_methods())}")
     p.add_argument("--prover-run", metavar="DIR", help="a kgtrace prove --out folder on the same dataset: the proof "
                                                        "method removes the facts of its proof of each prediction")
+    p.add_argument("--rules", metavar="FILE", help="a rule file of the run's dataset (kgtrace rules learn): the paths "
+                                                  "method removes the facts of the paths that imply each prediction")
     p.add_argument("--out", metavar="DIR", help="output folder, unset: RUN_DIR/faithfulness; a rerun resumes in it")
     p.add_argument("--mode", choices=("retrain", "finetune"), default="retrain",
                    help="train again from scratch, or continue an early checkpoint without the removed triples")
@@ -90,6 +92,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         settings = FaithfulnessSettings(ks=ks, methods=methods, mode=args.mode, finetune_from=args.finetune_from,
                                         sample=args.sample, seed=args.seed, jobs=args.jobs, threads=args.threads,
                                         device=args.device, keep_runs=args.keep_runs, prover_run=args.prover_run,
+                                        rules=str(Path(args.rules).resolve()) if args.rules else None,
                                         restrict=tuple(args.restrict))
     except ConfigError as e:
         problems += e.problems

@@ -81,6 +81,7 @@ class FaithfulnessSettings:
     device: str = "cpu"
     keep_runs: bool = False  # keep every trained run under OUT/runs/ (to inspect them)
     prover_run: str | None = None  # the prover run (kgtrace prove --out) of the proof method
+    rules: str | None = None  # the rule file (kgtrace rules learn --out) of the paths method
     restrict: tuple[str, ...] = ()  # the ranks' candidates (--restrict): (): by category where the data has them
 
     def __post_init__(self) -> None:
@@ -107,6 +108,11 @@ class FaithfulnessSettings:
                             f"{option_name('--prover-run')} (the folder kgtrace prove wrote)")
         if self.prover_run is not None and "proof" not in self.methods:
             problems.append(f"prover_run={self.prover_run}: only the proof method uses it; fix: add proof to methods")
+        if "paths" in self.methods and self.rules is None:
+            problems.append(f"methods=paths: needs the rules whose paths to remove; fix: pass "
+                            f"{option_name('--rules')} (a file kgtrace rules learn wrote)")
+        if self.rules is not None and "paths" not in self.methods:
+            problems.append(f"rules={self.rules}: only the paths method uses it; fix: add paths to methods")
         if self.finetune_from is not None and self.mode != "finetune":
             problems.append(f"finetune_from={self.finetune_from}: only applies to mode finetune")
         try:
@@ -241,7 +247,10 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
     methods = saved.get("methods", {}) if saved.get("seed") == settings.seed else {}
     if saved.get("prover_run") != settings.prover_run:  # proofs of another prover run
         methods.pop("proof", None)
-    inputs = MethodInputs(settings.seed, progress, settings.prover_run)
+    rules = file_digest(settings.rules) if settings.rules else None
+    if saved.get("rules") != rules:  # paths of other rules
+        methods.pop("paths", None)
+    inputs = MethodInputs(settings.seed, progress, settings.prover_run, settings.rules)
     keys = [",".join(map(str, row)) for row in as_rows(predictions)]
     removers = removal_methods()
     for name in settings.methods:
@@ -254,7 +263,7 @@ def removals(run: Run, predictions: Tensor, settings: FaithfulnessSettings, cach
             have |= {keys[i]: {"k": k, "ranked": [int(x) for x in row], "signature": signature}
                      for i, row in zip(missing, found)}
         methods[name] = {**methods.get(name, {}), **have}
-    atomic_write_text(cache, json.dumps({"seed": settings.seed, "prover_run": settings.prover_run,
+    atomic_write_text(cache, json.dumps({"seed": settings.seed, "prover_run": settings.prover_run, "rules": rules,
                                          "methods": methods}) + "\n")
     return {name: [methods[name][key]["ranked"][:k] for key in keys] for name in settings.methods}
 
@@ -339,6 +348,7 @@ def summarize_folder(run: Run, out: Path, here: str, settings: FaithfulnessSetti
         run=str(run.path.resolve()), checkpoint=run.checkpoint.name, epochs=epochs,
         settings=RemovalSettings(ks=settings.ks, methods=settings.methods, mode=settings.mode, variant=here,
                                  seed=settings.seed, sample=settings.sample, prover_run=settings.prover_run,
+                                 rules=settings.rules,
                                  restrict=settings.restrict),
         predictions=ExplainedPredictions(how, tuple(labels(run, row) for row in as_rows(predictions))),
         control_max_abs_score_change=control,

@@ -25,6 +25,9 @@ smaller k takes the first k of that list, so the removed sets are nested across 
   BFS run, the policy's for a learned one. An unproved prediction loses nothing, and a proof
   with fewer than k facts loses all of them. The prover run must use the embedding run's
   entity and relation labels (ids are matched by label).
+* ``paths``: the training facts of the paths that imply the prediction (`kgtrace.prover.paths`): the rules of
+  a rule file (``kgtrace rules learn``) that predict it, strongest first, each path's facts in path order;
+  the first k distinct ones. A prediction no rule predicts loses nothing.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ from torch import Tensor
 from kgtrace.attribution import TracIn
 from kgtrace.attribution.methods import METHOD_SPECS, AttributionInputs, attribution_signature, removal_tops, shares_an_entity
 from kgtrace.core.config import MAX_SEED
-from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError, option_name
 from kgtrace.prover.explain import find_proof
+from kgtrace.prover.graph import DirectedGraph
+from kgtrace.prover.paths import path_facts
 from kgtrace.prover.reference import FACT
+from kgtrace.prover.rules import read_rules
 from kgtrace.prover.run import load_prover_run
 from kgtrace.runs.embedding import Run
 
@@ -57,6 +63,7 @@ class MethodInputs:
     seed: int = 0  # of the random draws (random, neighbourhood)
     progress: bool = False  # show TracIn's progress bar
     prover_run: str | None = None  # the prover run folder (proof)
+    rules: str | None = None  # the rule file (paths)
 
     def __post_init__(self) -> None:
         problems = []
@@ -66,6 +73,8 @@ class MethodInputs:
             problems.append(f"progress={self.progress!r}: must be true or false")
         if self.prover_run is not None and not isinstance(self.prover_run, (str, Path)):
             problems.append(f"prover_run={self.prover_run!r}: must be a prover run folder (kgtrace prove --out)")
+        if self.rules is not None and not isinstance(self.rules, (str, Path)):
+            problems.append(f"rules={self.rules!r}: must be a rule file (kgtrace rules learn --out)")
         if problems:
             raise ConfigError(problems)
 
@@ -147,6 +156,18 @@ def proof_facts(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = Me
     return chosen
 
 
+def path_removals(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = MethodInputs()) -> list[Tensor]:
+    if inputs.rules is None:
+        raise ConfigError([f"methods=paths: needs a rule file; fix: pass {option_name('--rules')} FILE "
+                           "(kgtrace rules learn --out)"])
+    ds = run.dataset
+    rules = read_rules(inputs.rules, ds.relations, entities=ds.entities, max_body=3)
+    graph = DirectedGraph.of(ds.train, ds.num_entities, ds.num_relations)
+    train_index = {triple: i for i, triple in enumerate(map(tuple, ds.train.tolist()))}
+    return [torch.tensor([train_index[fact] for fact in path_facts(graph, rules, tuple(triple), k)], dtype=torch.long)
+            for triple in predictions.tolist()]
+
+
 def _same_labels(run: Run, prover_dataset, prover_run: str) -> tuple[list[int], list[int]]:
     """The prover's id of each of the run's entities and relations (by label); raises when labels differ."""
     maps = []
@@ -174,6 +195,7 @@ METHODS: dict[str, Method] = {
     "random": random_triples,
     "neighbourhood": neighbourhood,
     "proof": proof_facts,
+    "paths": path_removals,
 }
 
 

@@ -89,13 +89,14 @@ class RemovalSettings:
     sample: int | None  # how many rank-first test triples were drawn; None: all of them (or given triples)
     prover_run: str | None  # the prover run folder of the proof method; None: no proof method
     restrict: tuple[str, ...] = ()  # --restrict: the ranks' candidates; (): by category where the data has them
+    rules: str | None = None  # the rule file of the paths method; None: no paths method
 
     def to_dict(self) -> dict[str, Any]:
         return {**_plain(self), "ks": list(self.ks), "methods": list(self.methods), "restrict": list(self.restrict)}
 
     @classmethod
     def from_dict(cls, data: dict) -> RemovalSettings:
-        values = _fields_of(cls, {"restrict": (), **data})  # files written before restrict: its default
+        values = _fields_of(cls, {"restrict": (), "rules": None, **data})  # files written before them: defaults
         return cls(**{**values, "ks": tuple(values["ks"]), "methods": tuple(values["methods"]),
                       "restrict": tuple(values["restrict"])})
 

@@ -30,7 +30,8 @@ from kgtrace.prover.graph import DirectedGraph, directed_inverse
 from kgtrace.prover.logic import constant_of
 from kgtrace.prover.rules import RuleSet, format_rule
 
-__all__ = ["KIND", "PathFact", "RulePaths", "TriplePaths", "explain_paths", "triple_paths"]
+__all__ = ["KIND", "PathFact", "RulePaths", "TriplePaths", "explain_paths", "path_facts", "ranked_paths",
+           "triple_paths"]
 
 KIND = "paths in the graph that imply it (rules and their groundings)"
 Fact = tuple[int, int, int]  # (head, relation, tail) ids
@@ -106,18 +107,42 @@ def triple_paths(dataset: Dataset, graph: DirectedGraph, rules: RuleSet, triple:
     """The ``top`` strongest rules predicting ``triple`` (ids) and up to ``per_rule`` of each one's paths."""
     h, r, t = triple
     found = []
-    for directed in sorted((d for d in directed_rules(rules) if d.query == r), key=lambda d: (-d.confidence, d.rule)):
-        paths = _groundings(graph, directed, h, t, count_limit, triple)
-        if paths:
-            facts = tuple(tuple(_fact(dataset, f) for f in path) for path in paths[:per_rule])
-            rule = rules.rules[directed.rule]
-            found.append(RulePaths(_clause(rule, dataset, names=False), _clause(rule, dataset, names=True),
-                                   directed.confidence, facts, len(paths)))
-            if len(found) == top:
-                break
+    for directed, paths in ranked_paths(graph, rules, triple, top=top, count_limit=count_limit):
+        facts = tuple(tuple(_fact(dataset, f) for f in path) for path in paths[:per_rule])
+        rule = rules.rules[directed.rule]
+        found.append(RulePaths(_clause(rule, dataset, names=False), _clause(rule, dataset, names=True),
+                               directed.confidence, facts, len(paths)))
     labels, relation = dataset.entities.labels, dataset.relations.labels[r]
     return TriplePaths(labels[h], relation, labels[t], dataset.entity_name(labels[h]), dataset.relation_name(relation),
                        dataset.entity_name(labels[t]), tuple(found))
+
+
+def ranked_paths(graph: DirectedGraph, rules: RuleSet, triple: Fact, *, top: int = 10,
+                 count_limit: int = 1000) -> list[tuple[DirectedRule, list[list[Fact]]]]:
+    """The ``top`` strongest rules predicting ``triple`` (ids), each with its paths (up to ``count_limit``) as
+    facts in path order."""
+    h, r, t = triple
+    found = []
+    for directed in sorted((d for d in directed_rules(rules) if d.query == r), key=lambda d: (-d.confidence, d.rule)):
+        paths = _groundings(graph, directed, h, t, count_limit, triple)
+        if paths:
+            found.append((directed, paths))
+            if len(found) == top:
+                break
+    return found
+
+
+def path_facts(graph: DirectedGraph, rules: RuleSet, triple: Fact, k: int) -> list[Fact]:
+    """The first ``k`` distinct facts of the paths that imply ``triple``: strongest rule first, its paths in order,
+    each path's facts in path order."""
+    facts: dict[Fact, None] = {}
+    for _, paths in ranked_paths(graph, rules, triple, top=len(rules)):
+        for path in paths:
+            for fact in path:
+                facts.setdefault(fact)
+                if len(facts) == k:
+                    return list(facts)
+    return list(facts)
 
 
 def _clause(rule, dataset: Dataset, names: bool) -> str:
