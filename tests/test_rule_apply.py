@@ -70,9 +70,10 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
     for row, (anchor, q) in enumerate(queries.tolist()):
         found = predictions_reference(triples, rules, anchor, q)
         confidences = sorted({rule.confidence for rule in rules.rules if rule.head == q % R})
-        shape = _Aggregate("maxplus", 1, confidences, own=torch.tensor([], dtype=torch.long))
+        levels = {c: i + 1 for i, c in enumerate(confidences)}
         bits = max(1, len(confidences).bit_length())
-        expected = [aggregate_reference(found.get(e, []), aggregation, shape.level, bits, shape.places)
+        places = _Aggregate("maxplus", 1, confidences, own=torch.tensor([], dtype=torch.long)).places
+        expected = [aggregate_reference(found.get(e, []), aggregation, levels, bits, places)
                     for e in range(E)]
         if aggregation == "noisy_or":  # a sum of logarithms: its order may differ in the last bits
             assert scores[row].tolist() == pytest.approx(expected, rel=1e-12, abs=0), (anchor, q)
@@ -84,12 +85,12 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
 
 def test_maxplus_orders_by_the_best_rule_then_the_next():
     # a: rules 0.9 and 0.1; b: 0.9 alone; c: 0.5, 0.5, 0.5 -> a > b > c (AnyBURL's max+), and max ties a with b.
-    for flush_each in (False, True):
+    for flush_each in (False, True):  # in any order: the weakest rule first, too
         total = _Aggregate("maxplus", 4, [0.9, 0.5, 0.1], own=torch.tensor([3]))
-        for cells, confidence in (([0, 1, 3], 0.9), ([2], 0.5), ([2], 0.5), ([2], 0.5), ([0], 0.1)):
-            total.add(torch.tensor(cells), confidence)
+        for cells, confidence in (([0], 0.1), ([2], 0.5), ([0, 1, 3], 0.9), ([2], 0.5), ([2], 0.5)):
+            total.add(torch.tensor(cells), torch.full((len(cells),), confidence, dtype=torch.float64))
             if flush_each:
-                total._flush()
+                total._compact()
         a, b, c, anchor = total.result().tolist()
         assert a > b > c > 0 and anchor == 0
 

@@ -25,13 +25,14 @@ Aggregations (``aggregation``), each over the rules predicting a candidate:
 * ``noisy_or``: ``-sum log(1 - c)``, the evidence of the noisy-or ``1 - prod(1 - c)`` (monotone in it,
   and exact where the noisy-or probability rounds to 1); rules taken as independent.
 
-Rules are applied in descending confidence, so a candidate's k-th firing is its k-th best rule. The
-reach of each path prefix is kept (within ``cache_bytes``) for the rules that share it.
+A query relation's one-step rules from the anchor (AnyBURL's AC1 and AC2) are tested for a batch of
+anchors at once; the others walk their paths one rule at a time, in path order, so that the reach of a
+path prefix (kept within ``cache_bytes``) serves every rule that shares it. The aggregations do not
+depend on the order in which predictions arrive.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,7 @@ __all__ = ["AGGREGATIONS", "DirectedRule", "RuleScorer", "directed_rules", "rule
 KEY_BITS = 52  # a maxplus key's bits: integers below 2^53 are exact in float64
 MAX_PLACES = 8  # maxplus compares at most this many rules per candidate
 MAX_CONFIDENCE = 1.0 - 1e-9  # noisy_or: a rule of confidence 1 would make -log(1 - c) infinite
-FLUSH_EVENTS = 1 << 20  # predictions buffered before they are added to the scores
+FLUSH_EVENTS = 1 << 20  # maxplus: predictions buffered (at least) before each cell's best are kept
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,31 @@ def directed_rules(rules: RuleSet) -> list[DirectedRule]:
     return found
 
 
+@dataclass(frozen=True)
+class _OneStep:
+    """A query relation's one-step condition rules as arrays (AnyBURL's AC1 and AC2 from the anchor), applied to a
+    batch of anchors at once."""
+
+    relation: Tensor  # [n] the directed relation d of the step
+    end: Tensor  # [n] the entity it must reach; -1: any
+    answer: Tensor  # [n] the constant each predicts
+    confidence: Tensor  # [n] float64
+
+    @classmethod
+    def of(cls, rules: list[DirectedRule]) -> _OneStep:
+        return cls(torch.tensor([d.path[0] for d in rules], dtype=torch.long),
+                   torch.tensor([-1 if d.end is None else d.end for d in rules], dtype=torch.long),
+                   torch.tensor([d.constant for d in rules], dtype=torch.long),
+                   torch.tensor([d.confidence for d in rules], dtype=torch.float64))
+
+    def cells(self, graph: DirectedGraph, anchors: Tensor) -> tuple[Tensor, Tensor]:
+        """The flat cells (row * E + answer) these rules predict for ``anchors`` [B], and each one's confidence."""
+        x, d, end = anchors.unsqueeze(1), self.relation.unsqueeze(0), self.end.unsqueeze(0)  # [B, 1], [1, n]
+        holds = torch.where(end >= 0, graph.has(x, d, end.clamp(min=0)), graph.has_edge(x, d))  # [B, n]
+        row, rule = holds.nonzero().unbind(1)
+        return row * graph.num_entities + self.answer[rule], self.confidence[rule]
+
+
 class RuleScorer(nn.Module):
     """Rule application as a Scorer (score_hrt [B], score_t [B, E], score_h [B, E]); see the module doc."""
 
@@ -121,11 +147,15 @@ class RuleScorer(nn.Module):
         self.graph, self.rules, self.aggregation = graph, rules, aggregation
         self.num_entities, self.num_relations = graph.num_entities, graph.num_relations
         self.cache_bytes, self.query_chunk = cache_bytes, query_chunk
-        self.by_query: list[list[DirectedRule]] = [[] for _ in range(2 * graph.num_relations)]
+        by_query: list[list[DirectedRule]] = [[] for _ in range(2 * graph.num_relations)]
         for directed in directed_rules(rules):
-            self.by_query[directed.query].append(directed)
-        for applied in self.by_query:  # descending confidence; equal ones in rule order
-            applied.sort(key=lambda d: (-d.confidence, d.rule))
+            by_query[directed.query].append(directed)
+        self.confidences = [[d.confidence for d in applied] for applied in by_query]
+        one_step = [[d for d in applied if d.kind == "condition" and len(d.path) == 1] for applied in by_query]
+        self.one_step = [_OneStep.of(found) if found else None for found in one_step]
+        # The rest, one at a time: path prefixes shared by rules in path order.
+        self.walked = [sorted((d for d in applied if not (d.kind == "condition" and len(d.path) == 1)),
+                              key=lambda d: (d.path, d.rule)) for applied in by_query]
         self.overflow = torch.zeros(3, dtype=torch.long)  # as the engines report it: nothing is lost here
         self._answers: dict[tuple[tuple[int, ...], int | None], Tensor] = {}  # (path, end): a constant rule's answers
 
@@ -152,12 +182,14 @@ class RuleScorer(nn.Module):
     def _scores(self, q: int, anchors: Tensor) -> Tensor:
         """[B, E] float64 scores of the queries q(a, ?) for each anchor a of ``anchors`` [B]."""
         B, E = len(anchors), self.num_entities
-        applied = self.by_query[q]
         own = anchors + torch.arange(B) * E  # each row's anchor, as a flat cell: never an answer
-        total = _Aggregate(self.aggregation, B * E, [d.confidence for d in applied], own)
+        total = _Aggregate(self.aggregation, B * E, self.confidences[q], own)
+        if self.one_step[q] is not None:
+            total.add(*self.one_step[q].cells(self.graph, anchors))
         walker = PathWalker(self.graph, anchors, self.cache_bytes)
-        for directed in applied:
-            total.add(self._cells(directed, anchors, walker), directed.confidence)
+        for directed in self.walked[q]:
+            cells = self._cells(directed, anchors, walker)
+            total.add(cells, torch.full((len(cells),), directed.confidence, dtype=torch.float64))
         return total.result().view(B, E)
 
     def _cells(self, directed: DirectedRule, anchors: Tensor, walker: PathWalker) -> Tensor:
@@ -185,70 +217,61 @@ class RuleScorer(nn.Module):
 
 
 class _Aggregate:
-    """A query batch's scores, flat [B * E] float64, from rules fired in descending confidence (module doc).
+    """A query batch's scores, flat [B * E] float64, from the rules' predictions added in any order (module doc).
 
-    Each rule's cells wait in a buffer; a flush adds the buffered rules at once. Within a flush, maxplus
-    numbers each cell's events in rule order (a stable sort by cell), so a cell's k-th event is its k-th
-    best rule, as when the rules are added one by one.
+    max and noisy_or add into the scores at once. maxplus keeps each cell's ``places`` best levels: predictions
+    wait in a buffer, and a compaction sorts the kept and the waiting ones by (cell, level, best first) and keeps
+    each cell's first ``places``; the result adds ``level * scale[k]`` over each cell's k-th best.
     """
 
     def __init__(self, kind: str, cells: int, confidences: list[float], own: Tensor):
         self.kind, self.own = kind, own
         self.values = torch.zeros(cells, dtype=torch.float64)
-        self.buffer: list[tuple[Tensor, float]] = []
-        self.buffered = 0
         if kind == "maxplus":
-            distinct = sorted(set(confidences))
-            self.level = {c: i + 1 for i, c in enumerate(distinct)}  # 1..L, ascending
-            bits = max(1, len(distinct).bit_length())
+            self.distinct = torch.tensor(sorted(set(confidences)), dtype=torch.float64)  # level i + 1: the i-th
+            bits = max(1, len(self.distinct).bit_length())
             self.places = max(1, min(MAX_PLACES, KEY_BITS // bits))
-            # The weight of a cell's k-th best rule per unit of level, 0 past the places compared.
-            self.scale = torch.tensor([2.0 ** (bits * (self.places - 1 - k)) for k in range(self.places)] + [0.0],
+            # The weight of a cell's k-th best rule per unit of level.
+            self.scale = torch.tensor([2.0 ** (bits * (self.places - 1 - k)) for k in range(self.places)],
                                       dtype=torch.float64)
-            self.fired = torch.zeros(cells, dtype=torch.int8)  # rules fired per cell so far (capped at places)
-            self.fired[own] = self.places  # the anchor is never an answer
+            empty = torch.zeros(0, dtype=torch.long)
+            self.kept: tuple[Tensor, Tensor, Tensor] = (empty, empty, empty)  # cells, levels, places (ranks)
+            self.buffer: list[tuple[Tensor, Tensor]] = []
+            self.buffered = 0
 
-    def add(self, cells: Tensor, confidence: float) -> None:
-        if len(cells):
-            self.buffer.append((cells, confidence))
+    def add(self, cells: Tensor, confidence: Tensor) -> None:
+        """Predictions: flat cells [n] and each one's rule confidence [n] (float64)."""
+        if not len(cells):
+            return
+        if self.kind == "max":
+            self.values.scatter_reduce_(0, cells, confidence, "amax")
+        elif self.kind == "noisy_or":
+            self.values.index_add_(0, cells, -torch.log1p(-confidence.clamp(max=MAX_CONFIDENCE)))
+        else:
+            self.buffer.append((cells, torch.searchsorted(self.distinct, confidence) + 1))  # exact: the same floats
             self.buffered += len(cells)
-            if self.buffered >= FLUSH_EVENTS:
-                self._flush()
+            if self.buffered >= max(FLUSH_EVENTS, len(self.kept[0])):  # the kept ones sorted again: amortised
+                self._compact()
 
     def result(self) -> Tensor:
-        self._flush()
-        if self.kind != "maxplus":
-            self.values[self.own] = 0.0
+        if self.kind == "maxplus":
+            self._compact()
+            cells, levels, places = self.kept
+            self.values.index_add_(0, cells, levels.double() * self.scale[places])  # integers < 2^53: exact
+        self.values[self.own] = 0.0
         return self.values
 
-    def _flush(self) -> None:
-        if not self.buffer:
-            return
-        cells = torch.cat([c for c, _ in self.buffer])
-        weight = torch.cat([torch.full((len(c),), self._weight(v), dtype=torch.float64) for c, v in self.buffer])
+    def _compact(self) -> None:
+        kept_cells, kept_levels, _ = self.kept
+        cells = torch.cat([kept_cells, *(c for c, _ in self.buffer)])
+        levels = torch.cat([kept_levels, *(v for _, v in self.buffer)])
         self.buffer, self.buffered = [], 0
-        if self.kind == "max":
-            self.values.scatter_reduce_(0, cells, weight, "amax")
-        elif self.kind == "noisy_or":
-            self.values.index_add_(0, cells, weight)
-        else:
-            self._add_places(cells, weight)
-
-    def _weight(self, confidence: float) -> float:
-        if self.kind == "maxplus":
-            return float(self.level[confidence])
-        return confidence if self.kind == "max" else -math.log1p(-min(confidence, MAX_CONFIDENCE))
-
-    def _add_places(self, cells: Tensor, level: Tensor) -> None:
-        """maxplus: each event adds level x scale[its place], its place = the cell's rules fired before it."""
-        order = torch.argsort(cells, stable=True)  # by cell; within a cell, rule order (best first)
-        cells, level = cells[order], level[order]
-        n = len(cells)
-        first = torch.ones(n, dtype=torch.bool)
+        top = len(self.distinct) + 1
+        order = torch.argsort(cells * top + (top - levels))  # by cell, then its best levels first
+        cells, levels = cells[order], levels[order]
+        first = torch.ones(len(cells), dtype=torch.bool)
         first[1:] = cells[1:] != cells[:-1]
-        position = torch.arange(n)
-        start = torch.where(first, position, 0).cummax(0).values  # where each event's cell begins
-        place = (self.fired[cells].long() + position - start).clamp(max=self.places)
-        self.values.index_add_(0, cells, level * self.scale[place])  # integers below 2^53: exact in any order
-        unique, counts = torch.unique_consecutive(cells, return_counts=True)
-        self.fired[unique] = (self.fired[unique].long() + counts).clamp(max=self.places).to(torch.int8)
+        position = torch.arange(len(cells))
+        place = position - torch.where(first, position, 0).cummax(0).values  # rank within the cell
+        keep = place < self.places
+        self.kept = (cells[keep], levels[keep], place[keep])
