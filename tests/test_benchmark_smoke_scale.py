@@ -3,7 +3,7 @@
 import pytest
 from benchmark_smoke import SMOKE, run_smoke
 
-SCRIPTS = ["distributed_scaling", "eval_vs_pykeen", "head_tail", "matmul", "scale", "train_memory"]
+SCRIPTS = ["distributed_scaling", "eval_vs_pykeen", "head_tail", "matmul", "rules", "scale", "train_memory"]
 
 
 def test_every_script_without_a_test_of_its_own_has_a_smoke_size():
