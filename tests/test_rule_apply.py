@@ -16,7 +16,7 @@ from kgtrace.prover import apply as apply_module
 from kgtrace.prover.apply import RuleScorer, _Aggregate, directed_rules
 from kgtrace.prover.apply_reference import aggregate_reference, predictions_reference
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
-from kgtrace.prover.graph import DirectedGraph
+from kgtrace.prover.graph import DirectedGraph, PathWalker, SparseWalker
 from kgtrace.prover.learn import learn_rules
 from kgtrace.prover.paths import explain_paths, triple_paths
 from kgtrace.prover.rules import RuleSet, format_rule, parse_rules
@@ -264,3 +264,16 @@ def test_explain_paths_takes_names_and_prints_paths():
     assert f"e{h} -s-> e{a} ; e{a} -t-> e{t}" in "\n".join(paths.lines())
     assert paths.to_df().height == 2 * len(paths.rules[0].groundings)
     assert json.loads(json.dumps(paths.to_dict()))["rules"][0]["groundings"][0][0]["head"] == f"e{h}"
+
+
+@pytest.mark.parametrize("max_expansion", [0, 10 ** 9])  # every step dense (the hubs' way), or every step sparse
+def test_sparse_walks_reach_what_dense_products_reach(max_expansion):
+    graph = DirectedGraph.of(random_graph(1), E, R)
+    starts = torch.tensor([0, 3, 5, 9, 13])
+    dense, sparse = PathWalker(graph, starts), SparseWalker(graph, starts, max_expansion=max_expansion)
+    rng = random.Random(0)
+    for _ in range(40):
+        path = tuple(rng.randrange(2 * R) for _ in range(rng.randint(1, 3)))
+        entity, column = sparse.reach(path)
+        expected = dense.reach(path).nonzero()  # [n, 2] (entity, column)
+        assert sorted(zip(entity.tolist(), column.tolist(), strict=True)) == sorted(map(tuple, expected.tolist()))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DirectedGraph", "PathWalker", "directed_inverse"]
+__all__ = ["DirectedGraph", "PathWalker", "SparseWalker", "directed_inverse"]
 
 
 def directed_inverse(d: int, num_relations: int) -> int:
@@ -133,6 +133,51 @@ class PathWalker:
             while len(self.cache) * size > self.cache_bytes and len(self.cache) > 1:
                 self.cache.popitem(last=False)
         return reach
+
+
+class SparseWalker:
+    """Reach along paths from fixed starts as pairs (entity, start), each path prefix walked once while it is
+    kept (at most ``cache_pairs`` pairs): a step expands each pair along the step's edges (ranges of the sorted
+    keys), so its cost follows the paths that exist rather than E x B. Where a step would expand more than
+    ``max_expansion`` pairs (a hub), it is taken as a dense product instead."""
+
+    def __init__(self, graph: DirectedGraph, starts: Tensor, cache_pairs: int = 50_000_000,
+                 max_expansion: int = 20_000_000):
+        self.graph, self.starts = graph, starts
+        self.cache_pairs, self.max_expansion = cache_pairs, max_expansion
+        self.cache: OrderedDict[tuple[int, ...], tuple[Tensor, Tensor]] = OrderedDict()
+
+    def reach(self, path: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """(entity [n], start column [n]): the distinct pairs reached along ``path``, sorted by column, entity."""
+        done = next((k for k in range(len(path), 0, -1) if path[:k] in self.cache), 0)
+        if done:
+            self.cache.move_to_end(path[:done])
+            pairs = self.cache[path[:done]]
+        else:
+            pairs = (self.starts.long(), torch.arange(len(self.starts)))
+        for k in range(done, len(path)):
+            pairs = self._step(*pairs, path[k])
+            self.cache[path[: k + 1]] = pairs
+            while sum(len(p[0]) for p in self.cache.values()) > self.cache_pairs and len(self.cache) > 1:
+                self.cache.popitem(last=False)
+        return pairs
+
+    def _step(self, entity: Tensor, column: Tensor, d: int) -> tuple[Tensor, Tensor]:
+        E, R = self.graph.num_entities, self.graph.num_relations
+        low = torch.searchsorted(self.graph.keys, (entity * 2 * R + d) * E)
+        count = torch.searchsorted(self.graph.keys, (entity * 2 * R + d + 1) * E) - low
+        total = int(count.sum())
+        if total > self.max_expansion:  # a hub: one dense product over the starts
+            dense = torch.zeros(E, len(self.starts))
+            dense[entity, column] = 1.0
+            following, column = self.graph.walk(dense, d).nonzero().unbind(1)
+        else:
+            owner = torch.repeat_interleave(torch.arange(len(entity)), count)
+            offset = torch.repeat_interleave(low - torch.cumsum(count, 0) + count, count)
+            following = self.graph.neighbours[offset + torch.arange(total), 1]
+            column = column[owner]
+        key = torch.unique(column * E + following)  # distinct pairs, sorted by column then entity
+        return key % E, key // E
 
 
 def _step_matrix(x: Tensor, y: Tensor, num_entities: int) -> Tensor:
