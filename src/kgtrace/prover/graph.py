@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DirectedGraph", "PathWalker", "SparseWalker", "directed_inverse"]
+__all__ = ["DirectedGraph", "PathWalker", "SparseWalker", "directed_inverse", "spans"]
 
 
 def directed_inverse(d: int, num_relations: int) -> int:
@@ -172,12 +172,23 @@ class SparseWalker:
             dense[entity, column] = 1.0
             following, column = self.graph.walk(dense, d).nonzero().unbind(1)
         else:
-            owner = torch.repeat_interleave(torch.arange(len(entity)), count)
-            offset = torch.repeat_interleave(low - torch.cumsum(count, 0) + count, count)
-            following = self.graph.neighbours[offset + torch.arange(total), 1]
+            positions, owner = spans(low, count)
+            following = self.graph.neighbours[positions, 1]
             column = column[owner]
         key = torch.unique(column * E + following)  # distinct pairs, sorted by column then entity
         return key % E, key // E
+
+
+def spans(low: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """The positions low[i] .. low[i] + count[i] - 1 of every span i, in order, and the i of each.
+
+    (A search in the running totals rather than torch.repeat_interleave, whose small calls cost a
+    millisecond each when another process keeps the cores busy.)"""
+    ends = torch.cumsum(count, 0)
+    total = int(ends[-1]) if len(ends) else 0
+    position = torch.arange(total)
+    owner = torch.searchsorted(ends, position, right=True)
+    return low[owner] + position - (ends - count)[owner], owner
 
 
 def _step_matrix(x: Tensor, y: Tensor, num_entities: int) -> Tensor:

@@ -48,7 +48,7 @@ from kgtrace.core.io import atomic_write_text
 from kgtrace.core.owned import file_lock
 from kgtrace.data.dataset import load_dataset
 from kgtrace.prover.config import LearnConfig
-from kgtrace.prover.graph import DirectedGraph, SparseWalker, directed_inverse
+from kgtrace.prover.graph import DirectedGraph, SparseWalker, directed_inverse, spans
 from kgtrace.prover.logic import Atom, Rule, constant_term
 from kgtrace.prover.rules import write_rules
 
@@ -115,6 +115,9 @@ def learn_rules(triples: Tensor, num_entities: int, num_relations: int, config: 
     while time.monotonic() - start < config.seconds and not 0 < config.rounds <= learning.rounds:
         found = _round(graph, config, learning.rounds)
         new = [key for key in dict.fromkeys(found) if key not in learning.seen]
+        # In an order that mixes the kinds, so that a round the clock cuts short has measured some of each.
+        order = torch.randperm(len(new), generator=torch.Generator().manual_seed(config.seed + learning.rounds))
+        new = [new[i] for i in order.tolist()]
         measured = 0
         for part in range(0, len(new), MEASURED_AT_ONCE):
             if time.monotonic() - start >= config.seconds:
@@ -349,10 +352,7 @@ class _Measures:
         E, R = self.graph.num_entities, self.graph.num_relations
         low = torch.searchsorted(self.graph.keys, (x * 2 * R + d) * E)
         high = torch.searchsorted(self.graph.keys, (x * 2 * R + d + 1) * E)
-        counts = high - low
-        owner = torch.repeat_interleave(torch.arange(len(x)), counts)
-        starts = torch.repeat_interleave(low - torch.cumsum(counts, 0) + counts, counts)
-        return starts + torch.arange(int(counts.sum())), owner
+        return spans(low, high - low)
 
     def _acyclic(self, keys: list[Key]) -> dict[Key, tuple[int, int, bool]]:
         """AC1 (z >= 0) and AC2 (z = -1) exactly: groundings x != c, correct those with q(x, c)."""
