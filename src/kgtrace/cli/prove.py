@@ -51,8 +51,8 @@ def add_learning_args(p: argparse.ArgumentParser) -> None:
     defaults = field_defaults(LearnConfig)
     p.add_argument("--seconds", type=float, default=defaults.seconds, help="time to learn for (all runs together)")
     p.add_argument("--rounds", type=int, default=defaults.rounds,
-                   help="stop after this many rounds of sampled paths, however fast (0: --seconds alone); the same "
-                        "rules on any machine")
+                   help="learn for this many rounds of sampled paths whatever the time (0: for --seconds); the "
+                        "same rules on any machine")
     p.add_argument("--max-length", type=int, default=defaults.max_length, help="body atoms of the longest cyclic rule")
     p.add_argument("--no-acyclic", dest="acyclic", action="store_false", help="no rules with constants")
     p.add_argument("--paths-per-round", type=int, default=defaults.paths_per_round,

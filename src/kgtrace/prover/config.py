@@ -70,7 +70,7 @@ class LearnConfig:
     """``kgtrace rules learn``: AnyBURL's path rules, learned from sampled paths until the time is up."""
 
     seconds: float = 300.0  # the time budget (a resumed run counts the time already spent)
-    rounds: int = 0  # stop after this many rounds however fast they go (0: the time budget alone); reproducible
+    rounds: int = 0  # learn for this many rounds, whatever the time (0: for `seconds`); reproducible
     max_length: int = 3  # cyclic rules have 1 to max_length body atoms
     acyclic: bool = True  # also rules with constants: r(X,c) :- s(X,d) and r(X,c) :- s(X,A), either side
     paths_per_round: int = 4096  # training facts sampled per round, a path of each length walked from each

@@ -7,7 +7,7 @@ the fact itself (Meilicke et al. 2019's bottom rules):
 * for each length n = 1 .. ``max_length``, n - 1 random steps, then a step to y along one of the relations
   joining the last entity to y, when there is one: the cyclic rule ``q(X,Y) :- path(X,Y)``. (AnyBURL
   walks the last step at random too, and keeps the walks that happen to end at y; closing the walk
-  finds the cyclic rules of a large graph many times faster, for the same rules.)
+  finds the cyclic rules of a large graph many times faster, in the same language.)
 * one random step x -d-> z (z != y) gives AnyBURL's acyclic rules ``q(X,y) :- d(X,z)`` (AC1) and
   ``q(X,y) :- d(X,A)`` (AC2); for q = r + R they read ``r(y,X) :- ...``.
 
@@ -15,17 +15,19 @@ A cyclic rule found from either end of its facts is one rule (kept as the path f
 Rules not seen before are measured, and kept when they predict at least ``min_support`` facts correctly
 with a confidence of at least ``min_confidence``:
 
-* cyclic ``r(X,Y) :- path``: on up to ``confidence_sample`` start entities x, drawn once per first
-  relation of the path (rules sharing a first step share the draw and their prefixes' walks,
-  `SparseWalker`): the groundings are the pairs (x, y), x != y, the path joins; the correct ones are
-  facts r(x, y);
+* cyclic ``r(X,Y) :- path``: the groundings are the pairs (x, y), x != y, the path joins, the correct
+  ones facts r(x, y); counted exactly from every x of the first relation's domain where it has at
+  most ``confidence_sample`` entities (rules sharing a prefix share its walk, `SparseWalker`), else
+  on ``confidence_sample`` random walks along the body from starts drawn from that domain, the
+  distinct pairs they join (AnyBURL's sampled confidence; each rule's walks seeded by the rule);
 * AC1 and AC2, exactly: the groundings are the x other than the constant with d(x, z) (with some
   d-edge); the correct ones have r(x, c) (r(c, x)).
 
 ``confidence = correct / (groundings + confidence_offset)``: AnyBURL's unseen negatives, which rank a rule
 right 2 times in 2 below one right 90 times in 100. Rules are written best first.
 
-Rounds run until ``seconds`` (or ``rounds`` of them, however fast: the same rules on any machine).
+Rounds run until ``seconds`` are spent, or, when ``rounds`` is given, for that many rounds whatever
+the time (the same rules on any machine).
 After each round the state (every rule seen, those kept, the time spent) is written beside the rule
 file, so a rerun of the same command continues where the last one stopped; each round's random
 draws come from (seed, round), so the rounds are the same whatever the stops.
@@ -64,8 +66,8 @@ class LearnedRule:
 
     rule: Rule
     support: int  # correct predictions among the groundings counted
-    groundings: int  # body groundings counted (cyclic: of the sampled start entities)
-    sampled: bool  # whether the groundings were counted on a sample of start entities
+    groundings: int  # body groundings counted (all of them, or those the sampled walks joined)
+    sampled: bool  # whether they were counted on random walks (a cyclic rule of a large domain)
 
     def note(self) -> str:
         return f"support={self.support} groundings={self.groundings}{' (sampled)' if self.sampled else ''}"
@@ -112,7 +114,11 @@ def learn_rules(triples: Tensor, num_entities: int, num_relations: int, config: 
     learning = _resumed(state, config, fingerprint) or Learning(set(), {})
     measure = _Measures(graph, config)
     start = time.monotonic() - learning.seconds
-    while time.monotonic() - start < config.seconds and not 0 < config.rounds <= learning.rounds:
+
+    def done() -> bool:  # by rounds when they are given, whatever the time; else by the clock
+        return learning.rounds >= config.rounds if config.rounds else time.monotonic() - start >= config.seconds
+
+    while not done():
         found = _round(graph, config, learning.rounds)
         new = [key for key in dict.fromkeys(found) if key not in learning.seen]
         # In an order that mixes the kinds, so that a round the clock cuts short has measured some of each.
@@ -120,7 +126,7 @@ def learn_rules(triples: Tensor, num_entities: int, num_relations: int, config: 
         new = [new[i] for i in order.tolist()]
         measured = 0
         for part in range(0, len(new), MEASURED_AT_ONCE):
-            if time.monotonic() - start >= config.seconds:
+            if not config.rounds and done():
                 break
             batch = new[part: part + MEASURED_AT_ONCE]
             learning.kept.update(measure.passing(batch))
