@@ -18,7 +18,7 @@ from kgtrace.prover.apply_reference import aggregate_reference, predictions_refe
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph, PathWalker, SparseWalker
 from kgtrace.prover.learn import learn_rules
-from kgtrace.prover.paths import explain_paths, triple_paths
+from kgtrace.prover.paths import PathFinder, explain_paths, triple_paths
 from kgtrace.prover.rules import RuleSet, format_rule, parse_rules
 
 E, R = 14, 3
@@ -233,10 +233,10 @@ def test_path_explanations_list_every_grounding_brute_force_finds(seed):
     triples = random_graph(seed)
     ds = Dataset("g", "g", ENTITIES, RELATIONS, triples, triples[:0], triples[:0])
     rules = parse_rules(random_rules(seed), RELATIONS, entities=ENTITIES, max_body=3)
-    graph = DirectedGraph.of(triples, E, R)
+    finder = PathFinder.of(DirectedGraph.of(triples, E, R), rules)
     explained = 0
     for h, r, t in [(h, r, t) for h in range(E) for r in range(R) for t in range(E) if h != t]:
-        found = triple_paths(ds, graph, rules, (h, r, t), top=len(rules), per_rule=10 ** 6)
+        found = triple_paths(ds, finder, (h, r, t), top=len(rules), per_rule=10 ** 6)
         label = lambda a, b, c: (ENTITIES.labels[a], RELATIONS.labels[b], ENTITIES.labels[c])  # noqa: E731
         wanted = sorted((format_rule(rule, RELATIONS.labels, entity_labels=ENTITIES.labels).split("  ", 1)[1],
                          sorted(sorted(label(*fact) for fact in path) for path in paths))

@@ -47,7 +47,7 @@ from kgtrace.core.config import MAX_SEED
 from kgtrace.core.errors import ConfigError, KgtraceError, option_name
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.graph import DirectedGraph
-from kgtrace.prover.paths import path_facts
+from kgtrace.prover.paths import PathFinder, path_facts
 from kgtrace.prover.reference import FACT
 from kgtrace.prover.rules import read_rules
 from kgtrace.prover.run import load_prover_run
@@ -162,9 +162,9 @@ def path_removals(run: Run, predictions: Tensor, k: int, inputs: MethodInputs = 
                            "(kgtrace rules learn --out)"])
     ds = run.dataset
     rules = read_rules(inputs.rules, ds.relations, entities=ds.entities, max_body=3)
-    graph = DirectedGraph.of(ds.train, ds.num_entities, ds.num_relations)
+    finder = PathFinder.of(DirectedGraph.of(ds.train, ds.num_entities, ds.num_relations), rules)
     train_index = {triple: i for i, triple in enumerate(map(tuple, ds.train.tolist()))}
-    return [torch.tensor([train_index[fact] for fact in path_facts(graph, rules, tuple(triple), k)], dtype=torch.long)
+    return [torch.tensor([train_index[fact] for fact in path_facts(finder, tuple(triple), k)], dtype=torch.long)
             for triple in predictions.tolist()]
 
 

@@ -30,8 +30,8 @@ from kgtrace.prover.graph import DirectedGraph, directed_inverse
 from kgtrace.prover.logic import constant_of
 from kgtrace.prover.rules import RuleSet, format_rule
 
-__all__ = ["KIND", "PathFact", "RulePaths", "TriplePaths", "explain_paths", "path_facts", "ranked_paths",
-           "triple_paths"]
+__all__ = ["KIND", "PathFact", "PathFinder", "RulePaths", "TriplePaths", "explain_paths", "path_facts",
+           "ranked_paths", "triple_paths"]
 
 KIND = "paths in the graph that imply it (rules and their groundings)"
 Fact = tuple[int, int, int]  # (head, relation, tail) ids
@@ -102,14 +102,14 @@ class TriplePaths:
         return as_frame(pl.DataFrame(rows) if rows else pl.DataFrame(), kind)
 
 
-def triple_paths(dataset: Dataset, graph: DirectedGraph, rules: RuleSet, triple: Fact, *, top: int = 10,
-                 per_rule: int = 3, count_limit: int = 1000) -> TriplePaths:
+def triple_paths(dataset: Dataset, finder: PathFinder, triple: Fact, *, top: int = 10, per_rule: int = 3,
+                 count_limit: int = 1000) -> TriplePaths:
     """The ``top`` strongest rules predicting ``triple`` (ids) and up to ``per_rule`` of each one's paths."""
     h, r, t = triple
     found = []
-    for directed, paths in ranked_paths(graph, rules, triple, top=top, count_limit=count_limit):
+    for directed, paths in ranked_paths(finder, triple, top=top, count_limit=count_limit):
         facts = tuple(tuple(_fact(dataset, f) for f in path) for path in paths[:per_rule])
-        rule = rules.rules[directed.rule]
+        rule = finder.rules.rules[directed.rule]
         found.append(RulePaths(_clause(rule, dataset, names=False), _clause(rule, dataset, names=True),
                                directed.confidence, facts, len(paths)))
     labels, relation = dataset.entities.labels, dataset.relations.labels[r]
@@ -117,13 +117,31 @@ def triple_paths(dataset: Dataset, graph: DirectedGraph, rules: RuleSet, triple:
                        dataset.entity_name(labels[t]), tuple(found))
 
 
-def ranked_paths(graph: DirectedGraph, rules: RuleSet, triple: Fact, *, top: int = 10,
+@dataclass(frozen=True)
+class PathFinder:
+    """A rule set's directed forms by query relation, strongest first, over a training graph: built once for
+    every triple explained with them."""
+
+    graph: DirectedGraph
+    rules: RuleSet
+    by_query: tuple[tuple[DirectedRule, ...], ...]  # [2R]
+
+    @classmethod
+    def of(cls, graph: DirectedGraph, rules: RuleSet) -> PathFinder:
+        by_query: list[list[DirectedRule]] = [[] for _ in range(2 * graph.num_relations)]
+        for directed in directed_rules(rules):
+            by_query[directed.query].append(directed)
+        return cls(graph, rules, tuple(tuple(sorted(found, key=lambda d: (-d.confidence, d.rule)))
+                                       for found in by_query))
+
+
+def ranked_paths(finder: PathFinder, triple: Fact, *, top: int = 10,
                  count_limit: int = 1000) -> list[tuple[DirectedRule, list[list[Fact]]]]:
     """The ``top`` strongest rules predicting ``triple`` (ids), each with its paths (up to ``count_limit``) as
     facts in path order."""
     h, r, t = triple
-    found = []
-    for directed in sorted((d for d in directed_rules(rules) if d.query == r), key=lambda d: (-d.confidence, d.rule)):
+    graph, found = finder.graph, []
+    for directed in finder.by_query[r]:
         paths = _groundings(graph, directed, h, t, count_limit, triple)
         if paths:
             found.append((directed, paths))
@@ -132,11 +150,11 @@ def ranked_paths(graph: DirectedGraph, rules: RuleSet, triple: Fact, *, top: int
     return found
 
 
-def path_facts(graph: DirectedGraph, rules: RuleSet, triple: Fact, k: int) -> list[Fact]:
+def path_facts(finder: PathFinder, triple: Fact, k: int) -> list[Fact]:
     """The first ``k`` distinct facts of the paths that imply ``triple``: strongest rule first, its paths in order,
     each path's facts in path order."""
     facts: dict[Fact, None] = {}
-    for _, paths in ranked_paths(graph, rules, triple, top=len(rules)):
+    for _, paths in ranked_paths(finder, triple, top=len(finder.rules)):
         for path in paths:
             for fact in path:
                 facts.setdefault(fact)
@@ -170,8 +188,8 @@ def explain_paths(dataset: Dataset, rules: RuleSet, triples: Tensor | Named | Se
     Returns:
         One `TriplePaths` per triple, in order; a triple no rule predicts has no rules.
     """
-    graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
-    return [triple_paths(dataset, graph, rules, tuple(triple), top=top, per_rule=per_rule)
+    finder = PathFinder.of(DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations), rules)
+    return [triple_paths(dataset, finder, tuple(triple), top=top, per_rule=per_rule)
             for triple in triples_of(dataset, triples).tolist()]
 
 
