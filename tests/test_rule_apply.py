@@ -62,7 +62,7 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
     triples = random_graph(seed)
     rules = parse_rules(random_rules(seed), RELATIONS, entities=ENTITIES, max_body=3)
     graph = DirectedGraph.of(triples, E, R)
-    scorer = RuleScorer(graph, rules, aggregation, query_chunk=5, cache_bytes=3 * E * 5 * 4)  # small: evicts
+    scorer = RuleScorer(graph, rules, aggregation, query_chunk=5)
     queries = torch.tensor([(a, q) for a in range(E) for q in range(2 * R)])
     scores = scorer.score_t(queries)
     assert scores.dtype == torch.float64 and scores.shape == (len(queries), E)

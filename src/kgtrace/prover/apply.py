@@ -27,7 +27,8 @@ Aggregations (``aggregation``), each over the rules predicting a candidate:
 
 A query relation's one-step rules from the anchor (AnyBURL's AC1 and AC2) are tested for a batch of
 anchors at once; the others walk their paths one rule at a time, in path order, so that the reach of a
-path prefix (kept within ``cache_bytes``) serves every rule that shares it. The aggregations do not
+path prefix serves every rule that shares it (`SparseWalker`: pairs of entity and anchor, expanded along
+the facts, so a walk costs what its paths hold rather than E x B). The aggregations do not
 depend on the order in which predictions arrive.
 """
 
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 from kgtrace.core.errors import ConfigError
 from kgtrace.models.base import inverse_queries
 from kgtrace.prover.config import AGGREGATIONS
-from kgtrace.prover.graph import DirectedGraph, PathWalker, directed_inverse
+from kgtrace.prover.graph import DirectedGraph, SparseWalker, directed_inverse
 from kgtrace.prover.logic import Rule, constant_of
 from kgtrace.prover.rules import RuleSet
 
@@ -140,13 +141,13 @@ class RuleScorer(nn.Module):
     proof_line = 0.0  # scores above it are predictions (a candidate no rule predicts scores 0)
 
     def __init__(self, graph: DirectedGraph, rules: RuleSet, aggregation: str = "maxplus", *,
-                 cache_bytes: int = 512 << 20, query_chunk: int = 256):
+                 query_chunk: int = 1024):
         super().__init__()
         if aggregation not in AGGREGATIONS:
             raise ConfigError([f"aggregation={aggregation!r}: must be one of {', '.join(AGGREGATIONS)}"])
         self.graph, self.rules, self.aggregation = graph, rules, aggregation
         self.num_entities, self.num_relations = graph.num_entities, graph.num_relations
-        self.cache_bytes, self.query_chunk = cache_bytes, query_chunk
+        self.query_chunk = query_chunk
         by_query: list[list[DirectedRule]] = [[] for _ in range(2 * graph.num_relations)]
         for directed in directed_rules(rules):
             by_query[directed.query].append(directed)
@@ -186,13 +187,13 @@ class RuleScorer(nn.Module):
         total = _Aggregate(self.aggregation, B * E, self.confidences[q], own)
         if self.one_step[q] is not None:
             total.add(*self.one_step[q].cells(self.graph, anchors))
-        walker = PathWalker(self.graph, anchors, self.cache_bytes)
+        walker = SparseWalker(self.graph, anchors)
         for directed in self.walked[q]:
             cells = self._cells(directed, anchors, walker)
             total.add(cells, torch.full((len(cells),), directed.confidence, dtype=torch.float64))
         return total.result().view(B, E)
 
-    def _cells(self, directed: DirectedRule, anchors: Tensor, walker: PathWalker) -> Tensor:
+    def _cells(self, directed: DirectedRule, anchors: Tensor, walker: SparseWalker) -> Tensor:
         """The flat cells (row * E + answer) the rule predicts for these anchors."""
         E = self.num_entities
         if directed.kind == "constant":
@@ -201,12 +202,11 @@ class RuleScorer(nn.Module):
                 return rows
             answers = self._sources(directed.path, directed.end)  # [n]
             return (rows.unsqueeze(1) * E + answers.unsqueeze(0)).reshape(-1)  # [rows * n]
-        reach = walker.reach(directed.path)  # [E, B]
+        answer, row = walker.reach(directed.path)  # the pairs (entity, anchor's row) the path joins
         if directed.kind == "cyclic":
-            answer, row = reach.nonzero().unbind(1)
             return row * E + answer
-        ends = reach.any(0) if directed.end is None else reach[directed.end] > 0  # [B]
-        return ends.nonzero().squeeze(1) * E + directed.constant
+        rows = torch.unique(row if directed.end is None else row[answer == directed.end])
+        return rows * E + directed.constant
 
     def _sources(self, path: tuple[int, ...], end: int | None) -> Tensor:
         """The entities whose ``path`` reaches ``end`` (anything), once per (path, end): rules share them."""

@@ -74,7 +74,7 @@ class LearnConfig:
     max_length: int = 3  # cyclic rules have 1 to max_length body atoms
     acyclic: bool = True  # also rules with constants: r(X,c) :- s(X,d) and r(X,c) :- s(X,A), either side
     paths_per_round: int = 4096  # training facts sampled per round, a path of each length walked from each
-    confidence_sample: int = 500  # start entities whose body groundings estimate a cyclic rule's confidence
+    confidence_sample: int = 100  # start entities whose body groundings estimate a cyclic rule's confidence
     min_support: int = 2  # correct predictions (in the sample) a rule needs
     min_confidence: float = 0.001
     confidence_offset: float = 5.0  # confidence = correct / (groundings + offset): AnyBURL's unseen negatives

@@ -111,8 +111,8 @@ class DirectedGraph:
 
 
 class PathWalker:
-    """Reach along paths from fixed starts, each path prefix walked once while it stays in ``cache_bytes``: rules
-    sharing a prefix (taken one after another) share its products."""
+    """Reach along paths from fixed starts as dense 0/1 matrices [E, B], one sparse product a step, each path
+    prefix walked once while it stays in ``cache_bytes``: the plain form `SparseWalker` is tested against."""
 
     def __init__(self, graph: DirectedGraph, starts: Tensor, cache_bytes: int = 512 << 20):
         self.graph, self.starts, self.cache_bytes = graph, starts, cache_bytes

@@ -16,10 +16,11 @@ Rules not seen before are measured, and kept when they predict at least ``min_su
 with a confidence of at least ``min_confidence``:
 
 * cyclic ``r(X,Y) :- path``: the groundings are the pairs (x, y), x != y, the path joins, the correct
-  ones facts r(x, y); counted exactly from every x of the first relation's domain where it has at
-  most ``confidence_sample`` entities (rules sharing a prefix share its walk, `SparseWalker`), else
-  on ``confidence_sample`` random walks along the body from starts drawn from that domain, the
-  distinct pairs they join (AnyBURL's sampled confidence; each rule's walks seeded by the rule);
+  ones facts r(x, y); counted exactly from every start x of up to ``confidence_sample`` entities of
+  the first relation's domain, drawn once per relation (rules sharing a prefix share its walk,
+  `SparseWalker`). Every pair joined from a start counts once: random walks along the body, as
+  AnyBURL samples them, favour pairs joined by many paths, which are the correct ones more often,
+  and on FB15k-237 their confidences outranked the acyclic rules' (test MRR .267 against .293);
 * AC1 and AC2, exactly: the groundings are the x other than the constant with d(x, z) (with some
   d-edge); the correct ones have r(x, c) (r(c, x)).
 
@@ -66,8 +67,8 @@ class LearnedRule:
 
     rule: Rule
     support: int  # correct predictions among the groundings counted
-    groundings: int  # body groundings counted (all of them, or those the sampled walks joined)
-    sampled: bool  # whether they were counted on random walks (a cyclic rule of a large domain)
+    groundings: int  # body groundings counted (cyclic: from the start entities drawn)
+    sampled: bool  # whether the starts were a sample of the first relation's domain
 
     def note(self) -> str:
         return f"support={self.support} groundings={self.groundings}{' (sampled)' if self.sampled else ''}"
@@ -264,9 +265,6 @@ class _Measures:
         pairs = torch.unique(graph.keys // E)  # (x 2R + d) of every x with a d-edge
         self.domain_sizes = torch.bincount(pairs % (2 * R), minlength=2 * R)  # [2R]
         self.domains = {d: pairs[pairs % (2 * R) == d] // (2 * R) for d in range(2 * R)}
-        by_relation = torch.argsort(pairs % (2 * R), stable=True)
-        self.domain_flat = (pairs // (2 * R))[by_relation]  # every domain, relation after relation
-        self.domain_offsets = torch.cumsum(self.domain_sizes, 0) - self.domain_sizes  # [2R] where each starts
 
     def passing(self, keys: list[Key]) -> dict[Key, tuple[int, int, bool]]:
         """The candidates that pass the thresholds, with (support, groundings, sampled)."""
@@ -275,16 +273,8 @@ class _Measures:
         by_first: dict[int, list[Key]] = defaultdict(list)
         for key in cyclic:
             by_first[key[2]].append(key)
-        sampled: list[Key] = []
         for first, group in by_first.items():
-            if len(self.domains[first]) <= self.config.confidence_sample:
-                counted.update(self._cyclic(first, sorted(group)))
-            else:
-                sampled += group
-        for length in range(1, self.config.max_length + 1):
-            group = [k for k in sampled if len(k) == 2 + length]
-            if group:
-                counted.update(self._sampled_cyclic(group))
+            counted.update(self._cyclic(first, sorted(group)))
         acyclic = [k for k in keys if k[0] == 1]
         if acyclic:
             counted.update(self._acyclic(acyclic))
@@ -293,8 +283,9 @@ class _Measures:
                 if v[0] >= c.min_support and v[0] / (v[1] + c.confidence_offset) >= c.min_confidence}
 
     def _cyclic(self, first: int, keys: list[Key]) -> dict[Key, tuple[int, int, bool]]:
-        """Exactly, over every start entity: the first relation's domain is within confidence_sample."""
-        starts = self.domains[first]
+        """Every pair the body joins from the start entities (all of the first relation's domain, or a sample)."""
+        starts = self._starts(first)
+        sampled = len(starts) < len(self.domains[first])
         walker = SparseWalker(self.graph, starts)
         E = self.graph.num_entities
         correct_of: dict[int, Tensor] = {}
@@ -307,44 +298,16 @@ class _Measures:
             if r not in correct_of:
                 rows, cols = self._facts_from(starts, r)
                 correct_of[r] = torch.sort(cols * E + rows).values
-            found[key] = (int(torch.isin(pairs, correct_of[r]).sum()), len(pairs), False)
+            found[key] = (int(torch.isin(pairs, correct_of[r]).sum()), len(pairs), sampled)
         return found
 
-    def _sampled_cyclic(self, keys: list[Key]) -> dict[Key, tuple[int, int, bool]]:
-        """On confidence_sample random walks along each body (rules of one length, at once): the distinct pairs
-        (x, y), x != y, the walks join are its groundings, those with r(x, y) the correct ones (AnyBURL's
-        sampled confidence). The walks of a rule come from a generator seeded by the rule, so a rule's
-        measures do not depend on the other rules measured with it."""
-        E, S = self.graph.num_entities, self.config.confidence_sample
-        rules = torch.tensor(keys)  # [g, 2 + L]: (0, r, d1, .., dL)
-        g = len(keys)
-        uniform = torch.stack([torch.rand(len(k) * S, generator=self._generator(k)).view(len(k), S)
-                               for k in keys])  # [g, L + 2, S]: one row per step, spares unused
-        first = rules[:, 2]
-        sizes = self.domain_sizes[first]  # [g]
-        starts = self.domain_flat[self.domain_offsets[first].unsqueeze(1)
-                                  + (uniform[:, 0] * sizes.unsqueeze(1)).long().clamp(max=(sizes - 1).unsqueeze(1))]
-        current, ok = starts, torch.ones(g, S, dtype=torch.bool)  # [g, S]
-        for k in range(2, rules.shape[1]):
-            d = rules[:, k].unsqueeze(1).expand(g, S)
-            low = torch.searchsorted(self.graph.keys, ((current * 2 * self.graph.num_relations + d) * E).contiguous())
-            count = torch.searchsorted(self.graph.keys,
-                                       ((current * 2 * self.graph.num_relations + d + 1) * E).contiguous()) - low
-            ok &= count > 0
-            pick = low + (uniform[:, k - 1] * count).long().clamp(max=(count - 1).clamp(min=0))
-            current = self.graph.neighbours[pick.clamp(max=len(self.graph.neighbours) - 1), 1]
-        ok &= current != starts
-        rule = torch.arange(g).unsqueeze(1).expand(g, S)
-        distinct = torch.unique((rule[ok] * E + starts[ok]) * E + current[ok])  # per rule, each pair once
-        owner, x, y = distinct // (E * E), distinct // E % E, distinct % E
-        correct = self.graph.has(x, rules[owner, 1], y)
-        groundings = torch.bincount(owner, minlength=g).tolist()
-        support = torch.bincount(owner[correct], minlength=g).tolist()
-        return {key: (s, n, True) for key, s, n in zip(keys, support, groundings, strict=True)}
-
-    def _generator(self, key: Key) -> torch.Generator:
-        seed = hash(key) % (2 ** 61)  # tuples of ints hash the same in every process
-        return torch.Generator().manual_seed(self.config.seed * 1_000_003 + seed)
+    def _starts(self, first: int) -> Tensor:
+        """Up to confidence_sample entities with a ``first``-edge, drawn once (seeded by the relation)."""
+        domain = self.domains[first]
+        if len(domain) <= self.config.confidence_sample:
+            return domain
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + 7919 * first + 1)
+        return domain[torch.randperm(len(domain), generator=generator)[: self.config.confidence_sample].sort().values]
 
     def _facts_from(self, starts: Tensor, d: int) -> tuple[Tensor, Tensor]:
         """(y, column) of every fact d(x, y), x = starts[column], y != x."""
