@@ -198,6 +198,13 @@ def test_rules_learn_then_prove_apply_then_evaluate(tmp_path, capsys):
                  "--aggregation", "noisy_or"]) == 0
     loaded = load_prover_run(run)
     assert isinstance(loaded.model, RuleScorer) and loaded.engine is None and loaded.rules.has_constants
+    h, r, t = (loaded.dataset.entities.labels[loaded.dataset.test[0, 0]],
+               loaded.dataset.relations.labels[loaded.dataset.test[0, 1]],
+               loaded.dataset.entities.labels[loaded.dataset.test[0, 2]])
+    capsys.readouterr()
+    assert main(["explain", str(run), "--triple", h, r, t, "--out", str(tmp_path / "why.json")]) == 0
+    assert "rule(s) predict it, strongest first" in capsys.readouterr().out
+    assert json.loads((tmp_path / "why.json").read_text())["kind"].startswith("paths in the graph")
     out = tmp_path / "m.json"
     assert main(["evaluate", str(run), "--out", str(out), "--device", "cpu"]) == 0
     assert 0.3 < json.loads(out.read_text())["both"]["realistic"]["mrr"] <= 1

@@ -235,6 +235,7 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     from kgtrace.evaluation.candidates import restriction_note, restricts
 
     test = explain_targets(args, run)
+    rules = path_rules(args.rules, run.dataset) if args.rules else None  # read first: a bad file fails at once
     if args.world.is_main and restricts(run.dataset, args.restrict):  # restricted: the first line says so
         print(restriction_note(True, args.restrict).replace(
             "candidates:", "candidates (of --predict and of the ranks):", 1))
@@ -249,8 +250,8 @@ def explain_test_triples(args: argparse.Namespace, run, choice: MethodChoice, de
     if not args.world.is_main:  # every process holds the merged result; rank 0 reports it
         return 0
     print_explanations(items)
-    if args.rules:
-        explain_rule_paths(run.dataset, args.rules, test, paths_file(out))
+    if rules is not None:
+        explain_rule_paths(run.dataset, rules, args.rules, test, paths_file(out))
     if args.out_dir:
         for i in range(len(items)):
             items[i:i + 1].write(Path(args.out_dir) / f"triple-{i:04d}.json")
@@ -265,13 +266,17 @@ def paths_file(out: Path) -> Path:
     return out.with_name(out.stem + ".paths.json")
 
 
-def explain_rule_paths(dataset, rules_file: str, triples: Tensor, out: Path, rules=None) -> None:
-    """Print each triple's paths (the rules of ``rules_file``, or ``rules``, that predict it) and write them to ``out``."""
-    from kgtrace.prover.paths import KIND, explain_paths
+def path_rules(rules_file: str, dataset):
+    """The rules of --rules, over the run's relations and entities."""
     from kgtrace.prover.rules import read_rules
 
-    if rules is None:
-        rules = read_rules(rules_file, dataset.relations, entities=dataset.entities, max_body=3)
+    return read_rules(rules_file, dataset.relations, entities=dataset.entities, max_body=3)
+
+
+def explain_rule_paths(dataset, rules, rules_file: str, triples: Tensor, out: Path) -> None:
+    """Print each triple's paths (the ``rules``, read from ``rules_file``, that predict it) and write them to ``out``."""
+    from kgtrace.prover.paths import KIND, explain_paths
+
     found = explain_paths(dataset, rules, triples)
     print(f"\n{KIND}:")
     for paths in found:
@@ -294,8 +299,8 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     run = load_prover_run(args.run_dir, args.checkpoint, resolve_device(args.device))
     check_run_outputs(args.run_dir, run.config.dataset, named_output(out, "--out"), reads=(args.triples,))
     if run.config.method == "apply":  # rule application: the rules that predict each triple, and their paths
-        explain_rule_paths(run.dataset, str(Path(args.run_dir) / "rules.txt"), explain_targets(args, run), out,
-                           rules=run.rules)
+        explain_rule_paths(run.dataset, run.rules, str(Path(args.run_dir) / "rules.txt"), explain_targets(args, run),
+                           out)
         return 0
     proofs = explain_proofs(run, explain_targets(args, run))
     for line in proofs.lines():
