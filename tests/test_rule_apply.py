@@ -284,3 +284,28 @@ def test_sparse_walks_reach_what_dense_products_reach(max_expansion):
         entity, column = sparse.reach(path)
         expected = dense.reach(path).nonzero()  # [n, 2] (entity, column)
         assert sorted(zip(entity.tolist(), column.tolist(), strict=True)) == sorted(map(tuple, expected.tolist()))
+
+
+class _Keys(torch.nn.Module):
+    """Three candidates whose float64 scores float32 would merge: 2^40 + 1, 2^40, 0 for every query."""
+
+    num_entities, num_relations = 3, 1
+
+    def score_t(self, hr):
+        return torch.tensor([[2.0 ** 40 + 1, 2.0 ** 40, 0.0]], dtype=torch.float64).expand(len(hr), 3).clone()
+
+    def score_h(self, rt):
+        return self.score_t(rt)
+
+    def score_hrt(self, hrt):
+        return self.score_t(hrt[:, :2]).gather(1, hrt[:, 2:3].long()).squeeze(1)
+
+
+@pytest.mark.parametrize("candidates", ["all", "sampled"])
+def test_float64_scores_rank_exactly(candidates):
+    # maxplus's keys differ in their last places: entity 0 outranks entity 1 by one unit in 2^40 (rank 2, not a tie).
+    from kgtrace.evaluation.evaluate import Candidates
+
+    chosen = Candidates(corruptions=2) if candidates == "sampled" else Candidates()
+    metrics = evaluate(_Keys(), torch.tensor([[2, 0, 1]]), known=None, sides=("tail",), candidates=chosen)
+    assert metrics.sides["tail"].realistic.mrr == 0.5

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from kgtrace.core.errors import ConfigError, KgtraceError, option, option_name
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.ranks import RankCounts, count_ranks
+from kgtrace.evaluation.ranks import RankCounts, count_ranks, ranked
 from kgtrace.evaluation.sides import BYTES_PER_SCORE, SideQueries, check_finite, non_finite_error
 from kgtrace.models.base import QueryScorer, Scorer, forward_triples
 
@@ -328,7 +328,7 @@ def rank_side_restricted(
     for start in range(0, len(sq.answers), chunk):
         queries = sq.queries[start : start + chunk]
         answers = sq.answers[start : start + chunk].to(device)
-        scores = model.score_t(queries.to(device)).float()  # [B, E]
+        scores = ranked(model.score_t(queries.to(device)))  # [B, E]
         check_finite(scores, sq, start)
         eligible = _eligible(queries, answers, known, restriction, num_entities, device)
         excluded = eligible.mask.logical_not_()  # [B, E], in place: disallowed or another known answer
@@ -560,7 +560,7 @@ def _check_num_corruptions(num_corruptions: int) -> None:
 def _count_by_score_t(model: Scorer, queries: Tensor, answers: Tensor, tiles: Iterator[_Tile], sq: SideQueries,
                       start: int) -> tuple[Tensor, Tensor]:
     """(greater [B], equal [B]) among the sampled entities, from one [B, E] score_t call."""
-    scores = model.score_t(queries).float()  # [B, E]
+    scores = ranked(model.score_t(queries))  # [B, E]
     rows = torch.arange(len(answers), device=answers.device)
     true = scores[rows, answers]  # [B]
     check_finite(true.unsqueeze(1), sq, start)
@@ -582,7 +582,7 @@ def _count_by_score_t(model: Scorer, queries: Tensor, answers: Tensor, tiles: It
 def _count_by_score_hrt(model: Scorer, queries: Tensor, answers: Tensor, tiles: Iterator[_Tile], batch: int,
                         sq: SideQueries, start: int) -> tuple[Tensor, Tensor]:
     """(greater [B], equal [B]) among the sampled entities, scoring whole triples in batches."""
-    true = model.score_hrt(_triples(model, queries, answers)).float()  # [B]
+    true = ranked(model.score_hrt(_triples(model, queries, answers)))  # [B]
     check_finite(true.unsqueeze(1), sq, start)
     greater = torch.zeros(len(answers), dtype=torch.long, device=answers.device)
     equal = torch.zeros_like(greater)
@@ -592,7 +592,7 @@ def _count_by_score_hrt(model: Scorer, queries: Tensor, answers: Tensor, tiles: 
         for i in range(0, len(sampled_rows), batch):
             row = sampled_rows[i : i + batch]
             triples = _triples(model, queries[row], entities[i : i + batch])  # [p, 3]
-            scores = model.score_hrt(triples).float()  # [p]
+            scores = ranked(model.score_hrt(triples))  # [p]
             _check_sampled_finite(~torch.isfinite(scores), row, sq, start)
             greater.index_add_(0, row, (scores > true[row]).long())
             equal.index_add_(0, row, (scores == true[row]).long())

@@ -59,6 +59,12 @@ class RankCounts:
         )
 
 
+def ranked(scores: Tensor) -> Tensor:
+    """Scores as they are ranked: float64 as given (a rule scorer's exact maxplus keys, whose order float32 would
+    merge), any other dtype in float32."""
+    return scores if scores.dtype == torch.float64 else scores.float()
+
+
 def count_ranks(scores: Tensor, true_cols: Tensor, filter_rows: Tensor, filter_cols: Tensor) -> RankCounts:
     """Rank counts of one chunk of queries against all their candidates.
 

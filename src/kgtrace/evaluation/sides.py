@@ -14,7 +14,7 @@ from torch import Tensor
 
 from kgtrace.core.errors import KgtraceError, option_name
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.ranks import RankCounts, count_ranks
+from kgtrace.evaluation.ranks import RankCounts, count_ranks, ranked
 from kgtrace.models.base import FactorisedScorer, Scorer
 
 SIDES = ("head", "tail")
@@ -144,7 +144,7 @@ def rank_side(model: Scorer, sq: SideQueries, known: AnswerIndex, *, memory_budg
     for run_start, run_stop, known_pairs in filter_runs(known, sq, chunk, device):
         for start in range(run_start, run_stop, chunk):
             stop = min(start + chunk, run_stop)
-            scores = model.score_t(queries_on[start:stop]).float()  # [B, E]
+            scores = ranked(model.score_t(queries_on[start:stop]))  # [B, E]
             finite.append(torch.isfinite(scores).all(dim=1))  # [B], read once the side is ranked
             rows, cols = known_pairs.chunk(start - run_start, stop - run_start)
             parts.append(count_ranks(scores, answers_on[start:stop], rows, cols))
