@@ -139,7 +139,7 @@ def rules_mine(args: argparse.Namespace) -> int:
 
 
 def add_prove_args(p: argparse.ArgumentParser) -> None:
-    from kgtrace.prover.config import HYBRID_WEIGHTS
+    from kgtrace.prover.config import AGGREGATIONS, HYBRID_WEIGHTS
 
     actions = p.add_subparsers(title="actions", metavar="ACTION", dest="action", required=True)
     bfs = actions.add_parser("bfs", formatter_class=HelpFormatter,
@@ -156,7 +156,7 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                            "max, or noisy_or. Rules of kgtrace rules learn (paths up to 3 atoms, "
                                            "constants) or mined. Rank it with kgtrace evaluate RUN.")
     add_prover_args(apply)
-    apply.add_argument("--aggregation", choices=("maxplus", "max", "noisy_or"), default="maxplus",
+    apply.add_argument("--aggregation", choices=AGGREGATIONS, default="maxplus",
                        help="how the rules predicting a candidate combine (a hybrid needs max or noisy_or)")
     train = actions.add_parser("train", formatter_class=HelpFormatter,
                                help="learn a proof policy with PPO over training triples and sampled false ones",
