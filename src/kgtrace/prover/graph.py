@@ -67,6 +67,13 @@ class DirectedGraph:
         at = torch.searchsorted(self.keys, keys.contiguous()).clamp(max=len(self.keys) - 1)
         return self.keys[at] == keys
 
+    def edges(self, x: Tensor, d: Tensor | int) -> tuple[Tensor, Tensor]:
+        """Where each x's d-edges start in ``keys``/``neighbours`` and how many there are (their y are
+        ``neighbours[low:low + count, 1]``)."""
+        first = (x.long() * 2 * self.num_relations + d) * self.num_entities
+        low = torch.searchsorted(self.keys, first.contiguous())
+        return low, torch.searchsorted(self.keys, (first + self.num_entities).contiguous()) - low
+
     def has_edge(self, x: Tensor, d: Tensor) -> Tensor:
         """Whether x has some d-edge, elementwise over equal-shaped (or broadcast) LongTensors."""
         E, R = self.num_entities, self.num_relations
@@ -104,9 +111,8 @@ class DirectedGraph:
             pairs = self.keys // E  # x 2R + d' of each fact
             found[pairs[pairs % (2 * R) == d] // (2 * R)] = True
             return found
-        back = directed_inverse(d, R)  # d(x, end) is back(end, x)
-        low = torch.searchsorted(self.keys, torch.tensor([(end * 2 * R + back) * E, (end * 2 * R + back + 1) * E]))
-        found[self.neighbours[int(low[0]):int(low[1]), 1]] = True
+        low, count = (int(v) for v in self.edges(torch.tensor(end), directed_inverse(d, R)))  # d(x, end): back(end, x)
+        found[self.neighbours[low:low + count, 1]] = True
         return found
 
 
@@ -163,9 +169,8 @@ class SparseWalker:
         return pairs
 
     def _step(self, entity: Tensor, column: Tensor, d: int) -> tuple[Tensor, Tensor]:
-        E, R = self.graph.num_entities, self.graph.num_relations
-        low = torch.searchsorted(self.graph.keys, (entity * 2 * R + d) * E)
-        count = torch.searchsorted(self.graph.keys, (entity * 2 * R + d + 1) * E) - low
+        E = self.graph.num_entities
+        low, count = self.graph.edges(entity, d)
         total = int(count.sum())
         if total > self.max_expansion:  # a hub: one dense product over the starts
             dense = torch.zeros(E, len(self.starts))

@@ -318,10 +318,7 @@ class _Measures:
 
     def _ranges(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         """The positions in graph.keys of the facts d[i](x[i], .), and the i of each."""
-        E, R = self.graph.num_entities, self.graph.num_relations
-        low = torch.searchsorted(self.graph.keys, (x * 2 * R + d) * E)
-        high = torch.searchsorted(self.graph.keys, (x * 2 * R + d + 1) * E)
-        return spans(low, high - low)
+        return spans(*self.graph.edges(x, d))
 
     def _acyclic(self, keys: list[Key]) -> dict[Key, tuple[int, int, bool]]:
         """AC1 (z >= 0) and AC2 (z = -1) exactly: groundings x != c, correct those with q(x, c)."""

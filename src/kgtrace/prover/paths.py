@@ -233,9 +233,8 @@ def _walks(graph: DirectedGraph, start: int, path: tuple[int, ...], end: int | N
 
 def _targets(graph: DirectedGraph, x: int, d: int) -> Tensor:
     """The y with d(x, y)."""
-    E, R = graph.num_entities, graph.num_relations
-    low, high = torch.searchsorted(graph.keys, torch.tensor([(x * 2 * R + d) * E, (x * 2 * R + d + 1) * E])).tolist()
-    return graph.neighbours[low:high, 1]
+    low, count = (int(v) for v in graph.edges(torch.tensor(x), d))
+    return graph.neighbours[low:low + count, 1]
 
 
 def _fact(dataset: Dataset, fact: Fact) -> PathFact:
