@@ -21,7 +21,7 @@ import polars as pl
 
 from kgtrace.core.io import atomic_write_text
 from kgtrace.core.owned import retire, write_index
-from kgtrace.data.dataset import Dataset
+from kgtrace.data.lookup import NamedTriple
 from kgtrace.display.frames import FrameKind, as_frame
 
 __all__ = ["EXPLAIN_COLUMNS", "SELF_COLUMNS", "Explanation", "Explanations", "Influencer", "NamedTriple",
@@ -31,40 +31,7 @@ EXPLAIN_COLUMNS = ("test_index", "test_head", "test_relation", "test_tail", "tes
                    "head", "relation", "tail", "head_name", "relation_name", "tail_name", "shares", "influence")
 SELF_COLUMNS = ("rank", "train_index", "head", "relation", "tail", "head_name", "relation_name", "tail_name",
                 "self_influence")
-LABELS = ("head", "relation", "tail", "head_name", "relation_name", "tail_name")
 
-
-@dataclass(frozen=True)
-class NamedTriple:
-    """A triple as its labels (the run's node and relation ids) and readable names (the label where none)."""
-
-    head: str
-    relation: str
-    tail: str
-    head_name: str
-    relation_name: str
-    tail_name: str
-
-    @classmethod
-    def of(cls, dataset: Dataset, triple: Sequence[int]) -> NamedTriple:
-        """The labels and names of an id triple (h, r, t) of ``dataset``."""
-        h, r, t = (int(x) for x in triple)
-        head, relation, tail = dataset.entity_label(h), dataset.relation_label(r), dataset.entity_label(t)
-        return cls(head, relation, tail, dataset.entity_name(head), dataset.relation_name(relation),
-                   dataset.entity_name(tail))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NamedTriple:
-        """From a written record; a name the record lacks is its label."""
-        return cls(data["head"], data["relation"], data["tail"], data.get("head_name") or data["head"],
-                   data.get("relation_name") or data["relation"], data.get("tail_name") or data["tail"])
-
-    def to_dict(self) -> dict[str, str]:
-        return {key: getattr(self, key) for key in LABELS}
-
-    def text(self) -> str:
-        """'metformin --treats--> type 2 diabetes': the names, as the console shows a triple."""
-        return f"{self.head_name} --{self.relation_name}--> {self.tail_name}"
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,11 @@ predicate folded with several qualifier sets names several relations, and the me
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
 import json
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +31,7 @@ from kgtrace.data.vocab import Vocab
 
 __all__ = [
     "encode_named_triples", "find_ids", "lookup_entity", "lookup_problem", "lookup_relation", "parse_ids",
-    "parse_triple", "relation_ids", "relation_matches", "triples_of",
+    "parse_triple", "relation_ids", "relation_matches", "triples_of", "LABELS", "NamedTriple",
 ]
 
 
@@ -208,3 +210,39 @@ def triples_of(dataset: Dataset, triples: Tensor | Named | Sequence[Named]) -> T
     if problems:
         raise ConfigError(problems)
     return torch.stack(parsed) if parsed else torch.empty(0, 3, dtype=torch.long)
+
+
+LABELS = ("head", "relation", "tail", "head_name", "relation_name", "tail_name")
+
+
+@dataclass(frozen=True)
+class NamedTriple:
+    """A triple as its labels (the run's node and relation ids) and readable names (the label where none)."""
+
+    head: str
+    relation: str
+    tail: str
+    head_name: str
+    relation_name: str
+    tail_name: str
+
+    @classmethod
+    def of(cls, dataset: Dataset, triple: Sequence[int]) -> NamedTriple:
+        """The labels and names of an id triple (h, r, t) of ``dataset``."""
+        h, r, t = (int(x) for x in triple)
+        head, relation, tail = dataset.entity_label(h), dataset.relation_label(r), dataset.entity_label(t)
+        return cls(head, relation, tail, dataset.entity_name(head), dataset.relation_name(relation),
+                   dataset.entity_name(tail))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NamedTriple:
+        """From a written record; a name the record lacks is its label."""
+        return cls(data["head"], data["relation"], data["tail"], data.get("head_name") or data["head"],
+                   data.get("relation_name") or data["relation"], data.get("tail_name") or data["tail"])
+
+    def to_dict(self) -> dict[str, str]:
+        return {key: getattr(self, key) for key in LABELS}
+
+    def text(self) -> str:
+        """'metformin --treats--> type 2 diabetes': the names, as the console shows a triple."""
+        return f"{self.head_name} --{self.relation_name}--> {self.tail_name}"

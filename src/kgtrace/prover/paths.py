@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from kgtrace.data.dataset import Dataset
-from kgtrace.data.lookup import Named, triples_of
+from kgtrace.data.lookup import Named, NamedTriple, triples_of
 from kgtrace.display.frames import FrameKind, as_frame
 from kgtrace.prover.apply import DirectedRule, directed_rules
 from kgtrace.prover.graph import DirectedGraph, directed_inverse
@@ -69,18 +69,14 @@ class RulePaths:
 class TriplePaths:
     """The paths that imply one triple, strongest rule first."""
 
-    head: str
-    relation: str
-    tail: str
-    head_name: str
-    relation_name: str
-    tail_name: str
+    triple: NamedTriple
     rules: tuple[RulePaths, ...]
     kind: str = KIND
 
     def lines(self) -> list[str]:
         """The console's lines: the triple, then each rule (in names) with its paths."""
-        out = [f"({self.head_name}, {self.relation_name}, {self.tail_name}): {len(self.rules)} rule(s) predict it, "
+        named = self.triple
+        out = [f"({named.head_name}, {named.relation_name}, {named.tail_name}): {len(self.rules)} rule(s) predict it, "
                "strongest first (confidence, rule, paths found)"]
         for number, found in enumerate(self.rules, 1):
             out.append(f"  {number}. {found.confidence:.3f}  {found.text}  ({found.count} path(s))")
@@ -88,8 +84,7 @@ class TriplePaths:
         return out
 
     def to_dict(self) -> dict:
-        return {"head": self.head, "relation": self.relation, "tail": self.tail, "head_name": self.head_name,
-                "relation_name": self.relation_name, "tail_name": self.tail_name, "kind": self.kind,
+        return {**self.triple.to_dict(), "kind": self.kind,
                 "rules": [{"rule": r.rule, "text": r.text, "confidence": r.confidence, "count": r.count,
                            "groundings": [[vars(f) for f in path] for path in r.groundings]} for r in self.rules]}
 
@@ -105,16 +100,13 @@ class TriplePaths:
 def triple_paths(dataset: Dataset, finder: PathFinder, triple: Fact, *, top: int = 10, per_rule: int = 3,
                  count_limit: int = 1000) -> TriplePaths:
     """The ``top`` strongest rules predicting ``triple`` (ids) and up to ``per_rule`` of each one's paths."""
-    h, r, t = triple
     found = []
     for directed, paths in ranked_paths(finder, triple, top=top, count_limit=count_limit):
         facts = tuple(tuple(_fact(dataset, f) for f in path) for path in paths[:per_rule])
         rule = finder.rules.rules[directed.rule]
         found.append(RulePaths(_clause(rule, dataset, names=False), _clause(rule, dataset, names=True),
                                directed.confidence, facts, len(paths)))
-    labels, relation = dataset.entities.labels, dataset.relations.labels[r]
-    return TriplePaths(labels[h], relation, labels[t], dataset.entity_name(labels[h]), dataset.relation_name(relation),
-                       dataset.entity_name(labels[t]), tuple(found))
+    return TriplePaths(NamedTriple.of(dataset, triple), tuple(found))
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from kgtrace.core.checkpoint import CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints, load_checkpoint
 from kgtrace.core.config import TrainConfig, from_sources
-from kgtrace.data.dataset import Dataset
-from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.core.errors import KgtraceError
 from kgtrace.core.layout import RunLayout
+from kgtrace.data.dataset import Dataset
+from kgtrace.data.pinned import load_pinned_dataset
 from kgtrace.models import build_model
-from kgtrace.core.checkpoint import (CheckpointInfo, check_digests, latest_checkpoint, list_checkpoints,
-                                         load_checkpoint)
 
 
 @dataclass
