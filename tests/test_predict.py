@@ -51,8 +51,9 @@ def test_tail_candidates_are_score_t_sorted_with_membership(run):
     h, r, t = ds.test[0].tolist()
     found = predict(run, head=ds.entity_label(h), relation=ds.relation_label(r), top_n=ds.num_entities)
     table = found.table
-    assert found.query == {"head": ds.entity_label(h), "relation": ds.relation_label(r),
-                           "relation_name": ds.relation_name(ds.relation_label(r)), "tail": None, "side": "tail"}
+    assert found.query.to_dict() == {"head": ds.entity_label(h), "relation": ds.relation_label(r),
+                                     "relation_name": ds.relation_name(ds.relation_label(r)), "tail": None,
+                                     "side": "tail"}
     expected = run.model.score_t(torch.tensor([[h, r]]))[0].detach()
     assert sorted(table["id"].to_list()) == list(range(ds.num_entities))
     torch.testing.assert_close(torch.tensor(table["score"].to_list()), expected[table["id"].to_list()])
@@ -72,7 +73,7 @@ def test_head_candidates_are_score_h(run):
     found = predict(run, relation=r, tail=t, top_n=5)  # ids work as well as labels
     expected = run.model.score_h(torch.tensor([[r, t]]))[0].detach()
     top = torch.topk(expected, 5)
-    assert found.query["side"] == "head" and found.query["head"] is None
+    assert found.query.side == "head" and found.query.head is None
     assert found.table["id"].to_list() == top.indices.tolist()
     torch.testing.assert_close(torch.tensor(found.table["score"].to_list()), top.values)
 
@@ -134,8 +135,8 @@ def test_score_file_with_unknown_labels(run, tmp_path):
     assert all(table["in_test"]) and not any(table["in_train"])
     assert table["head_name"][0] == f"The {table['head'][0]}"
     (skip,) = scored.skipped
-    assert skip["line"] == 4 and "head 'usaa'" in skip["problem"] and "'usa'" in skip["problem"]
-    assert "tail 'mars'" in skip["problem"]
+    assert skip.line == 4 and "head 'usaa'" in skip.problem and "'usa'" in skip.problem
+    assert "tail 'mars'" in skip.problem
     path.write_text("usaa\tx\tmars\n")
     with pytest.raises(DataError, match="no triple to score"):
         score_triples(run, path)

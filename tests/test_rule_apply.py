@@ -18,7 +18,7 @@ from kgtrace.prover.apply_reference import aggregate_reference, predictions_refe
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph, PathWalker, SparseWalker
 from kgtrace.prover.learn import learn_rules
-from kgtrace.prover.paths import PathFinder, explain_paths, triple_paths
+from kgtrace.prover.rule_paths import PathFinder, explain_paths, triple_paths
 from kgtrace.prover.rules import RuleSet, format_rule, parse_rules
 
 E, R = 14, 3

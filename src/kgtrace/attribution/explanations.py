@@ -61,7 +61,7 @@ def predicted_triples(run: Run, head: str | int, relation: str | int, top_n: int
     found = predict(run, head=head, relation=relation, top_n=top_n, new_only=True, restrict=restrict)
     if found.table.height == 0:
         raise KgtraceError(f"({head}, {relation}, ?): every entity is already a known tail; nothing new to explain")
-    h, r = run.dataset.entities.to_id[found.query["head"]], run.dataset.relations.to_id[found.query["relation"]]
+    h, r = run.dataset.entities.to_id[found.query.head], run.dataset.relations.to_id[found.query.relation]
     tails = torch.from_numpy(found.table["id"].to_numpy().astype("int64"))
     return torch.stack([torch.full_like(tails, h), torch.full_like(tails, r), tails], dim=1)
 

@@ -172,11 +172,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     found = predict(run, relation=args.relation, head=args.head, tail=args.tail, top_n=args.top_n,
                     new_only=args.new_only, category=args.category, restrict=args.restrict)
     q = found.query
-    relation = q["relation"] if q["relation_name"] == q["relation"] else f"{q['relation_name']} ({q['relation']})"
+    relation = q.relation if q.relation_name == q.relation else f"{q.relation_name} ({q.relation})"
     if found.note != restriction_note(None):  # restricted by category: the first line says so
         print(found.note)
-    head, tail = (named(run.dataset, q[side]) for side in ("head", "tail"))
-    print(f"({head}, {relation}, {tail}): best {found.table.height} {q['side']}s"
+    head, tail = named(run.dataset, q.head), named(run.dataset, q.tail)
+    print(f"({head}, {relation}, {tail}): best {found.table.height} {q.side}s"
           f"{' (new only)' if args.new_only else ''}")
     width = max([len("category"), *(len(short_category(c)) for c in found.table["categories"])])
     print(f"{'rank':>4}  {'score':>9}  {'known':<5}  {'category':<{width}}  candidate")
@@ -186,7 +186,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"{row['rank']:>4}  {row['score']:9.4f}  {where:<5}  {short_category(row['categories']):<{width}}  "
               f"{row['label']}{name}")
     if args.out:
-        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q, 'candidates': found.note})}")
+        print(f"wrote {args.out} and {write_table(found.table, args.out, {'query': q.to_dict(), 'candidates': found.note})}")
     return 0
 
 
@@ -232,7 +232,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if scored.note != restriction_note(None):  # ranked among a relation's categories: the first line says so
         print(scored.note)
     for skip in scored.skipped[:10]:
-        print(f"{args.triples}:{skip['line']}: skipped: {skip['problem']}", file=sys.stderr)
+        print(f"{args.triples}:{skip.line}: skipped: {skip.problem}", file=sys.stderr)
     if len(scored.skipped) > 10:
         print(f"... {len(scored.skipped) - 10} more skipped lines (all of them in the JSON with --out)", file=sys.stderr)
     print(f"{'line':>6}  {'score':>9}  {'h-rank':>7}  {'t-rank':>7}  {'known':<5}  triple")
@@ -243,7 +243,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"(showing 50 of {scored.table.height} scored triples; use --out for all of them)")
     print(f"scored {scored.table.height} triples, skipped {len(scored.skipped)} lines with unknown labels")
     if args.out:
-        extra = {"candidates": scored.note, "skipped": scored.skipped}
+        extra = {"candidates": scored.note, "skipped": [skip.to_dict() for skip in scored.skipped]}
         print(f"wrote {args.out} and {write_table(scored.table, args.out, extra)}")
     return 0
 

@@ -275,7 +275,7 @@ def path_rules(rules_file: str, dataset):
 
 def explain_rule_paths(dataset, rules, rules_file: str, triples: Tensor, out: Path) -> None:
     """Print each triple's paths (the ``rules``, read from ``rules_file``, that predict it) and write them to ``out``."""
-    from kgtrace.prover.paths import KIND, explain_paths
+    from kgtrace.prover.rule_paths import KIND, explain_paths
 
     found = explain_paths(dataset, rules, triples)
     print(f"\n{KIND}:")

@@ -276,7 +276,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     more = {"aggregation": args.aggregation} if args.action == "apply" else {}
     config, rules, notes, ds = prover_config(args, args.action, **more)
     if config.embedding_run:
-        from kgtrace.prover.embedding import embedding_model
+        from kgtrace.prover.neural import embedding_model
 
         embedding_model(config.embedding_run, ds, "cpu")  # refuse a run over other ids before writing anything
     out = write_prover_run(args.out, config, ds, rules, notes=notes, overwrite=args.overwrite)

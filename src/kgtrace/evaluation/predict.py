@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +34,44 @@ from kgtrace.evaluation.evaluate import Candidates, model_device, rank_queries
 from kgtrace.evaluation.output import true_scores
 from kgtrace.runs.embedding import Run
 
-__all__ = ["Predictions", "ScoredTriples", "predict", "score_triples", "write_table"]
+__all__ = ["Predictions", "Query", "ScoredTriples", "SkippedLine", "predict", "score_triples", "write_table"]
 
 SPLITS = ("train", "valid", "test")
 HINTS = 20  # unknown labels get close-match hints up to this many lines (difflib is slow on big vocabularies)
+
+
+@dataclass(frozen=True)
+class Query:
+    """The query `predict` answered, in the run's labels: the asked side is None and ``side`` names it."""
+
+    head: str | None
+    relation: str
+    relation_name: str  # the relation's readable name (its label where it has none)
+    tail: str | None
+    side: str  # "tail" for (head, relation, ?), "head" for (?, relation, tail)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"head", "relation", "relation_name", "tail", "side"}`` (the asked side null)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A line `score_triples` could not score: its 1-based number in the file and why (each unknown label)."""
+
+    line: int
+    problem: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"line", "problem"}``."""
+        return asdict(self)
 
 
 @dataclass
 class Predictions:
     """Candidates of one query, best first: columns rank, id, label, name, categories, score, known, in_<split>."""
 
-    query: dict  # {"head", "relation", "tail"} labels, the asked side None; "side": "tail" or "head"
+    query: Query
     table: pl.DataFrame
     note: str = "candidates: every entity"  # what the candidates were (restricted by category or not)
 
@@ -56,10 +83,10 @@ class Predictions:
 @dataclass
 class ScoredTriples:
     """Scored triples (columns line, head, relation, tail, names, score, head_rank, tail_rank, known, in_<split>)
-    and the skipped lines ({"line", "problem"})."""
+    and the lines skipped for an unknown label."""
 
     table: pl.DataFrame
-    skipped: list[dict] = field(default_factory=list)
+    skipped: list[SkippedLine] = field(default_factory=list)
     note: str = "candidates: every entity"  # what the ranks were among (restricted by category or not)
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
@@ -111,8 +138,8 @@ def predict(run: Run, *, relation: str | int, head: str | int | None = None, tai
     order = torch.sort(scores, descending=True, stable=True).indices  # ties: lower id first
     chosen = order[keep[order]][:top_n]
     relation_label = ds.relation_label(ids["relation"])
-    query = {"head": _label(ds, ids["head"]), "relation": relation_label,
-             "relation_name": ds.relation_name(relation_label), "tail": _label(ds, ids["tail"]), "side": side}
+    query = Query(head=_label(ds, ids["head"]), relation=relation_label, relation_name=ds.relation_name(relation_label),
+                  tail=_label(ds, ids["tail"]), side=side)
     return Predictions(query, _candidate_table(ds, chosen, scores, known), restriction_note(restriction, rules))
 
 
@@ -143,7 +170,7 @@ def score_triples(run: Run, path: str | Path, memory_budget: int = 2 << 30,
     skipped = [_skip_reason(ds, labeled[i], ids[i], int(lines[i]), hint=n < HINTS)
                for n, i in enumerate(np.flatnonzero(~good))]
     if not good.any():
-        first = f" (first: line {skipped[0]['line']}: {skipped[0]['problem']})" if skipped else ""
+        first = f" (first: line {skipped[0].line}: {skipped[0].problem})" if skipped else ""
         raise DataError(path, None, f"no triple to score{first}",
                         "write head<TAB>relation<TAB>tail per line with labels from the run's node_dict and rel_dict")
     triples = torch.from_numpy(ids[good].astype(np.int64))
@@ -250,7 +277,7 @@ def _label(ds: Dataset, entity: int | None) -> str | None:
 # ----------------------------------------------------------------------------- score
 
 
-def _skip_reason(ds: Dataset, labeled: np.ndarray, ids: np.ndarray, line: int, hint: bool) -> dict:
+def _skip_reason(ds: Dataset, labeled: np.ndarray, ids: np.ndarray, line: int, hint: bool) -> SkippedLine:
     """Why a line was skipped: each unknown label, with close labels for the first few lines."""
     problems = []
     for column, role in enumerate(FIELDS):
@@ -263,7 +290,7 @@ def _skip_reason(ds: Dataset, labeled: np.ndarray, ids: np.ndarray, line: int, h
             problems.append(lookup_problem(ds.entities, labeled[column], role, kind, allow_ids=False)[1])
         else:
             problems.append(f"{role} {labeled[column]!r}: unknown {kind}")
-    return {"line": line, "problem": "; ".join(problems)}
+    return SkippedLine(line, "; ".join(problems))
 
 
 def _labelled_columns(ds: Dataset, triples: Tensor) -> dict[str, list[str]]:

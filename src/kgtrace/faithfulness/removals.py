@@ -25,7 +25,7 @@ smaller k takes the first k of that list, so the removed sets are nested across 
   BFS run, the policy's for a learned one. An unproved prediction loses nothing, and a proof
   with fewer than k facts loses all of them. The prover run must use the embedding run's
   entity and relation labels (ids are matched by label).
-* ``paths``: the training facts of the paths that imply the prediction (`kgtrace.prover.paths`): the rules of
+* ``paths``: the training facts of the paths that imply the prediction (`kgtrace.prover.rule_paths`): the rules of
   a rule file (``kgtrace rules learn``) that predict it, strongest first, each path's facts in path order;
   the first k distinct ones. A prediction no rule predicts loses nothing.
 """
@@ -47,7 +47,7 @@ from kgtrace.core.config import MAX_SEED
 from kgtrace.core.errors import ConfigError, KgtraceError, option_name
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.graph import DirectedGraph
-from kgtrace.prover.paths import PathFinder, path_facts
+from kgtrace.prover.rule_paths import PathFinder, path_facts
 from kgtrace.prover.reference import FACT
 from kgtrace.prover.rules import read_rules
 from kgtrace.prover.run import load_prover_run

@@ -35,7 +35,7 @@ from kgtrace.compute.compile import CompiledCall
 from kgtrace.core.checkpoint import check_digests, load_checkpoint
 from kgtrace.core.errors import KgtraceError
 from kgtrace.models.base import forward_triples, inverse_queries
-from kgtrace.prover.embedding import embedding_model
+from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Beams, beam_search, rollout
 from kgtrace.prover.logic import query_state

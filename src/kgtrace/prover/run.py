@@ -31,7 +31,7 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.prover.apply import RuleScorer
 from kgtrace.prover.config import ProverConfig
-from kgtrace.prover.embedding import embedding_model
+from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.link import LinkHead
