@@ -11,7 +11,10 @@ GradRollback's neighbourhood) and each k remove those training triples and train
 
 With ``--with-proof``, a BFS prover run with rules mined from the dataset's training triples
 (kgtrace's defaults, depth 3) is made per dataset, and the ``proof`` method (the facts of the
-prover's best proof of each prediction) is measured beside the others.
+prover's best proof of each prediction) is measured beside the others. With ``--with-paths``, rules are
+learned from each dataset's training triples (``kgtrace rules learn``, ``--rule-rounds`` rounds: the same
+rules on any machine), and the ``paths`` method (the facts of the strongest paths that imply each
+prediction) is measured beside the others.
 
 then report PD, TC, score drop, rank change and MRR drop per (variant, method, k), what
 training again with nothing removed changes (the control), and how far fine-tuning agrees
@@ -19,7 +22,8 @@ with retraining on the removals both ran. GradRollback's anchor (Nations, DistMu
 own training; PD/TC %): NH-1 54/18, GR-1 93/38, GR-10 97/83.
 
     python benchmarks/faithfulness.py [--datasets nations,umls] [--models distmult,conve] [--predictions 50]
-        [--k 1,10] [--retrain 50] [--jobs 2] [--threads 1] [--with-proof] [--out /tmp/faithfulness-bench]
+        [--k 1,10] [--retrain 50] [--jobs 2] [--threads 1] [--with-proof] [--with-paths [--rule-rounds 50]]
+        [--out /tmp/faithfulness-bench]
         [--device auto]
 
 Everything lands in --out (base runs, and each check's folder inside its run, which
@@ -83,14 +87,25 @@ def prover_run(dataset: str, out: Path) -> Path:
     return run
 
 
+def rule_file(dataset: str, out: Path, rounds: int) -> Path:
+    """Learn (or reuse) ``rounds`` rounds of rules from ``dataset``'s training triples, for the paths method."""
+    from kgtrace.prover.config import LearnConfig
+    from kgtrace.prover.learn import learn_rule_file
+
+    rules = out / f"{dataset}.rules"
+    learn_rule_file(dataset, rules, LearnConfig(rounds=rounds), log=lambda text: print(text, file=sys.stderr))
+    return rules
+
+
 def check(run: Path, mode: str, sample: int, args: argparse.Namespace,
-          prover: Path | None) -> tuple[FaithfulnessResult, float]:
+          prover: Path | None, rules: Path | None) -> tuple[FaithfulnessResult, float]:
     from kgtrace.faithfulness import FaithfulnessSettings, check_faithfulness
 
-    methods = args.methods + (("proof",) if prover is not None else ())
+    methods = args.methods + (("proof",) if prover is not None else ()) + (("paths",) if rules is not None else ())
     settings = FaithfulnessSettings(ks=args.k, methods=methods, mode=mode, sample=sample, seed=0, jobs=args.jobs,
                                     threads=args.threads, device=args.device.type,  # where the trainings run
-                                    prover_run=None if prover is None else str(prover))
+                                    prover_run=None if prover is None else str(prover),
+                                    rules=None if rules is None else str(rules))
     start = time.perf_counter()
     summary = check_faithfulness(run, run / "faithfulness", settings, progress=not args.no_progress,
                                  log=lambda text: print(f"{run.name}: {text}", file=sys.stderr))
@@ -106,8 +121,9 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
     run = base_run(dataset, model, MODELS[model], args.out, args.threads, args.device)
     trained = time.perf_counter() - start
     prover = prover_run(dataset, args.out) if args.with_proof else None
-    retrained, retrain_s = check(run, "retrain", args.retrain, args, prover)
-    summary, finetune_s = check(run, "finetune", args.predictions, args, prover)
+    rules = rule_file(dataset, args.out, args.rule_rounds) if args.with_paths else None
+    retrained, retrain_s = check(run, "retrain", args.retrain, args, prover, rules)
+    summary, finetune_s = check(run, "finetune", args.predictions, args, prover, rules)
     return {
         "dataset": dataset, "model": model, "config": MODELS[model], "base": base_metrics(run, args.device),
         "base_training_s": round(trained, 1),
@@ -119,6 +135,7 @@ def one(dataset: str, model: str, args: argparse.Namespace) -> dict:
         "agreement": [rounded(row.to_dict(), tuple(row.to_dict())) for row in summary.agreement],
         "folder": str(run / "faithfulness"),
         "prover_run": None if prover is None else str(prover),
+        "rules": None if rules is None else str(rules),
     }
 
 
@@ -135,6 +152,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/faithfulness-bench"))
     parser.add_argument("--with-proof", action="store_true", help="also the proof method, with a BFS prover run "
                                                                    "on mined rules")
+    parser.add_argument("--with-paths", action="store_true", help="also the paths method, with rules learned "
+                                                                   "from the training triples")
+    parser.add_argument("--rule-rounds", type=int, default=50, help="rounds of rule learning (--with-paths)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto (CUDA when available), cpu or cuda")
