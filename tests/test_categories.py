@@ -7,6 +7,7 @@ first, and takes `--restrict none`; evaluation keeps the unrestricted figures be
 """
 
 import json
+import shutil
 
 import polars as pl
 import pytest
@@ -16,6 +17,8 @@ import kgtrace
 from kgtrace.cli import main
 from kgtrace.evaluation.candidates import has_categories
 from kgtrace.faithfulness import FaithfulnessResult
+from kgtrace.report.build import build_html
+from kgtrace.report.drawing import PATH
 
 NOTE = "restricted to the node categories it takes in training"
 
@@ -142,3 +145,14 @@ def test_explain_with_rules_shows_paths_in_names(drugs, tmp_path, capsys):
     assert triple["head_name"] == "metformin" and triple["rules"]
     first = triple["rules"][0]
     assert first["groundings"] and all(f["relation_name"].startswith("biolink:") for f in first["groundings"][0])
+    # The report draws them beside the attributions of the same triple, and alone where they are all there is.
+    folder = tmp_path / "report" / "explain"
+    folder.mkdir(parents=True)
+    shutil.copy(out, folder / "why.json")
+    shutil.copy(out.with_name("why.paths.json"), folder / "why.paths.json")
+    html = build_html(folder.parent)
+    assert html.count("Paths in the graph that imply it") == 1 and "Why: paths in the graph" not in html
+    assert html.count(f'stroke="{PATH}"') >= len(first["groundings"][0]) and "rule 1 (confidence" in html
+    (folder / "why.json").unlink()
+    html = build_html(folder.parent)
+    assert "Why: paths in the graph" in html and f'stroke="{PATH}"' in html and "rule(s) predict it" in html

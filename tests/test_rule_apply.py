@@ -18,7 +18,7 @@ from kgtrace.prover.apply_reference import aggregate_reference, predictions_refe
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph, PathWalker, SparseWalker
 from kgtrace.prover.learn import learn_rules
-from kgtrace.prover.rule_paths import PathFinder, explain_paths, triple_paths
+from kgtrace.prover.rule_paths import GraphPaths, PathFinder, explain_paths, triple_paths
 from kgtrace.prover.rules import RuleSet, format_rule, parse_rules
 
 E, R = 14, 3
@@ -266,7 +266,11 @@ def test_explain_paths_takes_names_and_prints_paths():
     s_facts = [(a, b) for a, rel, b in triples.tolist() if rel == 1]
     t_facts = [(a, b) for a, rel, b in triples.tolist() if rel == 2]
     h, a, t = next((h, a, t) for h, a in s_facts for a2, t in t_facts if a == a2 and h != t)
-    [paths] = explain_paths(ds, rules, (f"e{h}", "r", f"e{t}"))
+    found = explain_paths(ds, rules, [(f"e{h}", "r", f"e{t}"), (h, 0, h)], rules_file="g.rules")
+    paths, nothing = found
+    assert not nothing.rules and found.rules == "g.rules"
+    assert GraphPaths.from_dict(json.loads(json.dumps(found.to_dict()))) == found  # the JSON file reads back whole
+    assert found.to_df()["triple"].unique().to_list() == [0]  # rows of the triple with paths only
     assert paths.kind.startswith("paths in the graph") and paths.rules[0].rule == "r(X,Y) :- s(X,Z), t(Z,Y)"
     assert f"e{h} -s-> e{a} ; e{a} -t-> e{t}" in "\n".join(paths.lines())
     assert paths.to_df().height == 2 * len(paths.rules[0].groundings)

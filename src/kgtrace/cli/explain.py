@@ -277,11 +277,10 @@ def explain_rule_paths(dataset, rules, rules_file: str, triples: Tensor, out: Pa
     """Print each triple's paths (the ``rules``, read from ``rules_file``, that predict it) and write them to ``out``."""
     from kgtrace.prover.rule_paths import KIND, explain_paths
 
-    found = explain_paths(dataset, rules, triples)
+    found = explain_paths(dataset, rules, triples, rules_file=rules_file)
     print(f"\n{KIND}:")
-    for paths in found:
-        print("\n".join(paths.lines()))
-    write_json({"kind": KIND, "rules": str(rules_file), "triples": [p.to_dict() for p in found]}, out)
+    print("\n".join(found.lines()))
+    write_json(found.to_dict(), out)
     print(f"wrote {out}")
 
 

@@ -14,8 +14,10 @@ training triples moved a model's score, but which paths in the graph imply the t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -30,7 +32,7 @@ from kgtrace.prover.graph import DirectedGraph, directed_inverse
 from kgtrace.prover.logic import constant_of
 from kgtrace.prover.rules import RuleSet, format_rule
 
-__all__ = ["KIND", "PathFact", "PathFinder", "RulePaths", "TriplePaths", "explain_paths", "path_facts",
+__all__ = ["KIND", "GraphPaths", "PathFact", "PathFinder", "RulePaths", "TriplePaths", "explain_paths", "path_facts",
            "ranked_paths", "triple_paths"]
 
 KIND = "paths in the graph that imply it (rules and their groundings)"
@@ -64,6 +66,15 @@ class RulePaths:
     groundings: tuple[tuple[PathFact, ...], ...]  # up to per_rule of them
     count: int  # groundings found, up to count_limit
 
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "text": self.text, "confidence": self.confidence, "count": self.count,
+                "groundings": [[vars(f) for f in path] for path in self.groundings]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RulePaths:
+        return cls(data["rule"], data["text"], float(data["confidence"]),
+                   tuple(tuple(PathFact(**fact) for fact in path) for path in data["groundings"]), int(data["count"]))
+
 
 @dataclass(frozen=True)
 class TriplePaths:
@@ -84,9 +95,15 @@ class TriplePaths:
         return out
 
     def to_dict(self) -> dict:
-        return {**self.triple.to_dict(), "kind": self.kind,
-                "rules": [{"rule": r.rule, "text": r.text, "confidence": r.confidence, "count": r.count,
-                           "groundings": [[vars(f) for f in path] for path in r.groundings]} for r in self.rules]}
+        return {**self.triple.to_dict(), "kind": self.kind, "rules": [r.to_dict() for r in self.rules]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TriplePaths:
+        return cls(NamedTriple.from_dict(data), tuple(map(RulePaths.from_dict, data["rules"])), data.get("kind", KIND))
+
+    def key(self) -> tuple[str, str, str]:
+        """(head, relation, tail) labels: what joins these paths to the same triple's other explanations."""
+        return self.triple.head, self.triple.relation, self.triple.tail
 
     def to_df(self, kind: FrameKind = "polars") -> Any:
         """One row per fact of each shown path: rule rank, rule, confidence, path, step, and the fact's labels,
@@ -95,6 +112,52 @@ class TriplePaths:
                 for i, r in enumerate(self.rules, 1) for p, path in enumerate(r.groundings, 1)
                 for s, fact in enumerate(path, 1)]
         return as_frame(pl.DataFrame(rows) if rows else pl.DataFrame(), kind)
+
+
+@dataclass(frozen=True)
+class GraphPaths:
+    """The paths of several triples (``kgtrace explain --rules``' NAME.paths.json), in the order they were asked,
+    with the rule file they come from."""
+
+    items: tuple[TriplePaths, ...]
+    rules: str = ""  # the rule file ("" when the rules were given in memory)
+    kind: str = KIND
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[TriplePaths]:
+        return iter(self.items)
+
+    def __getitem__(self, i: int) -> TriplePaths:
+        return self.items[i]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraphPaths:
+        return cls(tuple(map(TriplePaths.from_dict, data["triples"])), data.get("rules", ""), data.get("kind", KIND))
+
+    @classmethod
+    def read(cls, path: str | Path) -> GraphPaths:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    @staticmethod
+    def holds(data: object) -> bool:
+        """Whether a JSON document read from an explain file is a paths file."""
+        return isinstance(data, dict) and data.get("kind") == KIND and "triples" in data
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rules": self.rules, "triples": [item.to_dict() for item in self.items]}
+
+    def lines(self) -> list[str]:
+        return [line for item in self.items for line in item.lines()]
+
+    def to_df(self, kind: FrameKind = "polars") -> Any:
+        """`TriplePaths.to_df` of every triple, one above the other, each row led by its triple's labels."""
+        frames = [pl.DataFrame({"triple": [i] * len(frame), "triple_head": [item.triple.head] * len(frame),
+                                "triple_relation": [item.triple.relation] * len(frame),
+                                "triple_tail": [item.triple.tail] * len(frame)}).hstack(frame)
+                  for i, item in enumerate(self.items) if len(frame := item.to_df())]
+        return as_frame(pl.concat(frames) if frames else pl.DataFrame(), kind)
 
 
 def triple_paths(dataset: Dataset, finder: PathFinder, triple: Fact, *, top: int = 10, per_rule: int = 3,
@@ -166,7 +229,7 @@ def _clause(rule, dataset: Dataset, names: bool) -> str:
 
 
 def explain_paths(dataset: Dataset, rules: RuleSet, triples: Tensor | Named | Sequence[Named], *, top: int = 10,
-                  per_rule: int = 3) -> list[TriplePaths]:
+                  per_rule: int = 3, rules_file: str | Path = "") -> GraphPaths:
     """`triple_paths` of each triple [n, 3] over ``dataset``'s training graph.
 
     Args:
@@ -176,13 +239,15 @@ def explain_paths(dataset: Dataset, rules: RuleSet, triples: Tensor | Named | Se
         triples: ids [n, 3], or one (head, relation, tail) or a list of them in ids, labels or names.
         top: rules listed per triple, strongest first.
         per_rule: paths shown per rule.
+        rules_file: the file the rules were read from, recorded in the result.
 
     Returns:
-        One `TriplePaths` per triple, in order; a triple no rule predicts has no rules.
+        `GraphPaths`: one `TriplePaths` per triple, in order (a triple no rule predicts has no rules); ``.lines()``,
+        ``.to_dict()`` (the NAME.paths.json of ``kgtrace explain --rules``), ``.to_df()``.
     """
     finder = PathFinder.of(DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations), rules)
-    return [triple_paths(dataset, finder, tuple(triple), top=top, per_rule=per_rule)
-            for triple in triples_of(dataset, triples).tolist()]
+    return GraphPaths(tuple(triple_paths(dataset, finder, tuple(triple), top=top, per_rule=per_rule)
+                            for triple in triples_of(dataset, triples).tolist()), str(rules_file))
 
 
 def _groundings(graph: DirectedGraph, directed: DirectedRule, h: int, t: int, limit: int,

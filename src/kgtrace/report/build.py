@@ -33,9 +33,11 @@ def _explain_sections(run_dir: Path) -> list[tuple[str, str, str, bool]]:
         command = f"kgtrace explain {run_dir} --triples FILE --out {run_dir / 'explain' / 'test.json'}"
         return [("explain", "Explanations", missing("explain/*.json is missing: no triple was explained", command), True)]
     command = f"kgtrace explain {run_dir} --triples FILE --out FILE.json"
-    proofs = s.proofs_in(files)  # a prover run's proofs written here show beside the TracIn explanations
-    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p, proofs), p, command), True)
-            for i, p in enumerate(files)]
+    proofs = s.proofs_in(files)  # a prover run's proofs written here show beside the attributions
+    paths = s.paths_in(files)  # and explain --rules' paths too, so NAME.paths.json beside NAME.json needs no section
+    shown = [p for p in files if not (p.name.endswith(".paths.json") and p.with_name(p.name[:-11] + ".json").is_file())]
+    return [(f"explain-{i}", s.explain_title(p), _guarded(lambda p=p: s.explain_section(p, proofs, paths), p, command),
+             True) for i, p in enumerate(shown)]
 
 
 CHECK_FILES = ("faithfulness.json", "lds.json")  # what kgtrace faithfulness writes (removals; --lds)

@@ -1,10 +1,13 @@
-"""A drawing of an explained triple, as inline SVG: its two entities and the influential training edges around them.
+"""A drawing of an explained triple, as inline SVG: its two entities and the influential training edges around them,
+or the paths in the graph that imply it.
 
 Layout: networkx's spring layout, seeded (the same item gives the same drawing), with the test
 triple's head pinned left of the centre and its tail right of it, so that the test edge (a
 dashed blue arrow) runs straight between them with its relation name on it. Proponent edges are
 green, opponent edges red, wider with |influence|; edges between the same two entities bend
-apart; only the strongest ``DRAWN`` proponents and opponents are drawn (the tables list them all).
+apart; only the strongest ``DRAWN`` proponents and opponents are drawn (the tables list them all). A drawing of
+paths (`paths_svg`) draws the facts of the first path of each of the ``DRAWN_RULES`` strongest rules in purple,
+wider for a stronger rule, each fact once.
 
 Labels are placed one at a time, the test edge's first, then the nodes' (the test triple's
 first) and, when few edges are drawn, the edges' relation names: each at the first spot around
@@ -28,12 +31,16 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import TextToPath
 
 from kgtrace.attribution.results import Explanation
+from kgtrace.data.lookup import NamedTriple
+from kgtrace.prover.rule_paths import TriplePaths
 from kgtrace.report.html import esc
 
-PRO, OPP, TEST = "#1a7f4b", "#c0392b", "#2b6cb0"
+PRO, OPP, TEST, PATH = "#1a7f4b", "#c0392b", "#2b6cb0", "#6b46c1"
+MARKERS = {TEST: "test", PRO: "pro", OPP: "opp", PATH: "path"}  # an arrowhead per colour
 FONT = "DejaVu Sans"  # the page's fallback font, and the one matplotlib measures with
 LABEL_CHARS = 32
 DRAWN = 6
+DRAWN_RULES = 4
 UNIT = 190.0  # pixels between the layout's unit positions: the test head and tail sit 2 units apart
 NODE_R, TEST_R = 7.0, 11.0
 MARGIN = 10.0
@@ -114,6 +121,32 @@ def _edges(item: Explanation, names: dict[str, str]) -> list[tuple[str, str, str
                      f"(influence {e.influence:+.3e})")
             edges.append((t.head, t.tail, t.relation_name, colour, abs(e.influence), hover))
     return edges
+
+
+def _path_edges(item: TriplePaths, names: dict[str, str]) -> list[tuple[str, str, str, str, float, str]]:
+    """(head, tail, relation name, colour, confidence, hover text) of the facts of the first path of each of the
+    DRAWN_RULES strongest rules, each fact once (under its strongest rule)."""
+    edges, seen = [], set()
+    for number, found in enumerate(item.rules[:DRAWN_RULES], 1):
+        for fact in found.groundings[0] if found.groundings else ():
+            if (fact.head, fact.relation, fact.tail) in seen:
+                continue
+            seen.add((fact.head, fact.relation, fact.tail))
+            hover = (f"rule {number} (confidence {found.confidence:.3f}): {found.text}; fact: {names[fact.head]} "
+                     f"\u2014{fact.relation_name}\u2192 {names[fact.tail]}")
+            edges.append((fact.head, fact.tail, fact.relation_name, PATH, found.confidence, hover))
+    return edges
+
+
+def _path_names(item: TriplePaths) -> dict[str, str]:
+    """Entity label -> readable name, from the triple and the facts of its paths."""
+    names = {item.triple.head: item.triple.head_name, item.triple.tail: item.triple.tail_name}
+    for found in item.rules:
+        for path in found.groundings:
+            for fact in path:
+                names.setdefault(fact.head, fact.head_name)
+                names.setdefault(fact.tail, fact.tail_name)
+    return names
 
 
 def _names(item: Explanation) -> dict[str, str]:
@@ -240,8 +273,9 @@ class _Canvas:
         self.labels.append(_place(label, anchor, start, self.taken, self.curves))
 
 
-def _draw_influencers(canvas: _Canvas, edges: list, test_pair: frozenset) -> list[tuple]:
-    """The influential edges, those between the same two entities bent apart (and clear of the test edge);
+def _draw_edges(canvas: _Canvas, edges: list, test_pair: frozenset) -> list[tuple]:
+    """The edges around the triple (influencers or path facts), those between the same two entities bent apart (and
+    clear of the test edge);
     returns (anchor, relation, hover, colour) for their labels."""
     largest = max((e[4] for e in edges), default=0.0) or 1.0
     seen: dict[frozenset, int] = {}
@@ -255,25 +289,42 @@ def _draw_influencers(canvas: _Canvas, edges: list, test_pair: frozenset) -> lis
         n = seen[key] = seen.get(key, 0) + 1
         bend = 0.14 * ((n + 1) // 2) * (1 if n % 2 else -1) * (1 if (h, t) == tuple(sorted((h, t))) else -1)
         bend += 0.12 * (1 if bend >= 0 else -1) if key == test_pair else 0.0
-        middle = canvas.edge(h, t, bend, colour, width, hover, "pro" if colour == PRO else "opp")
+        middle = canvas.edge(h, t, bend, colour, width, hover, MARKERS[colour])
         anchors.append((middle, relation, hover, colour))
     return anchors
 
 
 def subgraph_svg(item: Explanation) -> str:
-    """The drawing of one explained triple, as an inline ``<svg>`` element."""
+    """The drawing of one explained triple and its strongest influencers, as an inline ``<svg>`` element."""
     names = _names(item)
-    head, tail = item.triple.head, item.triple.tail
     edges = _edges(item, names)
+    return _drawing(item.triple, names, edges, _uid({"ids": list(item.ids), **item.triple.to_dict()}),
+                    named_edges=len(edges) <= DRAWN)
+
+
+def paths_svg(item: TriplePaths) -> str:
+    """The drawing of one triple and the paths in the graph that imply it, as an inline ``<svg>`` element."""
+    names = _path_names(item)
+    return _drawing(item.triple, names, _path_edges(item, names), _uid({"paths": item.triple.to_dict()}),
+                    named_edges=True)  # a path reads by its relations: at most DRAWN_RULES x 3 facts, all named
+
+
+def _uid(key: dict) -> str:
+    """Marker ids unique per page: a digest of what the drawing shows."""
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _drawing(triple: NamedTriple, names: dict[str, str], edges: list, uid: str, named_edges: bool) -> str:
+    """The explained triple as a dashed arrow between its two entities, ``edges`` around it, then every label (the
+    edges' relation names too when ``named_edges``)."""
+    head, tail = triple.head, triple.tail
     pos = layout(head, tail, [(h, t) for h, t, *_ in edges])
-    test = {"ids": list(item.ids), **item.triple.to_dict()}
-    uid = hashlib.sha1(json.dumps(test, sort_keys=True).encode()).hexdigest()[:10]  # marker ids, unique per page
     canvas = _Canvas(pos, {n: TEST_R if n in (head, tail) else NODE_R for n in pos}, uid)
-    relation = item.triple.relation_name
+    relation = triple.relation_name
     title = f"explained triple: {names[head]} \u2014{relation}\u2192 {names[tail]}"
     # Every edge first, then the labels, each clear of the edges it does not name: the test edge's label first.
     middle = canvas.edge(head, tail, 0.0, TEST, 3.0, title, "test", ' stroke-dasharray="7 4"') if head != tail else None
-    anchors = _draw_influencers(canvas, edges, frozenset((head, tail)))
+    anchors = _draw_edges(canvas, edges, frozenset((head, tail)))
     if middle is not None:
         canvas.place(_label(short(relation, 40), title, 12, TEST, "test-label", True), middle)
     for n in sorted(pos, key=lambda n: n not in (head, tail)):  # the test triple's entities first
@@ -281,7 +332,7 @@ def subgraph_svg(item: Explanation) -> str:
         below = (0, canvas.radius[n] + 12) if pos[n][1] >= 0 or main else (0, -canvas.radius[n] - 12)
         canvas.place(_label(short(names[n]), _node_title(names, n), 13 if main else 12, "#1f2933", "node-label", main),
                      pos[n], below)
-    if len(edges) <= DRAWN:  # few edges: room for their relation names
+    if named_edges:
         for anchor, name, hover, colour in anchors:
             canvas.place(_label(short(name, 24), hover, 11, colour, "edge-label"), anchor)
     nodes = [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{canvas.radius[n]:.0f}" '
@@ -297,7 +348,7 @@ def _svg(uid: str, shapes: list[str], nodes: list[str], labels: list[Label], ext
     markers = "".join(
         f'<marker id="{name}-{uid}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="5" markerHeight="5" '
         f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
-        for name, colour in (("test", TEST), ("pro", PRO), ("opp", OPP)))
+        for colour, name in MARKERS.items())
     texts = []
     for label in sorted(labels, key=lambda lab: lab.kind == "test-label"):
         b = label.box

@@ -20,8 +20,11 @@ from kgtrace.core.layout import RunLayout
 from kgtrace.display.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.results import AgreementRow, FaithfulnessResult, FaithfulnessRow, LdsResult, LdsRow
+from kgtrace.data.lookup import NamedTriple
 from kgtrace.prover.proofs import Proofs, TripleProof
-from kgtrace.report.drawing import DRAWN, OPP, PRO, TEST, subgraph_svg
+from kgtrace.prover.rule_paths import KIND as PATHS_KIND
+from kgtrace.prover.rule_paths import GraphPaths, TriplePaths
+from kgtrace.report.drawing import DRAWN, DRAWN_RULES, OPP, PATH, PRO, TEST, paths_svg, subgraph_svg
 from kgtrace.report.html import esc, image, missing, number, rank_text, table
 
 SIDES = ("head", "tail", "both")
@@ -187,8 +190,11 @@ def ranks_section(run_dir: Path, name: str = "test_ranks.tsv") -> str:
 
 
 def explain_title(path: Path) -> str:
-    """A section title from an explain file's stem: known stems have their own, others are title-cased."""
-    return EXPLAIN_TITLES.get(path.stem, path.stem.replace("_", " ").replace("-", " ").title())
+    """A section title from an explain file's stem: known stems have their own, others are title-cased; a paths
+    file's (NAME.paths.json) is its NAME's, marked as paths."""
+    stem, paths = (path.stem[:-6], True) if path.stem.endswith(".paths") else (path.stem, False)
+    title = EXPLAIN_TITLES.get(stem, stem.replace("_", " ").replace("-", " ").title())
+    return f"{title}: paths in the graph" if paths else title
 
 
 def label(text: object) -> str:
@@ -258,20 +264,26 @@ def influence_note(method: str) -> str:
     name, what = method_note(method)
     return f"{esc(name)} of a training triple on a prediction (<code>{esc(method)}</code>): {esc(what)}. {SIGN_NOTE}"
 LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PRO, "", "proponent"), (OPP, "", "opponent"))
+PATH_LEGEND = ((TEST, ' stroke-dasharray="7 4"', "explained triple"), (PATH, "", "fact of a path"))
+Key = tuple[str, str, str]  # (head, relation, tail) labels
 
 
-def _legend() -> str:
+def _legend(entries: tuple = LEGEND, note: str = f"the strongest {DRAWN} of each; width grows with |influence|") -> str:
     keys = "".join(f'<svg width="26" height="10"><line x1="1" y1="5" x2="25" y2="5" stroke="{colour}" '
-                   f'stroke-width="3"{dash}/></svg> {text} &nbsp; ' for colour, dash, text in LEGEND)
-    return (f'<p class="facts legend">{keys}the strongest {DRAWN} of each; width grows with |influence|; '
-            "hover a name for all of it</p>")
+                   f'stroke-width="3"{dash}/></svg> {text} &nbsp; ' for colour, dash, text in entries)
+    return f'<p class="facts legend">{keys}{note}; hover a name for all of it</p>'
 
 
-def explanation(item: Explanation, proofs: dict[tuple[str, str, str], TripleProof] | None = None) -> str:
-    """One explained triple: title, probability and ranks, the drawing, the influence tables (and its proof, if any)."""
+def _title(t: NamedTriple) -> str:
+    return (f"{_entity(t.head, t.head_name)} <span class=\"rel\">\u2014 {label(t.relation_name)}"
+            f" \u2192</span> {_entity(t.tail, t.tail_name)}")
+
+
+def explanation(item: Explanation, proofs: dict[Key, TripleProof] | None = None,
+                paths: dict[Key, TriplePaths] | None = None) -> str:
+    """One explained triple: title, probability and ranks, the drawing, the influence tables (and its proof and the
+    paths that imply it, if any)."""
     t = item.triple
-    title = (f"{_entity(t.head, t.head_name)} <span class=\"rel\">\u2014 {label(t.relation_name)}"
-             f" \u2192</span> {_entity(t.tail, t.tail_name)}")
     facts = (f"probability <b>{number(item.probability, 3)}</b> (score {number(item.score)}, a logit: probability = "
              f"sigmoid(score)) &middot; filtered rank (realistic): tail <b>{rank_text(item.rank_tail)}</b>, "
              f"head <b>{rank_text(item.rank_head)}</b>"
@@ -280,12 +292,42 @@ def explanation(item: Explanation, proofs: dict[tuple[str, str, str], TripleProo
         facts += f" &middot; {esc(SPLIT_NOTES.get(item.split, item.split))}"
     proof = (proofs or {}).get((t.head, t.relation, t.tail))
     proved = f'<h3>Proof</h3>{proof_steps(proof)}' if proof else ""
-    return (f'<div class="triple"><h3>{title}</h3><p class="facts">{facts}</p>'
+    found = (paths or {}).get((t.head, t.relation, t.tail))
+    implied = f"<h3>Paths in the graph that imply it</h3>{paths_block(found)}" if found else ""
+    return (f'<div class="triple"><h3>{_title(t)}</h3><p class="facts">{facts}</p>'
             f'<figure class="drawing">{subgraph_svg(item)}</figure>{_legend()}'
-            f'<div class="influencers">{influence_tables(item)}</div>{proved}</div>')
+            f'<div class="influencers">{influence_tables(item)}</div>{proved}{implied}</div>')
 
 
-def proofs_in(files: list[Path]) -> dict[tuple[str, str, str], TripleProof]:
+def paths_block(item: TriplePaths) -> str:
+    """The paths that imply one triple: the drawing of the strongest rules' paths and a table of every rule listed."""
+    if not item.rules:
+        return "<p>No rule of the file predicts this triple.</p>"
+    rows = [[str(i), number(r.confidence, 3), esc(r.text), str(r.count),
+             esc(" ; ".join(f.text() for f in r.groundings[0]) if r.groundings else "")]
+            for i, r in enumerate(item.rules, 1)]
+    note = (f"the first path of each of the {min(DRAWN_RULES, len(item.rules))} strongest rules; "
+            "width grows with the rule's confidence")
+    return (f'<p class="facts">{len(item.rules)} rule(s) predict it, strongest first: {esc(PATHS_KIND)}</p>'
+            f'<figure class="drawing">{paths_svg(item)}</figure>{_legend(PATH_LEGEND, note)}<div class="scroll">'
+            + table(("#", "confidence", "rule", "paths", "a path"), rows, numeric=(True, True, False, True, False))
+            + "</div>")
+
+
+def paths_in(files: list[Path]) -> dict[Key, TriplePaths]:
+    """(head, relation, tail) -> the paths that imply it, from every paths file among ``files`` (explain --rules)."""
+    found = {}
+    for path in files:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            items = GraphPaths.from_dict(data) if GraphPaths.holds(data) else GraphPaths(())
+        except READ_ERRORS:  # the file's own section says what is wrong with it
+            continue
+        found.update((item.key(), item) for item in items)
+    return found
+
+
+def proofs_in(files: list[Path]) -> dict[Key, TripleProof]:
     """(head, relation, tail) -> proof, from every explain file a prover run wrote ({"proofs": [...]})."""
     found = {}
     for path in files:
@@ -298,10 +340,17 @@ def proofs_in(files: list[Path]) -> dict[tuple[str, str, str], TripleProof]:
     return found
 
 
-def explain_section(path: Path, proofs: dict[tuple[str, str, str], TripleProof] | None = None) -> str:
-    """Every explained triple of one ``kgtrace explain --out FILE.json``: TracIn explanations (each beside its
-    proof when ``proofs`` holds one), or a prover run's proofs."""
+def explain_section(path: Path, proofs: dict[Key, TripleProof] | None = None,
+                    paths: dict[Key, TriplePaths] | None = None) -> str:
+    """Every explained triple of one ``kgtrace explain --out FILE.json``: attributions (each beside its proof and
+    its paths when ``proofs`` or ``paths`` hold them), a prover run's proofs, or paths alone."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    if GraphPaths.holds(data):
+        found = GraphPaths.from_dict(data)
+        return (f'<p class="facts">{len(found)} triple(s) from <code>{esc(path.name)}</code>, by the rules of '
+                f'<code>{esc(found.rules)}</code></p>'
+                + "".join(f'<div class="triple"><h3>{_title(item.triple)}</h3>{paths_block(item)}</div>'
+                          for item in found))
     if "proofs" in data:
         found = Proofs.from_dict(data)
         return f'<p class="facts">{len(found)} proof(s) from <code>{esc(path.name)}</code></p>' + "".join(
@@ -314,7 +363,7 @@ def explain_section(path: Path, proofs: dict[tuple[str, str, str], TripleProof] 
     if items[0].method_reason:  # explain --method auto says why it chose the method
         note += f" Method chosen: {esc(items[0].method_reason)}."
     return (f'<p class="facts">{len(items)} triple(s) from <code>{esc(path.name)}</code>. {note}</p>'
-            + "".join(explanation(item, proofs) for item in items))
+            + "".join(explanation(item, proofs, paths) for item in items))
 
 
 # ----------------------------------------------------------------------------- faithfulness
