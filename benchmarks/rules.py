@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{aggregation}: MRR {both.mrr:.4f}, Hits@1 {both.hits_at[1]:.4f}, Hits@10 {both.hits_at[10]:.4f} "
               f"({seconds:.0f} s)", file=sys.stderr)
     result = {
-        "dataset": args.dataset, "test_triples": len(test), "test_triples_written": written, "device": str(device), "threads": args.threads,
+        "dataset": args.dataset, "test_triples": len(test), "test_triples_written": written,
+        "device": str(device), "threads": args.threads,
         "processor": processor_name(), "learn": {**asdict(config), "seconds_spent": round(learn_seconds, 1),
                                                  "wall_this_run": round(learn_wall, 1)},
         "rules": {"total": len(learned), "with_constants": sum(m.rule.has_constants for m in learned),

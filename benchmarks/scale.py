@@ -36,6 +36,9 @@ runs the named steps again. The steps, in order:
 * ``index``, ``explain-index``: ``kgtrace index`` (projected gradients, ``--dim 128``: the index of
   10M triples and 4 checkpoints at 1,024 would not fit this disk), then the same ``explain`` answered
   from it (approximate).
+* ``rules``: rules alone on the prepared ROBOKOP-shaped graph: ``kgtrace rules learn`` for ``--rules-seconds``,
+  ``kgtrace prove apply`` with them (maxplus), and ``kgtrace evaluate`` of its test split (every entity);
+  the three processes' seconds together and the largest peak memory.
 * ``mine``: ``kgtrace rules mine`` on the Hetionet-shaped graph.
 * ``run``: ``kgtrace run`` on the Hetionet-shaped graph with Compound-treats-Disease held out.
 """
@@ -58,7 +61,7 @@ WORK = HERE / "runs" / "scale"
 KGTRACE = [sys.executable, "-m", "kgtrace"]
 STEPS = ("prepare", "train", "train-chunked", "train-sampled", "train-sampled-adagrad", "train-sparse", "evaluate",
          "evaluate-compiled", "restrict", "tracin-last", "tracin-all", "explain", "explain-last", "explain-torchrun",
-         "index", "explain-index", "mine", "run")
+         "index", "explain-index", "rules", "mine", "run")
 PAIRS = ("biolink:ChemicalEntity,biolink:Disease", "biolink:ChemicalEntity,biolink:Gene", "biolink:Gene,biolink:Gene",
          "biolink:Gene,biolink:Disease", "biolink:Gene,biolink:BiologicalProcessOrActivity",
          "biolink:Gene,biolink:AnatomicalEntity", "biolink:DiseaseOrPhenotypicFeature,biolink:DiseaseOrPhenotypicFeature",
@@ -78,6 +81,7 @@ TARGETS = {  # what each step must reach on the 2-core CPU
     "index": "built (its time is paid once for every later query)",
     "explain-index": "under 120 s (approximate: projected gradients)",
     "explain-last": "under 120 s (TracIn over the last checkpoint only)",
+    "rules": "learning plus ranking the test split within 900 s and 16 GB",
     "mine": "under 300 s and 8 GB",
     "run": "completes, with real drug and disease names in report.html",
 }
@@ -206,6 +210,29 @@ def step_index(args: argparse.Namespace) -> dict:
     return {**result, "dim": args.index_dim, "index_gb": round(size / 2**30, 1), "met": result["returncode"] == 0}
 
 
+def step_rules(args: argparse.Namespace) -> dict:
+    """Learn rules from the prepared graph, apply them, rank the test split: AnyBURL's path at the users' scale."""
+    data, rules, run = args.work / "robokop-treats", args.work / "robokop.rules", args.work / "robokop-rules"
+    out = args.work / "rules-test-metrics.json"
+    parts = {
+        "learn": measure([*KGTRACE, "rules", "learn", "--dataset", data, "--seconds", str(args.rules_seconds), "--out",
+                          rules, "--overwrite"]),
+        "apply": measure([*KGTRACE, "prove", "apply", "--dataset", data, "--rules", rules, "--out", run, "--overwrite"]),
+        "evaluate": measure([*KGTRACE, "evaluate", run, "--restrict", "none", "--out", out]),
+    }
+    failed = [name for name, part in parts.items() if part["returncode"] != 0]
+    if failed:
+        return {**parts[failed[0]], "failed": failed[0], "met": False}
+    metrics = json.loads(out.read_text())
+    seconds = sum(part["seconds"] for part in parts.values())
+    peak = max(part["peak_rss_gb"] for part in parts.values())
+    return {"seconds": round(seconds, 1), "peak_rss_gb": peak, "returncode": 0,
+            "parts": {name: {k: part[k] for k in ("command", "seconds", "peak_rss_gb")} for name, part in parts.items()},
+            "rules": sum(1 for line in open(rules) if line.strip() and not line.startswith("#")),
+            "test_triples": metrics["num_queries"], "mrr": metrics["both"]["realistic"]["mrr"],
+            "hits_at_10": metrics["both"]["realistic"]["hits_at_10"], "met": seconds < 900 and peak < 16}
+
+
 def hetionet_folder(args: argparse.Namespace) -> Path:
     """The Hetionet-shaped graph with Compound-treats-Disease held out (prepared once)."""
     folder = args.work / "hetionet-ctd"
@@ -269,7 +296,7 @@ STEP_FUNCTIONS = {"prepare": step_prepare, "train": step_train,
                   "explain": step_explain, "explain-last": lambda a: step_explain(a, "4"),
                   "explain-torchrun": lambda a: step_explain(a, processes=os.cpu_count() or 1), "index": step_index,
                   "explain-index": lambda a: step_explain(a, index=True),
-                  "mine": step_mine, "run": step_run}
+                  "rules": step_rules, "mine": step_mine, "run": step_run}
 
 
 # ---------------------------------------------------------------- child processes (one step each, JSON out)
@@ -443,6 +470,11 @@ def _measured(name: str, r: dict) -> str:
         done = (f"{chains['rules']} rules in {chains['seconds']:.0f} s, {chains['peak_rss_gb']} GB" if not chains["returncode"]
                 else f"stopped after {chains['seconds']:.0f} s" if chains["returncode"] < 0 else "refused")
         return f"with chains: {done}; `--no-chains`: {r['rules']} rules in {r['seconds']:.0f} s"
+    if name == "rules":
+        parts = r["parts"]
+        return (f"{r['rules']:,} rules; learned in {parts['learn']['seconds']:.0f} s, {r['test_triples']:,} test triples "
+                f"ranked in {parts['apply']['seconds'] + parts['evaluate']['seconds']:.0f} s: {r['seconds']:.0f} s, "
+                f"{r['peak_rss_gb']} GB; MRR {r['mrr']:.3f}, Hits@10 {r['hits_at_10']:.3f}")
     if name == "run":
         return (f"{r['seconds']:.0f} s; {r['test_names_in_report']} of the {r['test_names']} test compounds and "
                 f"diseases named in report.html (e.g. {', '.join(r['examples'][:4])})")
@@ -477,6 +509,7 @@ def main() -> None:
                         help="tracin-last, explain: kgtrace explain's --memory-budget (checkpoint models held at once)")
     parser.add_argument("--mine-timeout", type=float, default=3600.0,
                         help="mine: seconds after which mining with chains is stopped (and reported so)")
+    parser.add_argument("--rules-seconds", type=float, default=600.0, help="rules: seconds of rule learning")
     parser.add_argument("--index-dim", type=int, default=128, help="index: numbers per training gradient and checkpoint")
     parser.add_argument("--redo", action="store_true", help="run the named steps again even if done")
     parser.add_argument("--results", type=Path, default=None,

@@ -1,5 +1,7 @@
 """The ranking, memory, scale and machine benchmarks at a smoke size (tests/benchmark_smoke.py)."""
 
+import json
+
 import pytest
 from benchmark_smoke import SMOKE, run_smoke
 
@@ -20,3 +22,6 @@ def test_every_script_without_a_test_of_its_own_has_a_smoke_size():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_script_runs_at_a_smoke_size(script, tmp_path):
     assert run_smoke(script, tmp_path)
+    if script == "scale":  # a step that fails is recorded and the script goes on: each must have succeeded
+        steps = json.loads((tmp_path / "scale.json").read_text())["steps"]
+        assert {name: step["returncode"] for name, step in steps.items()} == dict.fromkeys(steps, 0)
