@@ -567,8 +567,8 @@ def test_the_trak_ridge_defaults_to_the_models_everywhere(tiny_distmult, capsys)
     lds = parser.parse_args(["faithfulness", "RUN", "--lds"])
     assert explain.trak_ridge is lds.trak_ridge is AttributionInputs().trak_ridge is LdsSettings().trak_ridge is None
     # --help names the models' ridges, from their specs
-    assert {name: spec_named(name).trak_ridge for name in model_names()} == {"conve": 1.0, "distmult": 0.3,
-                                                                              "complex": 0.3}
+    assert {name: spec_named(name).trak_ridge for name in model_names()} == {
+        "conve": 1.0, "distmult": 0.3, "complex": 0.3, "transe": 0.3, "rotate": 0.3, "tucker": 0.3, "rescal": 0.3}
     for command in ("explain", "faithfulness"):
         with pytest.raises(SystemExit):
             parser.parse_args([command, "--help"])

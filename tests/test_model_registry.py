@@ -13,7 +13,7 @@ from kgtrace.core.config import TrainConfig
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import ModelSpec, model_names, register, spec_named, spec_of
 from kgtrace.interop import pykeen as layout
-from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, build_model
+from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, Rescal, RotatE, TransE, TuckER, build_model
 from kgtrace.runs.embedding import load_run
 from kgtrace.training.loop import train
 
@@ -43,13 +43,15 @@ def conve_run(tmp_path_factory):
 
 
 def test_one_spec_per_model_and_names_derived_from_it():
-    assert model_names() == ("conve", "distmult", "complex")
-    assert dict(MODELS) == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx}
+    assert model_names() == ("conve", "distmult", "complex", "transe", "rotate", "tucker", "rescal")
+    assert dict(MODELS) == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx, "transe": TransE,
+                            "rotate": RotatE, "tucker": TuckER, "rescal": Rescal}
     assert layout.PYKEEN_NAMES == {"conve": "ConvE", "distmult": "DistMult", "complex": "ComplEx"}
     for name in model_names():
         assert spec_named(name).model_class is MODELS[name] and spec_of(MODELS[name]).name == name
-    with pytest.raises(ConfigError, match="model='transe': must be one of conve, distmult, complex"):
-        TrainConfig(model="transe").validate()
+    with pytest.raises(ConfigError, match="model='hole': must be one of conve, distmult, complex, transe, rotate, "
+                                          "tucker, rescal"):
+        TrainConfig(model="hole").validate()
     with pytest.raises(ValueError, match="registered already"):
         register(dataclasses.replace(spec_named("conve"), name="conve2"))
 
@@ -106,7 +108,8 @@ def test_pykeens_spellings_of_models_and_datasets_are_accepted():
     from kgtrace.data.registry import registered_name
     from kgtrace.models import build_model
 
-    assert [model_named(n) for n in ("ConvE", "DistMult", "ComplEx", "TransE")] == ["conve", "distmult", "complex", None]
+    assert [model_named(n) for n in ("ConvE", "DistMult", "ComplEx", "TransE", "RotatE", "TuckER", "RESCAL", "HolE")] == [
+        "conve", "distmult", "complex", "transe", "rotate", "tucker", "rescal", None]
     assert TrainConfig(model="ConvE").model == "conve"
     assert type(build_model("DistMult", 5, 2, embedding_dim=4)).__name__ == "DistMult"
     assert [registered_name(n) for n in ("FB15k-237", "WN18RR", "UMLS", "Kinships", "nope")] == [

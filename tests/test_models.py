@@ -1,4 +1,5 @@
-"""Scoring-contract and reference tests for ConvE, DistMult and ComplEx.
+"""Scoring-contract and reference tests for every registered model (ConvE, DistMult, ComplEx, TransE, RotatE,
+TuckER, RESCAL).
 
 Models run in float64 so that comparisons with independently written reference
 computations test the algebra, not float32 rounding.
@@ -11,36 +12,52 @@ import torch
 import torch.nn.functional as F
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, FactorisedScorer, build_model
+from kgtrace.core.specs import spec_named
+from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, FactorisedScorer, Rescal, RotatE, TransE, TuckER, build_model
 
 E, R = 7, 3
 TOL = {"rtol": 1e-6, "atol": 1e-9}
 
 
 def _randomise_conve(model: ConvE) -> None:
-    """Give bias, batch-norm affine parameters and running statistics non-trivial values."""
+    """Give the entity bias non-trivial values (the batch norms: `_randomise_batch_norms`)."""
     with torch.no_grad():
         model.entity_bias.normal_()
-        for bn in (model.bn0, model.bn1, model.bn2):
-            if bn is None:
-                continue
-            bn.weight.uniform_(0.5, 1.5)
-            bn.bias.normal_(0, 0.3)
-            bn.running_mean.normal_(0, 0.3)
-            bn.running_var.uniform_(0.5, 2.0)
+
+
+SETTINGS = {  # small settings of each model: a new model's go here
+    "conve": {"embedding_dim": 8, "embedding_height": 2, "output_channels": 4},
+    "distmult": {"embedding_dim": 6},
+    "complex": {"embedding_dim": 4},
+    "transe": {"embedding_dim": 5},
+    "rotate": {"embedding_dim": 4, "margin": 2.0},
+    "tucker": {"embedding_dim": 6, "relation_dim": 3},
+    "rescal": {"embedding_dim": 4},
+}
+
+
+def _randomise_batch_norms(model: torch.nn.Module) -> None:
+    """Batch-norm affine parameters and running statistics of non-trivial values."""
+    with torch.no_grad():
+        for bn in model.modules():
+            if isinstance(bn, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d):
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.normal_(0, 0.3)
+                bn.running_mean.normal_(0, 0.3)
+                bn.running_var.uniform_(0.5, 2.0)
 
 
 def make_model(name: str, **overrides) -> torch.nn.Module:
     torch.manual_seed(0)
-    settings = {
-        "conve": {"embedding_dim": 8, "embedding_height": 2, "output_channels": 4},
-        "distmult": {"embedding_dim": 6},
-        "complex": {"embedding_dim": 4},
-    }[name]
-    model = build_model(name, E, R, **{**settings, **overrides}).double()
+    model = build_model(name, E, R, **{**SETTINGS[name], **overrides}).double()
     if name == "conve":
         _randomise_conve(model)
+    _randomise_batch_norms(model)
     return model.eval()
+
+
+def test_every_model_has_small_settings():
+    assert set(SETTINGS) == set(MODELS)
 
 
 def all_hrt() -> torch.Tensor:
@@ -70,10 +87,11 @@ def test_score_hrt_equals_columns_of_score_t_and_score_h(name):
     assert direct.shape == (len(hrt),)
     torch.testing.assert_close(direct, tails, **TOL)
     # A head query is the tail query (t, r + R, ?): for every model its column h is the
-    # score of the inverse triple. DistMult and ComplEx model the inverse exactly, so
-    # there it also equals the forward score; ConvE learns r + R separately.
+    # score of the inverse triple. Models that answer the inverse from r's own parameters (conjugate,
+    # transpose, negated translation or rotation) equal the forward score there too; those whose spec
+    # gives inverses rows of their own (ConvE, TuckER) learn r + R apart.
     torch.testing.assert_close(heads, inverse, **TOL)
-    if name != "conve":
+    if not spec_named(name).inverse_relations:
         torch.testing.assert_close(direct, heads, **TOL)
 
 
@@ -104,7 +122,7 @@ def test_decode_chunks_concatenate_to_score_t(name):
         torch.testing.assert_close(model.decode_ids(q, ids), full.gather(1, ids), **TOL)
 
 
-@pytest.mark.parametrize("name", ["distmult", "complex"])
+@pytest.mark.parametrize("name", ["distmult", "complex", "transe", "rotate", "rescal"])
 def test_inverse_relations_keep_the_contract(name):
     """With their own inverse rows, head scores are the inverse relation's tail scores, not the forward ones."""
     model = make_model(name, inverse_relations=True)
@@ -266,13 +284,14 @@ def test_build_model_returns_configured_models():
     assert (conve.embedding_height, conve.embedding_width, conve.conv.out_channels) == (3, 4, 5)
     assert isinstance(build_model("distmult", E, R), DistMult)
     assert build_model("complex", E, R, embedding_dim=5).entity_embeddings.shape == (E, 10)
-    assert MODELS == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx}
+    assert MODELS == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx, "transe": TransE, "rotate": RotatE,
+                      "tucker": TuckER, "rescal": Rescal}
 
 
 def test_build_model_rejects_unknown_name():
     with pytest.raises(ConfigError) as info:
-        build_model("transe", E, R)
-    assert "transe" in str(info.value) and "conve" in str(info.value)
+        build_model("hole", E, R)
+    assert "hole" in str(info.value) and "conve" in str(info.value)
 
 
 def test_build_model_lists_unknown_keys_and_bad_values_together():
@@ -315,11 +334,78 @@ def test_conve_reports_every_bad_hyperparameter():
     assert all("fix:" in p for p in info.value.problems)
 
 
-@pytest.mark.parametrize("model_class", [DistMult, ComplEx])
-def test_bilinear_models_validate_sizes(model_class):
+@pytest.mark.parametrize("model_class", [DistMult, ComplEx, TransE, RotatE, TuckER, Rescal])
+def test_embedding_models_validate_sizes(model_class):
     with pytest.raises(ConfigError) as info:
         model_class(E, 0, embedding_dim=True)
     assert [p.split("=")[0] for p in info.value.problems] == ["num_relations", "embedding_dim"]
+
+
+# ----------------------------------------------------------------------------- written-out references
+
+
+def naive_scores(name: str, model: torch.nn.Module) -> torch.Tensor:
+    """Every (h, r, t) score [E, R, E] written from the papers' formulas, loop-free but independent of the models'
+    code paths (no encode_query, no decode)."""
+    e = model.entity_embeddings
+    if name == "transe":
+        diff = e[:, None, None, :] + model.relation_embeddings[None, :, None, :] - e[None, None, :, :]
+        return model.margin - diff.abs().sum(-1) if model.scoring_norm == 1 else model.margin - diff.norm(dim=-1)
+    if name == "rotate":
+        h = torch.complex(*e.chunk(2, dim=1))  # [E, D]
+        r = torch.polar(torch.ones_like(model.relation_phases), model.relation_phases)  # [R, D]
+        return model.margin - (h[:, None, None, :] * r[None, :, None, :] - h[None, None, :, :]).abs().sum(-1)
+    if name == "rescal":
+        m = model.relation_matrices.view(R, model.embedding_dim, model.embedding_dim)
+        return torch.einsum("hd,rde,te->hrt", e, m, e)
+    if name == "tucker":
+        x = (e - model.bn0.running_mean) / torch.sqrt(model.bn0.running_var + model.bn0.eps) * model.bn0.weight \
+            + model.bn0.bias  # [E, De]
+        q = torch.einsum("rk,kij,hi->hrj", model.relation_embeddings[:R], model.core, x)  # [E, R, De]
+        q = (q - model.bn1.running_mean) / torch.sqrt(model.bn1.running_var + model.bn1.eps) * model.bn1.weight \
+            + model.bn1.bias
+        return torch.einsum("hrj,tj->hrt", q, e)
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(("name", "overrides"), [("transe", {}), ("transe", {"scoring_norm": 2}), ("rotate", {}),
+                                                  ("rescal", {}), ("tucker", {})])
+def test_scores_equal_the_papers_formulas(name, overrides):
+    model = make_model(name, **overrides)
+    hrt = all_hrt()
+    with torch.no_grad():
+        expected = naive_scores(name, model)[hrt[:, 0], hrt[:, 1], hrt[:, 2]]
+        torch.testing.assert_close(model.score_hrt(hrt), expected, **TOL)
+        torch.testing.assert_close(model.score_t(hrt[:, :2])[torch.arange(len(hrt)), hrt[:, 2]], expected, **TOL)
+
+
+def test_distance_models_decode_in_chunks(monkeypatch):
+    """A distance decode holds [B, chunk, D] differences: any chunking gives the same scores."""
+    import kgtrace.models.transe as transe
+
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    for name in ("transe", "rotate"):
+        model = make_model(name)
+        with torch.no_grad():
+            whole = model.score_t(hr)
+            monkeypatch.setattr(transe, "DIFFERENCES", 1)  # one entity per chunk
+            torch.testing.assert_close(model.score_t(hr), whole, **TOL)
+            monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", ["transe", "rotate"])
+def test_distance_gradients_are_finite_at_zero_distance(name):
+    """A triple whose translated or rotated head lands on its tail has distance 0: its gradient is a subgradient,
+    not NaN."""
+    model = make_model(name).train()
+    with torch.no_grad():
+        model.entity_embeddings[1] = model.entity_embeddings[0]
+        if name == "transe":
+            model.relation_embeddings.zero_()
+        else:
+            model.relation_phases.zero_()
+    model.score_hrt(torch.tensor([[0, 0, 1]])).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

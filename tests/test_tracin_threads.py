@@ -26,6 +26,11 @@ ARGS = {
     "conve": {"embedding_dim": 16, "embedding_height": 4, "output_channels": 4},
     "distmult": {"embedding_dim": 16},
     "complex": {"embedding_dim": 8},
+    "transe": {"embedding_dim": 16},
+    "rotate": {"embedding_dim": 8, "margin": 6.0},
+    "tucker": {"embedding_dim": 16, "relation_dim": 8, "input_dropout": 0.0, "hidden_dropout1": 0.0,
+               "hidden_dropout2": 0.0},
+    "rescal": {"embedding_dim": 8},
 }
 THREADS = (2, 4)
 REPEATS = 3

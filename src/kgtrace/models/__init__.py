@@ -22,6 +22,14 @@ from kgtrace.models.conve import SPEC as CONVE_SPEC
 from kgtrace.models.conve import ConvE
 from kgtrace.models.distmult import SPEC as DISTMULT_SPEC
 from kgtrace.models.distmult import DistMult
+from kgtrace.models.rescal import SPEC as RESCAL_SPEC
+from kgtrace.models.rescal import Rescal
+from kgtrace.models.rotate import SPEC as ROTATE_SPEC
+from kgtrace.models.rotate import RotatE
+from kgtrace.models.transe import SPEC as TRANSE_SPEC
+from kgtrace.models.transe import TransE
+from kgtrace.models.tucker import SPEC as TUCKER_SPEC
+from kgtrace.models.tucker import TuckER
 
 __all__ = [
     "MODELS",
@@ -30,7 +38,11 @@ __all__ = [
     "DistMult",
     "FactorisedScorer",
     "ModelSpec",
+    "Rescal",
+    "RotatE",
     "Scorer",
+    "TransE",
+    "TuckER",
     "build_model",
     "hyperparameter_names",
     "inverse_queries",
@@ -38,7 +50,8 @@ __all__ = [
     "spec_of",
 ]
 
-for _spec in (CONVE_SPEC, DISTMULT_SPEC, COMPLEX_SPEC):  # the order in which names are listed
+# The order in which names are listed.
+for _spec in (CONVE_SPEC, DISTMULT_SPEC, COMPLEX_SPEC, TRANSE_SPEC, ROTATE_SPEC, TUCKER_SPEC, RESCAL_SPEC):
     register(_spec)
 
 #: Model name -> model class (a read-only view of the registry).
