@@ -14,7 +14,7 @@ from kgtrace.attribution.trak import removal_weights
 from kgtrace.core.checkpoint import load_checkpoint
 from kgtrace.core.config import TrainConfig
 from kgtrace.core.errors import ConfigError, KgtraceError
-from kgtrace.models import ComplEx, ConvE, DistMult, _tables, build_model
+from kgtrace.models import ComplEx, ConvE, DistMult, RotatE, TransE, _tables, build_model
 from kgtrace.training import loss
 from kgtrace.training.batches import Batches
 from kgtrace.training.compiled import negative_sampling_rows as compiled_rows
@@ -35,12 +35,14 @@ def models():
     torch.manual_seed(1)
     return [DistMult(E, R, embedding_dim=6), DistMult(E, R, embedding_dim=6, inverse_relations=True),
             ComplEx(E, R, embedding_dim=3), ComplEx(E, R, embedding_dim=3, inverse_relations=True),
-            ConvE(E, R, embedding_dim=8, embedding_height=2, output_channels=2)]
+            ConvE(E, R, embedding_dim=8, embedding_height=2, output_channels=2), TransE(E, R, embedding_dim=5),
+            RotatE(E, R, embedding_dim=3, margin=2.0)]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])  # the softmax cross-entropy, RotatE's self-adversarial loss
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("negatives", [(4, 3), (5, 0), (0, 2)])
-def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives, gather, monkeypatch):
+def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives, gather, temperature, monkeypatch):
     """Scoring every entity and gathering the candidates' columns, or scoring the candidates' gathered rows,
     equals scoring each (triple, candidate) alone through score_hrt, the head side as (t, r + R, c); also
     every parameter's gradient."""
@@ -51,9 +53,9 @@ def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives, ga
     for model in models():
         model = model.double().eval()
         twin = copy.deepcopy(model)
-        rows = negative_sampling_rows(model, hrt, tails, heads, torch.ones(len(hrt), dtype=torch.bool))
+        rows = negative_sampling_rows(model, temperature, hrt, tails, heads, torch.ones(len(hrt), dtype=torch.bool))
         rows.mean().backward()
-        expected = negative_sampling_reference(twin, hrt, tails, heads)
+        expected = negative_sampling_reference(twin, hrt, tails, heads, temperature)
         expected.backward()
         torch.testing.assert_close(rows.mean(), expected, rtol=1e-12, atol=1e-12)
         for (name, p), q in zip(model.named_parameters(), twin.parameters()):
@@ -69,9 +71,9 @@ def test_padded_rows_add_nothing():
     model, hrt = models()[0].eval(), triples()
     tails, heads = draw_candidates(hrt, 3, 3, E)
     valid = torch.arange(len(hrt)) < 5
-    rows = negative_sampling_rows(model, hrt, tails, heads, valid)
+    rows = negative_sampling_rows(model, 0.0, hrt, tails, heads, valid)
     assert torch.equal(rows[5:], torch.zeros(len(hrt) - 5))
-    torch.testing.assert_close(rows[:5], negative_sampling_rows(model, hrt[:5], tails[:5], heads[:5],
+    torch.testing.assert_close(rows[:5], negative_sampling_rows(model, 0.0, hrt[:5], tails[:5], heads[:5],
                                                                 torch.ones(5, dtype=torch.bool)))
 
 
@@ -97,6 +99,23 @@ def test_config_needs_negatives_exactly_with_negative_sampling():
     with pytest.raises(ConfigError, match="negatives_head=-1"):
         TrainConfig(training="negative-sampling", negatives_tail=5, negatives_head=-1).validate()
     TrainConfig(training="negative-sampling", negatives_tail=5).validate()
+    with pytest.raises(ConfigError, match="adversarial_temperature=1.0: weighs drawn negatives"):
+        TrainConfig(adversarial_temperature=1.0)
+    with pytest.raises(ConfigError, match="adversarial_temperature=-1"):
+        TrainConfig(training="negative-sampling", negatives_tail=5, adversarial_temperature=-1)
+    TrainConfig(training="negative-sampling", negatives_tail=5, adversarial_temperature=1.0)
+
+
+def test_the_adversarial_weights_favour_the_negatives_scored_highest():
+    """alpha = 0 weighs the negatives evenly; a larger alpha moves the weight to the highest-scored one."""
+    picked = torch.tensor([[2.0, 1.0, -1.0, 0.5]], requires_grad=True)
+    even = loss.sampled_adversarial_rows(picked, 1e-12)
+    log_sig = torch.nn.functional.logsigmoid
+    torch.testing.assert_close(even, -(log_sig(picked[:, 0]) + log_sig(-picked[:, 1:]).mean(1)) / 2)
+    sharp = loss.sampled_adversarial_rows(picked, 1e6)
+    torch.testing.assert_close(sharp, -(log_sig(picked[:, 0]) + log_sig(-picked[:, 1])) / 2)
+    sharp.sum().backward()  # the weights are constants: no gradient reaches the other negatives through them
+    assert picked.grad[0, 2] == 0 and picked.grad[0, 3] == 0
 
 
 def config(**kw):
@@ -106,19 +125,21 @@ def config(**kw):
     return TrainConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("model_args", [
-    {"embedding_dim": 16},
-    {"embedding_dim": 16, "inverse_relations": True, "entity_dropout": 0.2, "relation_dropout": 0.1,
-     "init_uniform": [-0.5, 1.0]},
+@pytest.mark.parametrize("settings", [
+    {"model_args": {"embedding_dim": 16}},
+    {"model_args": {"embedding_dim": 16, "inverse_relations": True, "entity_dropout": 0.2, "relation_dropout": 0.1,
+                    "init_uniform": [-0.5, 1.0]}},
+    {"model": "rotate", "model_args": {"embedding_dim": 16, "margin": 6.0}, "adversarial_temperature": 1.0,
+     "optimizer": "adam", "lr": 0.01},  # RotatE's recipe: self-adversarial negatives, Adam
 ])
-def test_negative_sampling_learns_and_resumes_exactly(tmp_path, model_args):
+def test_negative_sampling_learns_and_resumes_exactly(tmp_path, settings):
     """Loss falls and validation beats chance; a run stopped after epoch 2 and resumed ends with the same
     weights as one run straight through (the draws come from the generator the checkpoints save)."""
-    whole = train(config(model_args=model_args), tmp_path / "whole", progress=False, log=lambda *_: None)
+    whole = train(config(**settings), tmp_path / "whole", progress=False, log=lambda *_: None)
     records = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["loss"] < records[0]["loss"]
     assert whole.best_valid_mrr > 0.3  # Nations has 14 entities: random ranking gives about 0.25
-    train(config(model_args=model_args, epochs=2), tmp_path / "part", progress=False, log=lambda *_: None)
+    train(config(**settings, epochs=2), tmp_path / "part", progress=False, log=lambda *_: None)
     resume(tmp_path / "part", progress=False, log=lambda *_: None, epochs=4)
     a = load_checkpoint(tmp_path / "whole/checkpoints/epoch-0004.pt")["model_state"]
     b = load_checkpoint(tmp_path / "part/checkpoints/epoch-0004.pt")["model_state"]
@@ -137,9 +158,9 @@ def test_compiled_negative_sampling_equals_eager(gather, monkeypatch):
     call = train_call(model, "negative-sampling", 8, torch.device("cpu"), (5, 3))
     for n in (8, 5):
         inputs = step_inputs(batches, torch.arange(n), cfg, E, torch.device("cpu"))
-        (rows,) = call(model, **inputs)
+        (rows,) = call(model, 0.0, **inputs)
         (rows.sum() / n).backward()
-        eager = compiled_rows(twin, **inputs, valid=torch.ones(n, dtype=torch.bool))
+        eager = compiled_rows(twin, 0.0, **inputs, valid=torch.ones(n, dtype=torch.bool))
         (eager.sum() / n).backward()
         torch.testing.assert_close(rows, eager)
         for p, q in zip(model.parameters(), twin.parameters()):

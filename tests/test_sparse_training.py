@@ -42,7 +42,7 @@ def test_sparse_gradients_hold_the_rows_read_and_equal_the_dense_ones(index):
     sparse.sparse_grad = True
     for model in (dense, sparse):  # the same dropout draws in both
         torch.manual_seed(5)
-        negative_sampling_rows(model, hrt, tails, heads, torch.ones(len(hrt), dtype=torch.bool)).mean().backward()
+        negative_sampling_rows(model, 0.0, hrt, tails, heads, torch.ones(len(hrt), dtype=torch.bool)).mean().backward()
     read = torch.cat([hrt[:, 0], hrt[:, 2], tails.flatten(), heads.flatten()]).unique()
     for (name, p), q in zip(sparse.named_parameters(), dense.parameters()):
         assert p.grad.is_sparse == (name in TABLES), name

@@ -77,6 +77,11 @@ class TrainConfig:
     negatives_tail: int = option(0, "negative-sampling: entities drawn uniformly (with replacement, unfiltered) "
                                     "against each triple's tail (LibKGE's num_samples.o)")
     negatives_head: int = option(0, "negative-sampling: the same against each triple's head (num_samples.s)")
+    adversarial_temperature: float = option(0.0, "negative-sampling: 0 takes the softmax of each answer among its "
+                                                 "candidates; alpha > 0 RotatE's self-adversarial loss instead "
+                                                 "(-log sigmoid of the answer's score, minus the drawn candidates' "
+                                                 "log sigmoid of minus theirs weighted by a softmax of alpha times "
+                                                 "their scores, held constant; Sun et al. 2019)")
     entity_chunk: int = option(0, "compute the KvsAll loss in entity chunks of this size to bound memory (0: off)")
     seed: int = option(0, "random seed (weights, query order, dropout)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda")
@@ -185,6 +190,13 @@ class TrainConfig:
         if self.training != "negative-sampling" and given:
             return [f"negatives_tail={self.negatives_tail}, negatives_head={self.negatives_head}: only apply to "
                     f"training=negative-sampling; set them to 0 (training={self.training} scores every entity)"]
+        temperature = self.adversarial_temperature
+        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                and math.isfinite(temperature) and temperature >= 0):
+            return [f"adversarial_temperature={temperature!r}: must be a number >= 0 (0: off; RotatE's recipes: 1)"]
+        if temperature and self.training != "negative-sampling":
+            return [f"adversarial_temperature={temperature}: weighs drawn negatives, so needs "
+                    f"training=negative-sampling (training={self.training} scores every entity); set it to 0"]
         return []
 
     def _sparse_problems(self) -> list[str]:

@@ -144,12 +144,14 @@ def step_inputs(batches: "Batches", pos: Tensor, config: TrainConfig, num_entiti
 
 def step_static(model: nn.Module, config: TrainConfig) -> tuple:
     """The compiled call's leading arguments: the model, and its loss's label smoothing (KvsAll's BCE: the
-    smoothed label values; kvsall-ce: eps and the style)."""
+    smoothed label values; kvsall-ce: eps and the style) or negative sampling's adversarial temperature."""
     if config.training == "kvsall-ce":
         return model, config.label_smoothing, config.label_smoothing_style
     if config.training == "kvsall":
         return (model, *smoothed_label_values(config.label_smoothing, model.num_entities,
                                               config.label_smoothing_style))
+    if config.training == "negative-sampling":
+        return model, config.adversarial_temperature
     return (model,)
 
 

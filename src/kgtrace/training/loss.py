@@ -38,6 +38,7 @@ __all__ = [
     "negative_sampling_reference",
     "negative_sampling_rows",
     "onevsall_ce",
+    "sampled_adversarial_rows",
     "sampled_ce_rows",
     "smoothed_label_values",
 ]
@@ -355,6 +356,27 @@ def sampled_ce_rows(picked: Tensor) -> Tensor:
     return torch.logsumexp(picked, dim=1) - picked[:, 0]
 
 
+def sampled_adversarial_rows(picked: Tensor, temperature: float) -> Tensor:
+    """Per-row self-adversarial loss [B] of each row's answer against its drawn candidates (Sun et al. 2019,
+    RotatE's code)::
+
+        loss_b = (-log sigmoid(s[b, c_b0]) - sum_{j >= 1} w_bj log sigmoid(-s[b, c_bj])) / 2,
+        w_b = softmax_j(temperature * s[b, c_bj]) over the drawn candidates, held constant (no gradient)
+
+    so the negatives a model scores highest weigh most. The halving is theirs (the mean of the positive and
+    the negative part). A model's margin (RotatE's gamma) is inside its scores.
+
+    Args:
+        picked: the candidates' scores [B, 1 + n], the answer's first (`candidate_scores`), n >= 1.
+        temperature: alpha > 0.
+    Returns:
+        losses [B].
+    """
+    negatives = picked[:, 1:]  # [B, n]
+    weights = torch.softmax(temperature * negatives.detach(), dim=1)  # [B, n], constants
+    return -(F.logsigmoid(picked[:, 0]) + (weights * F.logsigmoid(-negatives)).sum(1)) / 2
+
+
 def gathers_rows(num_candidates: int, dim: int, num_entities: int) -> bool:
     """Whether each query scores its own candidates' gathered rows ([B, C, D] values) rather than every
     entity ([B, E] scores, then a gather): when C * D < E. FB15k-237 with LibKGE's 403 candidates of 256
@@ -370,10 +392,11 @@ def candidate_scores(model: nn.Module, q: Tensor, candidates: Tensor) -> Tensor:
     return model.decode(q).gather(1, candidates)
 
 
-def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: Tensor, head_candidates: Tensor,
-                           valid: Tensor) -> Tensor:
+def negative_sampling_rows(model: nn.Module, temperature: float, triples: Tensor, tail_candidates: Tensor,
+                           head_candidates: Tensor, valid: Tensor) -> Tensor:
     """Per-triple loss [B] of negative sampling (0 on rows not ``valid``): the tail side's
-    `sampled_ce_rows` plus the head side's, the head side asked as the query (t, r + R).
+    `sampled_ce_rows` plus the head side's, the head side asked as the query (t, r + R); with a
+    ``temperature`` > 0, `sampled_adversarial_rows` in their place (RotatE's self-adversarial loss).
 
     LibKGE's negative_sampling with its kl loss sums the two sides' losses and divides by the
     batch's triples: the mean of these rows. Both sides' queries are encoded in one call (one
@@ -383,6 +406,7 @@ def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: T
     of its own (docs/training.md).
 
     Args:
+        temperature: 0 for the softmax cross-entropy; alpha > 0 for the self-adversarial loss.
         triples: LongTensor [B, 3] of (head, relation, tail), relation in [0, R).
         tail_candidates: LongTensor [B, 1 + n_t]: the tail, then the entities drawn against it.
         head_candidates: LongTensor [B, 1 + n_h]: the head, then the entities drawn against it.
@@ -398,15 +422,18 @@ def negative_sampling_rows(model: nn.Module, triples: Tensor, tail_candidates: T
     rows = 0
     for q_side, (_, candidates) in zip(q.chunk(len(sides)), sides):
         picked = candidate_scores(model, q_side, candidates)  # [B, 1 + n]
-        rows = rows + sampled_ce_rows(picked.to(torch.promote_types(picked.dtype, torch.float32)))  # fp32 under autocast
+        picked = picked.to(torch.promote_types(picked.dtype, torch.float32))  # fp32 under autocast
+        rows = rows + (sampled_adversarial_rows(picked, temperature) if temperature else sampled_ce_rows(picked))
     return torch.where(valid, rows, 0.0)
 
 
 def negative_sampling_reference(model: nn.Module, triples: Tensor, tail_candidates: Tensor,
-                                head_candidates: Tensor) -> Tensor:
+                                head_candidates: Tensor, temperature: float = 0.0) -> Tensor:
     """REFERENCE ONLY (tests): the mean of `negative_sampling_rows`, one triple and one candidate at a
     time through ``score_hrt`` (the head side's candidates c scored as (t, r + R, c)), then PyKEEN's formula:
-    ``F.cross_entropy`` of [positive, negatives] against class 0."""
+    ``F.cross_entropy`` of [positive, negatives] against class 0; with a ``temperature``, RotatE's code's
+    formula: the mean of ``-logsigmoid(positive)`` and ``-(softmax(temperature * negatives) *
+    logsigmoid(-negatives)).sum()``."""
     total = torch.zeros((), dtype=torch.float64)
     for (h, r, t), tails, heads in zip(triples.tolist(), tail_candidates.tolist(), head_candidates.tolist()):
         for anchor, relation, candidates in ((h, r, tails), (t, r + model.num_relations, heads)):
@@ -414,5 +441,9 @@ def negative_sampling_reference(model: nn.Module, triples: Tensor, tail_candidat
                 continue
             hrt = torch.tensor([[anchor, relation, c] for c in candidates])  # [1 + n, 3]
             scores = model.score_hrt(hrt).double().unsqueeze(0)  # [1, 1 + n]
-            total = total + F.cross_entropy(scores, torch.zeros(1, dtype=torch.long))
+            if temperature:
+                negative = (torch.softmax(temperature * scores[0, 1:].detach(), 0) * F.logsigmoid(-scores[0, 1:])).sum()
+                total = total + (-F.logsigmoid(scores[0, 0]) - negative) / 2
+            else:
+                total = total + F.cross_entropy(scores, torch.zeros(1, dtype=torch.long))
     return total / len(triples)

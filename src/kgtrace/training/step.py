@@ -49,7 +49,8 @@ def batch_loss(model: nn.Module, batches: Batches, pos: Tensor, config: TrainCon
         return compiled_batch_loss(model, batches, pos, config, device, batch_rows=batch_rows)
     if config.training == "negative-sampling":  # the triples and their drawn candidates, as the compiled step's
         inputs = step_inputs(batches, pos, config, model.num_entities, device)
-        rows = negative_sampling_rows(model, **inputs, valid=torch.ones(len(pos), dtype=torch.bool, device=device))
+        rows = negative_sampling_rows(model, config.adversarial_temperature, **inputs,
+                                      valid=torch.ones(len(pos), dtype=torch.bool, device=device))
         return rows.sum() / (batch_rows if batch_rows is not None else len(pos))
     queries = batches.queries[pos].to(device)
     if batches.index is None:
