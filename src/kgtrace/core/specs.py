@@ -21,10 +21,57 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["DEFAULT_TRAK_RIDGE", "MODEL_CLASSES", "ModelSpec", "model_names", "register", "spec_named", "spec_of"]
+__all__ = ["DEFAULT_TRAK_RIDGE", "MODEL_CLASSES", "ModelSpec", "PykeenLayout", "model_names", "register", "spec_named",
+           "spec_of"]
 
 #: TRAK's ridge, as a fraction of the mean of its kernel's nonzero eigenvalues, for a model that sets none.
 DEFAULT_TRAK_RIDGE = 0.3
+
+
+@dataclass(frozen=True)
+class PykeenLayout:
+    """How a model's weights sit in the state dict of PyKEEN's model of the same scoring function (PyKEEN 1.11).
+
+    Data only: `kgtrace.interop.pykeen` reads it. Kind "tables" (every model but ConvE) is read generically: an
+    entity and a relation table (PyKEEN's ``entity_representations.0`` and ``relation_representations.0``, the
+    relation table's inverse rows interleaved where kgtrace keeps them in a block after the relations), other
+    parameters and sub-modules by name. Kind "conve" is ConvE's own mapping (its layers' places depend on batch
+    normalisation, and its image height is not in the weights).
+    """
+
+    #: PyKEEN's model class name ("TransE").
+    name: str
+    #: "tables" (generic) or "conve".
+    kind: str = "tables"
+    #: kgtrace's entity and relation tables (parameter names).
+    entity: str = "entity_embeddings"
+    relation: str = "relation_embeddings"
+    #: How a row of each table is stored: "real" (as is), "complex" (kgtrace [real | imag], PyKEEN (real, imag)
+    #: interleaved), "phases" (kgtrace angles theta, PyKEEN the unit complex numbers exp(i theta), interleaved).
+    entity_form: str = "real"
+    relation_form: str = "real"
+    #: Other parameters: (kgtrace name, PyKEEN key, the permutation of kgtrace's axes into PyKEEN's, () for none).
+    parameters: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    #: Sub-modules whose state dicts map whole (batch norms): (kgtrace attribute, PyKEEN key prefix); a kgtrace
+    #: module that holds no state (an ``nn.Identity`` when switched off) maps to no key.
+    modules: tuple[tuple[str, str], ...] = ()
+    #: Hyperparameters the weights' shapes fix: (kgtrace argument, "entity" or "relation" table, columns per unit).
+    dims: tuple[tuple[str, str, int], ...] = (("embedding_dim", "entity", 1),)
+    #: Boolean hyperparameters the weights show: (kgtrace argument, a PyKEEN key prefix present exactly when true).
+    flags: tuple[tuple[str, str], ...] = ()
+    #: kgtrace argument -> PyKEEN model keyword argument of the same setting.
+    kwargs: tuple[tuple[str, str], ...] = (("embedding_dim", "embedding_dim"),)
+    #: kgtrace arguments PyKEEN's model implies (its scoring choices): set on import, required on export.
+    implied: tuple[tuple[str, object], ...] = ()
+    #: kgtrace argument -> the attribute path on a PyKEEN model object that holds it (a pickled model).
+    attributes: tuple[tuple[str, str], ...] = ()
+    #: Key prefixes that tell this class's state dict apart (regularizers, interaction parameters); () when its
+    #: keys are another class's too (then an import names the model).
+    marker: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for name in ("parameters", "modules", "dims", "flags", "kwargs", "implied", "attributes", "marker"):
+            object.__setattr__(self, name, tuple(tuple(x) if isinstance(x, list) else x for x in getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -46,8 +93,8 @@ class ModelSpec:
     #: The relation table holds 2R rows, the inverse relations after the relations (PyKEEN's
     #: model of the same scoring function is created with inverse triples).
     inverse_relations: bool = False
-    #: PyKEEN's class name of the same scoring function (its weights map one to one); None: none.
-    pykeen: str | None = None
+    #: PyKEEN's model of the same scoring function and where its weights sit (they map one to one); None: none.
+    pykeen: PykeenLayout | None = None
     #: TRAK's default ridge, a fraction of the mean of its kernel's nonzero eigenvalues: the ridge with the
     #: best linear datamodeling score for this model on the bundled graphs (docs/benchmarks.md's sweep).
     trak_ridge: float = DEFAULT_TRAK_RIDGE

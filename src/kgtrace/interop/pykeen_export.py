@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.core.checkpoint import load_checkpoint
-from kgtrace.core.errors import KgtraceError
+from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.core.io import atomic_folder, atomic_open, atomic_write_text
 from kgtrace.core.owned import check_out_folder, write_mark
 from kgtrace.data.dataset import Dataset
@@ -69,6 +69,11 @@ def export_pykeen(run_dir: str | Path, out: str | Path, *, checkpoint: str | Non
     check_out_folder(out, kind="pykeen-export", overwrite=overwrite, inputs=[run_dir])
     run = load_run(run_dir, checkpoint)
     name, args = run.config.model, full_args(run.config.model, run.config.model_args)
+    if name not in layout.PYKEEN_NAMES:
+        raise KgtraceError(f"a {name} run: kgtrace exports {', '.join(layout.PYKEEN_NAMES)} runs to PyKEEN. Fix: "
+                           "export a run of one of those models")
+    if problems := layout.implied_problems(name, args):
+        raise ConfigError(problems)
     factories = triples_factories(pykeen, run.dataset, inverse=layout.has_inverse_relations(name, args))
     kwargs = layout.pykeen_model_kwargs(name, args)
     # The seed only quiets PyKEEN's warning: every weight is overwritten next.

@@ -24,6 +24,7 @@ Where each piece comes from:
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from kgtrace.interop.pykeen_source import (
     read_source,
     split_triples,
 )
-from kgtrace.models import build_model
+from kgtrace.models import MODELS, build_model, hyperparameter_names, spec_named
 
 PROVENANCE = IMPORTED
 DATASET_FOLDER = "dataset"
@@ -118,7 +119,7 @@ def make_plan(source: Source, out: Path, dataset: str | None, model: str | None,
     name = model_name(model, recorded, state)
     args, origins = hyperparameters(name, state, recorded, given)
     entities, relations = pykeen_vocabs(source)
-    if name != "conve" and state[layout.RELATION].shape[0] == 2 * len(relations) and "inverse_relations" not in given:
+    if has_option(name) and state[layout.RELATION].shape[0] == 2 * len(relations) and "inverse_relations" not in given:
         args["inverse_relations"] = True
         origins["inverse_relations"] = "the weights' shapes (PyKEEN's inverse triples)"
     check_sizes(name, args, state, entities, relations)
@@ -128,6 +129,11 @@ def make_plan(source: Source, out: Path, dataset: str | None, model: str | None,
                 source.loop.seed or 0, notes)
     kgtrace_model(plan, state)  # every setting checked before anything is written
     return plan
+
+
+def has_option(name: str) -> bool:
+    """Whether model ``name`` has inverse relations as an option (``inverse_relations``), not always (ConvE, TuckER)."""
+    return not spec_named(name).inverse_relations and "inverse_relations" in hyperparameter_names(MODELS[name])
 
 
 # ----------------------------------------------------------------------------- the pickle
@@ -162,9 +168,7 @@ def export_record(path: Path | None) -> Recorded | None:
         return None
     config = json.loads(path.read_text(encoding="utf-8"))
     name = kgtrace_name(str(config.get("model")), path)
-    kwargs = config.get("model_kwargs") or {}
-    keys = ("embedding_height", *layout.PYKEEN_CONVE_DROPOUTS) if name == "conve" else ()
-    return Recorded(name, {k: kwargs[k] for k in keys if k in kwargs}, path.name)
+    return Recorded(name, layout.recorded_args(name, config.get("model_kwargs") or {}), path.name)
 
 
 def trusted_pickle(source: Source, trust: bool) -> Pickled | None:
@@ -198,9 +202,10 @@ def read_pickle(path: Path, source: Source) -> Pickled:
 
 
 def pickled_args(name: str, model: nn.Module) -> dict[str, Any]:
-    """The ConvE hyperparameters a PyKEEN model object knows and its weights do not show."""
-    if name != "conve":
-        return {}
+    """The hyperparameters a PyKEEN model object knows and its weights do not show (the layout's ``attributes``;
+    ConvE's image height and dropouts)."""
+    if layout.layout_of(name).kind != "conve":
+        return {ours: operator.attrgetter(path)(model) for ours, path in layout.layout_of(name).attributes}
     interaction = model.interaction
     args = {"embedding_height": interaction.shape_info.image_height,
             "apply_batch_normalization": any(isinstance(m, nn.BatchNorm2d) for m in interaction.hr2d)}
@@ -312,9 +317,10 @@ def model_name(given: str | None, recorded: Recorded | None, state: dict[str, Te
     by_keys = layout.recognise(state)
     name = given or (recorded.name if recorded else None) or by_keys
     if name is None:
-        raise KgtraceError("the PyKEEN weights are two plain tables, which DistMult and ComplEx share (their default "
-                           "regularizers, which tell them apart, are absent). Fix: pass --model distmult or "
-                           "--model complex")
+        plain = layout.plain_models()
+        raise KgtraceError(f"the PyKEEN weights are two plain tables, which {', '.join(layout.PYKEEN_NAMES[n] for n in plain)} "
+                           "share (the default regularizers that tell some apart are absent). Fix: pass --model NAME, "
+                           f"one of {', '.join(plain)}")
     if name not in layout.PYKEEN_NAMES:
         raise ConfigError([f"model={name!r}: must be one of {', '.join(layout.PYKEEN_NAMES)}"])
     problems = layout.check_keys(name, state)
@@ -332,8 +338,16 @@ def hyperparameters(name: str, state: dict[str, Tensor], recorded: Recorded | No
     origins = dict.fromkeys(args, "the weights' shapes")
     problems = [f"{key}={value!r} (--model-arg): the weights have {key}={args[key]!r}. Fix: drop it"
                 for key, value in given.items() if key in args and value != args[key]]
-    if name == "conve":
+    if layout.layout_of(name).kind == "conve":
         problems += conve_arguments(state, recorded or Recorded(name, {}, ""), given, args, origins)
+    elif recorded:
+        for key, value in recorded.args.items():
+            args[key], origins[key] = value, recorded.where
+    for key, value in layout.layout_of(name).implied:
+        if key in given and given[key] != value:
+            problems.append(f"{key}={given[key]!r} (--model-arg): PyKEEN's {layout.PYKEEN_NAMES[name]} scores as "
+                            f"{key}={value!r}. Fix: drop it")
+        args[key], origins[key] = value, f"PyKEEN's {layout.PYKEEN_NAMES[name]} (how it scores)"
     for key, value in given.items():
         args[key], origins[key] = value, "--model-arg"
     if problems:
@@ -384,7 +398,7 @@ def check_sizes(name: str, args: dict[str, Any], state: dict[str, Tensor], entit
                "queries through inverse relations)") if inverse else (
             f"train the PyKEEN {layout.PYKEEN_NAMES[name]} with create_inverse_triples=False (kgtrace's answers head "
             "queries with the relation itself)")
-        if name != "conve":
+        if has_option(name):
             fix += ", or pass --model-arg inverse_relations=" + ("false" if inverse else "true")
         problems.append(f"the relation table has {have} rows for {num} relations; expected {want}. Fix: {fix}")
     if problems:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
 from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
@@ -124,5 +124,7 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
     factoriser="rows",
-    pykeen="ComplEx",
+    pykeen=PykeenLayout("ComplEx", entity_form="complex", relation_form="complex", dims=(("embedding_dim", "entity", 2),),
+                        # PyKEEN regularizes both tables (RESCAL too: their tables' shapes tell them apart)
+                        marker=("entity_representations.0.regularizer.", "relation_representations.0.regularizer.")),
 )

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_bool, check_dropout, check_positive_int, check_sizes
 from kgtrace.models._tables import rows
 from kgtrace.models.base import inverse_queries
@@ -305,7 +305,7 @@ SPEC = ModelSpec(
     row_tables={"entity_embeddings": "entity", "entity_bias": "entity", "relation_embeddings": "relation"},
     factoriser="conve",
     inverse_relations=True,
-    pykeen="ConvE",
+    pykeen=PykeenLayout("ConvE", kind="conve", marker=("interaction.hr1d.",)),
     # Its gradients' spectrum is more spread than the bilinear models': the LDS peaks at a ridge of 1 to 3
     # on the bundled graphs, at .1 to 1 for DistMult and ComplEx.
     trak_ridge=1.0,

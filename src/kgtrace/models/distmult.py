@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
 from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
@@ -84,5 +84,5 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
     factoriser="rows",
-    pykeen="DistMult",
+    pykeen=PykeenLayout("DistMult", marker=("relation_representations.0.regularizer.",)),  # PyKEEN regularizes its relations only
 )

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
 from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
@@ -88,4 +88,7 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_matrices": "relation"},
     factoriser="rows",
+    # PyKEEN keeps M_r as a row of D * D entries, row-major, h on the first index: the same table.
+    pykeen=PykeenLayout("RESCAL", relation="relation_matrices",
+                        marker=("entity_representations.0.regularizer.", "relation_representations.0.regularizer.")),
 )

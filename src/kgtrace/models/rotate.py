@@ -1,5 +1,5 @@
-"""RotatE (Sun et al., 2019): score(h, r, t) = margin - sum_d |h_d r_d - t_d|, each relation a rotation
-r_d = exp(i theta_d) in the complex plane."""
+"""RotatE (Sun et al., 2019): score(h, r, t) = margin - ||h r - t||, each relation a rotation r_d = exp(i theta_d)
+in the complex plane; the norm the sum of the moduli (the authors' code) or their Euclidean norm (PyKEEN's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_bool, check_sizes
 from kgtrace.models._tables import rows
 from kgtrace.models.base import inverse_queries
@@ -23,8 +23,9 @@ EPSILON = 2.0  # the authors' epsilon: entities start uniform in +-(margin + EPS
 
 class RotatE(nn.Module):
     """RotatE as its authors' code scores it (``RotatE`` in github.com/DeepGraphLearning/KnowledgeGraphEmbedding):
-    the distance is the sum over dimensions of the moduli |h_d r_d - t_d| (an L1 norm of moduli), and ``margin``
-    (their gamma) is added to every score, the logit offset of their self-adversarial sigmoid loss.
+    the distance is the sum over dimensions of the moduli |h_d r_d - t_d| (``scoring_norm`` 1; 2: the Euclidean
+    norm of the moduli, as PyKEEN's RotatE), and ``margin`` (their gamma) is added to every score, the logit
+    offset of their self-adversarial sigmoid loss.
 
     |h r - t| = |t conj(r) - h| since |r| = 1, so the head query (t, r + R) rotates by -theta and answers
     (?, r, t) exactly, unless ``inverse_relations`` gives each inverse its own phases.
@@ -35,7 +36,7 @@ class RotatE(nn.Module):
     """
 
     def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 500, margin: float = 9.0,
-                 inverse_relations: bool = False):
+                 scoring_norm: int = 1, inverse_relations: bool = False):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
@@ -43,10 +44,13 @@ class RotatE(nn.Module):
         if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(margin) or margin < 0:
             problems.append(f"margin={margin!r}: must be a number >= 0; fix: e.g. margin=9 (the authors' FB15k-237 "
                             "gamma) or 6 (WN18RR)")
+        if scoring_norm not in (1, 2) or isinstance(scoring_norm, bool):
+            problems.append(f"scoring_norm={scoring_norm!r}: must be 1 or 2; fix: 1 sums the moduli (the authors'), 2 "
+                            "takes their Euclidean norm (PyKEEN's)")
         if problems:
             raise ConfigError(problems)
         self.num_entities, self.num_relations, self.embedding_dim = num_entities, num_relations, embedding_dim
-        self.margin, self.inverse_relations = float(margin), inverse_relations
+        self.margin, self.scoring_norm, self.inverse_relations = float(margin), scoring_norm, inverse_relations
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, 2 * embedding_dim))
         self.relation_phases = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations, embedding_dim))
         bound = (self.margin + EPSILON) / embedding_dim
@@ -68,9 +72,10 @@ class RotatE(nn.Module):
         return complex_product(rows(self.entity_embeddings, hr[:, 0], self.sparse_grad), self._rotations(hr[:, 1]))
 
     def _scores(self, q: Tensor, entities: Tensor) -> Tensor:
-        """q [..., 2D] against entity rows [..., 2D] (broadcast) -> margin - sum_d |q_d - e_d|."""
+        """q [..., 2D] against entity rows [..., 2D] (broadcast) -> margin - ||(|q_d - e_d|)_d||_p."""
         difference = (q - entities).unflatten(-1, (2, self.embedding_dim))  # [..., 2, D]: real, imaginary
-        return self.margin - torch.linalg.vector_norm(difference, dim=-2).sum(-1)
+        moduli = torch.linalg.vector_norm(difference, dim=-2)  # [..., D]
+        return self.margin - (moduli.sum(-1) if self.scoring_norm == 1 else torch.linalg.vector_norm(moduli, dim=-1))
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, 2D] -> scores of entities start..stop-1, [B, stop - start], in chunks of entities whose
@@ -103,4 +108,7 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_phases": "relation"},
     factoriser="rows",
+    # PyKEEN's RotatE: no margin, the Euclidean norm, relations stored as unit complex numbers.
+    pykeen=PykeenLayout("RotatE", relation="relation_phases", entity_form="complex", relation_form="phases",
+                        dims=(("embedding_dim", "entity", 2),), implied=(("margin", 0.0), ("scoring_norm", 2))),
 )

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
-from kgtrace.core.specs import ModelSpec
+from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_dropout, check_positive_int, check_sizes
 from kgtrace.models._tables import rows
 from kgtrace.models.base import inverse_queries
@@ -93,4 +93,16 @@ SPEC = ModelSpec(
     row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
     factoriser="rows",
     inverse_relations=True,
+    # PyKEEN's core tensor is [De, Dr, De] (its x_1 axis first); its dropouts are dropout_0/1/2.
+    pykeen=PykeenLayout(
+        "TuckER", parameters=(("core", "interaction.core_tensor", (1, 0, 2)),),
+        modules=(("bn0", "interaction.head_batch_norm"), ("bn1", "interaction.head_relation_batch_norm")),
+        dims=(("embedding_dim", "entity", 1), ("relation_dim", "relation", 1)),
+        flags=(("batch_norm", "interaction.head_batch_norm."),),
+        kwargs=(("embedding_dim", "embedding_dim"), ("relation_dim", "relation_dim"), ("input_dropout", "dropout_0"),
+                ("hidden_dropout1", "dropout_1"), ("hidden_dropout2", "dropout_2"),
+                ("batch_norm", "apply_batch_normalization")),
+        attributes=(("input_dropout", "interaction.head_dropout.p"), ("hidden_dropout1", "interaction.relation_dropout.p"),
+                    ("hidden_dropout2", "interaction.head_relation_dropout.p")),
+        marker=("interaction.core_tensor",)),
 )
