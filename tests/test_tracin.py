@@ -400,3 +400,21 @@ def test_forward_mode_agrees_with_per_triple_gradients(conve_run, params, monkey
         assert_agrees(got, expected.double())
     ref = TracIn(conve_run, params=params, path="reference", train_indices=rows[::20]).influence(test)
     assert_agrees(TracIn(conve_run, params=params, train_indices=rows[::20], chunk_size=120).influence(test), ref)
+
+
+def test_default_chunks_bound_the_dense_gradients_of_row_form_fast_paths():
+    """TuckER's fast path is the row form: its core tensor's gradient is dense per triple, so the default chunk
+    shrinks with it (an 8M-parameter core takes one triple at a time) where a factored gradient keeps FAST_CHUNKS."""
+    from kgtrace.attribution.paths import FAST_CHUNKS, default_chunk_size
+    from kgtrace.models import build_model
+
+    cpu = torch.device("cpu")
+    with torch.device("meta"):
+        big = build_model("tucker", 1000, 10, embedding_dim=200, relation_dim=200)
+    small = build_model("tucker", 50, 4, embedding_dim=16, relation_dim=16)
+    every = [name for name, _ in small.named_parameters()]
+    assert default_chunk_size(big, [name for name, _ in big.named_parameters()], "fast", cpu) == 1
+    assert 1 < default_chunk_size(small, every, "fast", cpu) < FAST_CHUNKS["cpu"]
+    assert default_chunk_size(small, ["entity_embeddings"], "fast", cpu) == FAST_CHUNKS["cpu"]
+    assert default_chunk_size(build_model("distmult", 50, 4), ["entity_embeddings", "relation_embeddings"], "fast",
+                              torch.device("cuda")) == FAST_CHUNKS["cuda"]

@@ -19,7 +19,7 @@ from torch import nn
 from kgtrace.attribution.fast import fast_path
 from kgtrace.attribution.rows import row_tables
 from kgtrace.compute.precision import precision_problems
-from kgtrace.core.specs import model_names, spec_named
+from kgtrace.core.specs import model_names, spec_named, spec_of
 
 __all__ = ["FAST_CHUNKS", "PATHS", "default_chunk_size", "path_problems"]
 
@@ -51,10 +51,18 @@ def path_problems(model: nn.Module, path: str, precision: str, chunk_size: int |
 
 
 def default_chunk_size(model: nn.Module, names: list[str], path: str, device: torch.device) -> int:
-    """Training triples per chunk when none is given (TracIn's ``chunk_size``)."""
-    if path == "fast":
-        return FAST_CHUNKS.get(device.type, FAST_CHUNKS["cpu"])
+    """Training triples per chunk when none is given (TracIn's ``chunk_size``): `FAST_CHUNKS` for factored
+    gradients; where each triple's gradient holds the selected parameters outside the embedding tables densely
+    (the rows and general paths, and the fast path of a model whose factoriser is the row form, such as TuckER's
+    core tensor), as many as keep those gradients near 1 GB."""
+    fast = FAST_CHUNKS.get(device.type, FAST_CHUNKS["cpu"])
+    spec = spec_of(model)
+    row_form = path == "rows" or (path == "fast" and spec is not None and spec.factoriser == "rows")
+    if path == "fast" and not row_form:
+        return fast
     params = dict(model.named_parameters())
-    tables = row_tables(model) if path == "rows" else {}
+    tables = row_tables(model) if row_form else {}
     dense = sum(params[n].numel() for n in names if n not in tables)
+    if path == "fast" and dense == 0:
+        return fast
     return max(1, min(4096, int(1e9 // (max(dense, 1) * 4 * 35))))
