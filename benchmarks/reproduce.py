@@ -73,6 +73,19 @@ LIBKGE = {"eval_every": 5, "patience": 10, "epochs": 400, "lr_decay": 0.95, "lab
 LEFT_OUT = ("this recipe leaves out LibKGE's embedding dropout, uniform initialisation and weighted Lp penalty "
             "(tiny weights){}: its run began without them, and a run resumes with its own settings")
 
+# Sun et al. 2019, the authors' best_config.sh: self-adversarial negative sampling, Adam, double entity
+# embeddings (-de: complex entities of the hidden size). Their steps train one side a batch (head or tail
+# corruptions in turn) where kgtrace's step trains both sides of each triple, so an epoch here is two of their
+# passes: epochs = steps x batch / (2 x training triples). Their learning rate drops tenfold halfway, which a
+# constant rate here leaves out.
+ROTATE = {"model": "rotate", "training": "negative-sampling", "optimizer": "adam", "lr": 0.00005, "eval_every": 10,
+          "label_smoothing": 0.0}
+
+# Balazevic et al. 2019, the authors' README: 1-N scoring of every query and its reciprocal with BCE and their
+# code's label smoothing ((1 - eps) y + 1/E), Adam, batch 128, 500 epochs, batch norm and three dropouts.
+TUCKER = {"model": "tucker", "training": "kvsall", "optimizer": "adam", "batch_size": 128, "epochs": 500,
+          "label_smoothing": 0.1, "label_smoothing_style": "conve", "eval_every": 10}
+
 RECIPES = {r.name: r for r in (
     Recipe("conve-paper-fb15k237", "fb15k237", CONVE_PAPER, 0.325, "Dettmers et al. 2018, table 3", goal_mrr=0.339),
     Recipe("conve-paper-wn18rr", "wn18rr", CONVE_PAPER, 0.43, "Dettmers et al. 2018, table 3", goal_mrr=0.442),
@@ -130,6 +143,26 @@ RECIPES = {r.name: r for r in (
            {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.5256,
             "batch_size": 512, "lr_patience": 5}, 0.475, "Ruffinelli et al. 2020, complex-1vsAll-kl-bo-best",
            model_args={"embedding_dim": 64}, notes="128 reals = 64 complex dimensions; " + LEFT_OUT.format("")),
+    Recipe("rotate-authors-fb15k237", "fb15k237",
+           {**ROTATE, "batch_size": 1024, "negatives_tail": 256, "negatives_head": 256, "adversarial_temperature": 1.0,
+            "epochs": 188}, 0.338, "Sun et al. 2019, table 5 (best_config.sh: 100,000 steps of 1,024)",
+           model_args={"embedding_dim": 1000, "margin": 9.0},
+           notes="100,000 one-sided steps of 1,024 triples = 188 epochs of both sides; the halfway tenfold lr drop "
+                 "is left out"),
+    Recipe("rotate-authors-wn18rr", "wn18rr",
+           {**ROTATE, "batch_size": 512, "negatives_tail": 1024, "negatives_head": 1024, "adversarial_temperature": 0.5,
+            "epochs": 236}, 0.476, "Sun et al. 2019, table 5 (best_config.sh: 80,000 steps of 512)",
+           model_args={"embedding_dim": 500, "margin": 6.0},
+           notes="80,000 one-sided steps of 512 triples = 236 epochs of both sides; the halfway tenfold lr drop "
+                 "is left out"),
+    Recipe("tucker-authors-fb15k237", "fb15k237", {**TUCKER, "lr": 0.0005}, 0.358,
+           "Balazevic et al. 2019, table 3 (README: lr .0005, decay 1.0)",
+           model_args={"embedding_dim": 200, "relation_dim": 200, "input_dropout": 0.3, "hidden_dropout1": 0.4,
+                       "hidden_dropout2": 0.5}),
+    Recipe("tucker-authors-wn18rr", "wn18rr", {**TUCKER, "lr": 0.003}, 0.470,
+           "Balazevic et al. 2019, table 3 (README: lr .003, decay 1.0)",
+           model_args={"embedding_dim": 200, "relation_dim": 30, "input_dropout": 0.2, "hidden_dropout1": 0.2,
+                       "hidden_dropout2": 0.3}),
 )}
 
 
