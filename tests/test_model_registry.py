@@ -46,7 +46,8 @@ def test_one_spec_per_model_and_names_derived_from_it():
     assert model_names() == ("conve", "distmult", "complex", "transe", "rotate", "tucker", "rescal")
     assert dict(MODELS) == {"conve": ConvE, "distmult": DistMult, "complex": ComplEx, "transe": TransE,
                             "rotate": RotatE, "tucker": TuckER, "rescal": Rescal}
-    assert layout.PYKEEN_NAMES == {"conve": "ConvE", "distmult": "DistMult", "complex": "ComplEx"}
+    assert layout.PYKEEN_NAMES == {"conve": "ConvE", "distmult": "DistMult", "complex": "ComplEx", "transe": "TransE",
+                                   "rotate": "RotatE", "tucker": "TuckER", "rescal": "RESCAL"}
     for name in model_names():
         assert spec_named(name).model_class is MODELS[name] and spec_of(MODELS[name]).name == name
     with pytest.raises(ConfigError, match="model='hole': must be one of conve, distmult, complex, transe, rotate, "

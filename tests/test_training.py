@@ -94,9 +94,9 @@ def test_checkpoint_with_other_id_maps_is_refused(tmp_path):
 
 def test_config_collects_every_problem():
     with pytest.raises(ConfigError) as err:
-        TrainConfig(epochs=0, lr=-1.0, precision="fp8", model="transe").validate()
+        TrainConfig(epochs=0, lr=-1.0, precision="fp8", model="hole").validate()
     text = str(err.value)
-    for key in ("epochs=0", "lr=-1.0", "precision='fp8'", "model='transe'"):
+    for key in ("epochs=0", "lr=-1.0", "precision='fp8'", "model='hole'"):
         assert key in text
 
 
