@@ -24,7 +24,7 @@ from kgtrace.cli.common import (
 from kgtrace.core.config import PRECISIONS
 from kgtrace.core.errors import ConfigError, KgtraceError
 from kgtrace.core.io import check_json_out
-from kgtrace.report.html import rank_text
+from kgtrace.display.numbers import rank_number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -372,7 +372,7 @@ def print_explanations(items: Explanations, shown: int = 5, triples: int = 20) -
         print(f"(showing {triples} of {len(items)} explained triples; all of them are in the files written)")
     for item in items[:triples]:
         print(f"{item.triple.text()}   score {item.score:.4f} (probability {item.probability:.3f})   filtered rank: "
-              f"tail {rank_text(item.rank_tail)}, head {rank_text(item.rank_head)}")
+              f"tail {rank_number(item.rank_tail)}, head {rank_number(item.rank_head)}")
         if item.split == "train":
             print("  (a training triple: its strongest proponent is itself)")
         for kind, entries in (("proponents", item.proponents), ("opponents", item.opponents)):

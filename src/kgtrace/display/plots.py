@@ -1,4 +1,8 @@
-"""Figures written as PNG files (matplotlib's Agg backend: no display needed)."""
+"""Figures written as PNG files (matplotlib's Agg backend: no display needed).
+
+matplotlib.pyplot is imported on first use (`pyplot`), not with this module: it is a second of start-up
+that the many commands which draw nothing (and every subprocess of a job) need not pay.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,19 @@ import io
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from kgtrace.core.io import atomic_open
 
-from kgtrace.core.io import atomic_open  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported on the first call (module doc)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
@@ -22,7 +32,7 @@ def training_curve(records: list[dict[str, Any]], path: str | Path) -> None:
 
 def training_curve_figure(records: list[dict[str, Any]]):
     """The figure of `training_curve`."""
-    fig, loss_ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    fig, loss_ax = pyplot().subplots(figsize=(6, 3.5), dpi=100)
     loss_ax.plot([r["epoch"] for r in records], [r["loss"] for r in records], color="tab:blue", label="training loss")
     loss_ax.set_xlabel("epoch")
     loss_ax.set_ylabel("training loss", color="tab:blue")
@@ -39,14 +49,14 @@ def training_curve_figure(records: list[dict[str, Any]]):
 def save_figure(fig, path: str | Path) -> None:
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png")
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def png_bytes(fig) -> bytes:
     """The figure as PNG bytes (then closed), e.g. to embed in a page."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    plt.close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()
 
 
@@ -60,7 +70,7 @@ def rank_histogram_figure(ranks_by_side: dict[str, np.ndarray], title: str = "")
     their height, and beside it the share of queries ranked k or better for every k (Hits@k as a curve)."""
     largest = max((float(r.max()) for r in ranks_by_side.values() if len(r)), default=1.0)
     edges = np.unique(np.concatenate([[0.5, 1.5], np.geomspace(1.5, max(largest, 2.0) + 0.5, 20)]))
-    fig, (counts, share) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
+    fig, (counts, share) = pyplot().subplots(1, 2, figsize=(9, 3.5), dpi=100)
     counts.hist(list(ranks_by_side.values()), bins=edges, label=list(ranks_by_side), alpha=0.8)
     counts.set_xscale("log")
     counts.set_yscale("log")

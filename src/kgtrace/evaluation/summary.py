@@ -75,10 +75,10 @@ def write_summary(table: pl.DataFrame, path: str | Path) -> None:
 
 def plot_summary(table: pl.DataFrame, path: str | Path) -> None:
     """Test MRR per dataset and model, one point per seed, the mean as a bar."""
-    from kgtrace.display.plots import plt, save_figure
+    from kgtrace.display.plots import pyplot, save_figure
 
     groups = table.group_by(["dataset", "model"], maintain_order=True).agg(pl.col("mrr"))
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * groups.height + 2), 3.5))
+    fig, ax = pyplot().subplots(figsize=(max(4.0, 1.2 * groups.height + 2), 3.5))
     for i, (_, _, values) in enumerate(groups.iter_rows()):
         ax.bar(i, sum(values) / len(values), color="#9ecae1", width=0.6)
         ax.scatter([i] * len(values), values, color="#08519c", zorder=3, s=18)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kgtrace.display.plots import plt
+from kgtrace.display.plots import pyplot
 from kgtrace.faithfulness.results import FaithfulnessRow
 
 PANELS = (("pd", "PD: probability dropped (%)", 100.0), ("tc", "TC: no longer top-1 (%)", 100.0),
@@ -19,7 +19,7 @@ def faithfulness_figure(table: Sequence[FaithfulnessRow]):
     Colour: the method; line: solid for retraining, dashed for fine-tuning; the control
     (nothing removed) is a dotted level.
     """
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(12, 4.0), dpi=100)
+    fig, axes = pyplot().subplots(1, len(PANELS), figsize=(12, 4.0), dpi=100)
     lines: dict[tuple[str, str], list[FaithfulnessRow]] = {}
     for row in table:
         lines.setdefault((row.variant, row.method), []).append(row)

@@ -47,8 +47,8 @@ from kgtrace.core.config import MAX_SEED
 from kgtrace.core.errors import ConfigError, KgtraceError, option_name
 from kgtrace.prover.explain import find_proof
 from kgtrace.prover.graph import DirectedGraph
-from kgtrace.prover.rule_paths import PathFinder, path_facts
 from kgtrace.prover.reference import FACT
+from kgtrace.prover.rule_paths import PathFinder, path_facts
 from kgtrace.prover.rules import read_rules
 from kgtrace.prover.run import load_prover_run
 from kgtrace.runs.embedding import Run

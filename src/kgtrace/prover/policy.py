@@ -35,10 +35,10 @@ from kgtrace.compute.compile import CompiledCall
 from kgtrace.core.checkpoint import check_digests, load_checkpoint
 from kgtrace.core.errors import KgtraceError
 from kgtrace.models.base import forward_triples, inverse_queries
-from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.engine import NO_FACT, VectorEngine, pad_states, unpad_states
 from kgtrace.prover.env import Beams, beam_search, rollout
 from kgtrace.prover.logic import query_state
+from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.reference import FACT, RULE, Derivation, Proof
 from kgtrace.prover.scorer import HybridScorer
 from kgtrace.prover.search import Deriver, eager_deriver

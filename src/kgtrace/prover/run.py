@@ -31,10 +31,10 @@ from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
 from kgtrace.prover.apply import RuleScorer
 from kgtrace.prover.config import ProverConfig
-from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.link import LinkHead
+from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.policy import load_policy_scorer
 from kgtrace.prover.rules import RuleSet, read_rules, write_rules
 from kgtrace.prover.scorer import BfsScorer, HybridScorer

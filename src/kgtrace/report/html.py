@@ -10,6 +10,8 @@ import base64
 import html
 from collections.abc import Iterable, Sequence
 
+from kgtrace.display.numbers import rank_number
+
 CSS = """
 :root { --ink: #1f2933; --muted: #61707f; --line: #e3e8ee; --accent: #2b6cb0; --pro: #1a7f4b; --opp: #c0392b; }
 * { box-sizing: border-box; }
@@ -91,10 +93,8 @@ def number(value: object, digits: int = 4) -> str:
 
 
 def rank_text(value: object) -> str:
-    """A rank as read: whole ranks as integers (12,345), a tie's half rank with one decimal (3.5)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return esc(value)
-    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.1f}"
+    """`kgtrace.display.numbers.rank_number`, escaped for the page."""
+    return esc(rank_number(value))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[bool] = (),

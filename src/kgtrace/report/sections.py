@@ -17,10 +17,10 @@ import yaml
 from kgtrace.attribution.methods import method_note
 from kgtrace.attribution.results import Explanation, Explanations, Influencer
 from kgtrace.core.layout import RunLayout
+from kgtrace.data.lookup import NamedTriple
 from kgtrace.display.plots import png_bytes, rank_histogram_figure, training_curve_figure
 from kgtrace.faithfulness.plot import faithfulness_figure
 from kgtrace.faithfulness.results import AgreementRow, FaithfulnessResult, FaithfulnessRow, LdsResult, LdsRow
-from kgtrace.data.lookup import NamedTriple
 from kgtrace.prover.proofs import Proofs, TripleProof
 from kgtrace.prover.rule_paths import KIND as PATHS_KIND
 from kgtrace.prover.rule_paths import GraphPaths, TriplePaths
