@@ -87,6 +87,10 @@ MODELS = {
     "complex": {"model_args": {"embedding_dim": 32}, "epochs": 40, "lr": 0.01},  # 64 reals
     "conve": {"model_args": {"embedding_dim": 32, "embedding_height": 4, "output_channels": 8}, "epochs": 20,
               "lr": 0.003},
+    "transe": {"model_args": {"embedding_dim": 64}, "epochs": 40, "lr": 0.01},
+    "rotate": {"model_args": {"embedding_dim": 32, "margin": 6.0}, "epochs": 40, "lr": 0.01},  # 64 reals
+    "tucker": {"model_args": {"embedding_dim": 32, "relation_dim": 16}, "epochs": 40, "lr": 0.01},
+    "rescal": {"model_args": {"embedding_dim": 16}, "epochs": 40, "lr": 0.01},  # a 16 x 16 matrix per relation
 }
 OUTPUTS = ("score", "log_prob")
 # dattri attributors tried (--dattri-methods); what each is, in dattri_attributor.
