@@ -273,11 +273,12 @@ def path_rules(rules_file: str, dataset):
     return read_rules(rules_file, dataset.relations, entities=dataset.entities, max_body=3)
 
 
-def explain_rule_paths(dataset, rules, rules_file: str, triples: Tensor, out: Path) -> None:
-    """Print each triple's paths (the ``rules``, read from ``rules_file``, that predict it) and write them to ``out``."""
+def explain_rule_paths(dataset, rules, rules_file: str, triples: Tensor, out: Path, graph=None) -> None:
+    """Print each triple's paths (the ``rules``, read from ``rules_file``, that predict it) and write them to ``out``;
+    ``graph``: the training graph when the run already holds one."""
     from kgtrace.prover.rule_paths import KIND, explain_paths
 
-    found = explain_paths(dataset, rules, triples, rules_file=rules_file)
+    found = explain_paths(dataset, rules, triples, rules_file=rules_file, graph=graph)
     print(f"\n{KIND}:")
     print("\n".join(found.lines()))
     write_json(found.to_dict(), out)
@@ -299,7 +300,7 @@ def explain_prover_run(args: argparse.Namespace) -> int:
     check_run_outputs(args.run_dir, run.config.dataset, named_output(out, "--out"), reads=(args.triples,))
     if run.config.method == "apply":  # rule application: the rules that predict each triple, and their paths
         explain_rule_paths(run.dataset, run.rules, str(Path(args.run_dir) / "rules.txt"), explain_targets(args, run),
-                           out)
+                           out, run.graph)
         return 0
     proofs = explain_proofs(run, explain_targets(args, run))
     for line in proofs.lines():

@@ -229,7 +229,7 @@ def _clause(rule, dataset: Dataset, names: bool) -> str:
 
 
 def explain_paths(dataset: Dataset, rules: RuleSet, triples: Tensor | Named | Sequence[Named], *, top: int = 10,
-                  per_rule: int = 3, rules_file: str | Path = "") -> GraphPaths:
+                  per_rule: int = 3, rules_file: str | Path = "", graph: DirectedGraph | None = None) -> GraphPaths:
     """`triple_paths` of each triple [n, 3] over ``dataset``'s training graph.
 
     Args:
@@ -240,12 +240,16 @@ def explain_paths(dataset: Dataset, rules: RuleSet, triples: Tensor | Named | Se
         top: rules listed per triple, strongest first.
         per_rule: paths shown per rule.
         rules_file: the file the rules were read from, recorded in the result.
+        graph: ``dataset``'s training graph when one is at hand (a rule application run's ``graph``); built here
+            otherwise.
 
     Returns:
         `GraphPaths`: one `TriplePaths` per triple, in order (a triple no rule predicts has no rules); ``.lines()``,
         ``.to_dict()`` (the NAME.paths.json of ``kgtrace explain --rules``), ``.to_df()``.
     """
-    finder = PathFinder.of(DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations), rules)
+    if graph is None:
+        graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
+    finder = PathFinder.of(graph, rules)
     return GraphPaths(tuple(triple_paths(dataset, finder, tuple(triple), top=top, per_rule=per_rule)
                             for triple in triples_of(dataset, triples).tolist()), str(rules_file))
 

@@ -54,6 +54,7 @@ class ProverRun:
     rules: RuleSet
     engine: VectorEngine | None  # the SLD engine (bfs, policy); None for rule application
     model: nn.Module  # a Scorer: BfsScorer, a policy scorer, a RuleScorer, or a HybridScorer around one
+    graph: DirectedGraph | None = None  # rule application's training graph (its paths explain); None for the others
 
 
 def is_prover_run(path: str | Path) -> bool:
@@ -114,7 +115,7 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
     rules = read_rules(run_dir / RULES_FILE, dataset.relations, entities=dataset.entities, max_body=config.max_body())
     if compile is not None:  # the returned run's config says what it runs with
         config = dataclasses.replace(config, compile=compile)
-    engine = None
+    engine = graph = None
     if config.method == "apply":
         graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
         model: nn.Module = RuleScorer(graph, rules, config.aggregation)
@@ -129,5 +130,5 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
         model = HybridScorer(model, embedding_model(config.embedding_run, dataset, device), config.hybrid_weight)
     elif config.link_weight:
         model = HybridScorer(model, LinkHead(model.policy), config.hybrid_weight)
-    return ProverRun(run_dir, config, dataset, rules, engine, model.eval())
+    return ProverRun(run_dir, config, dataset, rules, engine, model.eval(), graph)
 
