@@ -314,30 +314,26 @@ def paths_block(item: TriplePaths) -> str:
             + "</div>")
 
 
-def paths_in(files: list[Path]) -> dict[Key, TriplePaths]:
-    """(head, relation, tail) -> the paths that imply it, from every paths file among ``files`` (explain --rules)."""
+def _by_triple(files: list[Path], items_of) -> dict:
+    """(head, relation, tail) -> item, over the items ``items_of`` finds in each file's JSON (none: ``()``)."""
     found = {}
     for path in files:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            items = GraphPaths.from_dict(data) if GraphPaths.holds(data) else GraphPaths(())
+            items = items_of(json.loads(path.read_text(encoding="utf-8")))
         except READ_ERRORS:  # the file's own section says what is wrong with it
             continue
         found.update((item.key(), item) for item in items)
     return found
 
 
+def paths_in(files: list[Path]) -> dict[Key, TriplePaths]:
+    """(head, relation, tail) -> the paths that imply it, from every paths file among ``files`` (explain --rules)."""
+    return _by_triple(files, lambda data: GraphPaths.from_dict(data) if GraphPaths.holds(data) else ())
+
+
 def proofs_in(files: list[Path]) -> dict[Key, TripleProof]:
     """(head, relation, tail) -> proof, from every explain file a prover run wrote ({"proofs": [...]})."""
-    found = {}
-    for path in files:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            proofs = Proofs.from_dict(data) if isinstance(data, dict) and "proofs" in data else Proofs(())
-        except READ_ERRORS:  # the file's own section says what is wrong with it
-            continue
-        found.update((item.key(), item) for item in proofs)
-    return found
+    return _by_triple(files, lambda data: Proofs.from_dict(data) if isinstance(data, dict) and "proofs" in data else ())
 
 
 def explain_section(path: Path, proofs: dict[Key, TripleProof] | None = None,
