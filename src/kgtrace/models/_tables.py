@@ -59,6 +59,12 @@ def relation_ids(relations: Tensor, num_relations: int, inverse_relations: bool)
     return relations if inverse_relations else relations.remainder(num_relations)
 
 
+def inverse_sign(relations: Tensor, num_relations: int, dtype: torch.dtype) -> Tensor:
+    """Relation-or-inverse ids [B] -> [B] of +1 for a relation r, -1 for an inverse r + R: the factor that turns r's
+    parameters into its inverse's (ComplEx's conjugate, TransE's -w_r, RotatE's -theta)."""
+    return 1.0 - 2.0 * (relations >= num_relations).to(dtype)
+
+
 def rows(table: Tensor, ids: Tensor, sparse: bool) -> Tensor:
     """Rows of ``table`` [N, D] (or entries of a vector [N]) at ``ids`` [*]: [*, D] (or [*]); sparse: the
     table's gradient is a sparse tensor of the rows read (module doc)."""

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
-from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
+from kgtrace.models._tables import dropped, init_tables, inverse_sign, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
 
 __all__ = ["SPEC", "ComplEx", "complex_product", "complex_query", "conjugate_inverses"]
@@ -38,7 +38,7 @@ def conjugate_inverses(r: Tensor, relations: Tensor, num_relations: int) -> Tens
     """Rows r [B, 2D] of relation-or-inverse ids ``relations`` [B] read at row ``id mod R``: conj(r) for the
     inverse ids r + R (the imaginary part's sign flipped), r itself for the others."""
     r_real, r_imag = r.chunk(2, dim=-1)
-    sign = 1.0 - 2.0 * (relations >= num_relations).to(r_imag.dtype)  # [B] +1, or -1 for an inverse
+    sign = inverse_sign(relations, num_relations, r_imag.dtype)  # [B] +1, or -1 for an inverse
     return torch.cat([r_real, r_imag * sign.unsqueeze(1)], dim=-1)
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_bool, check_sizes
-from kgtrace.models._tables import rows
+from kgtrace.models._tables import inverse_sign, rows
 from kgtrace.models.base import inverse_queries
 from kgtrace.models.complex import complex_product
 from kgtrace.models.transe import distance_chunks
@@ -64,7 +64,7 @@ class RotatE(nn.Module):
         ids = relations if self.inverse_relations else relations.remainder(self.num_relations)
         theta = rows(self.relation_phases, ids, self.sparse_grad)  # [B, D]
         if not self.inverse_relations:
-            theta = theta * (1.0 - 2.0 * (relations >= self.num_relations).to(theta.dtype)).unsqueeze(1)
+            theta = theta * inverse_sign(relations, self.num_relations, theta.dtype).unsqueeze(1)
         return torch.cat([torch.cos(theta), torch.sin(theta)], dim=-1)
 
     def encode_query(self, hr: Tensor) -> Tensor:

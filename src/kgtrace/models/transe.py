@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
-from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
+from kgtrace.models._tables import dropped, init_tables, inverse_sign, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
 
 __all__ = ["SPEC", "TransE", "distance_chunks"]
@@ -65,7 +65,7 @@ class TransE(nn.Module):
         ids = relation_ids(relations, self.num_relations, self.inverse_relations)
         w = dropped(rows(self.relation_embeddings, ids, self.sparse_grad), self.relation_dropout, self.training)
         if not self.inverse_relations:
-            w = w * (1.0 - 2.0 * (relations >= self.num_relations).to(w.dtype)).unsqueeze(1)  # -w_r for r + R
+            w = w * inverse_sign(relations, self.num_relations, w.dtype).unsqueeze(1)  # -w_r for r + R
         return self._entities(hr[:, 0]) + w
 
     def _scores(self, q: Tensor, entities: Tensor) -> Tensor:
