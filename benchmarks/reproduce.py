@@ -143,6 +143,39 @@ RECIPES = {r.name: r for r in (
            {**LIBKGE, "model": "complex", "training": "1vsall", "optimizer": "adagrad", "lr": 0.5256,
             "batch_size": 512, "lr_patience": 5}, 0.475, "Ruffinelli et al. 2020, complex-1vsAll-kl-bo-best",
            model_args={"embedding_dim": 64}, notes="128 reals = 64 complex dimensions; " + LEFT_OUT.format("")),
+    Recipe("transe-libkge-fb15k237", "fb15k237",
+           {**LIBKGE, "model": "transe", "training": "negative-sampling", "negatives_tail": 192, "negatives_head": 61,
+            "optimizer": "adam", "lr": 0.0003, "batch_size": 128, "lr_patience": 5}, 0.313,
+           "Ruffinelli et al. 2020, transe-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 128, "scoring_norm": 2, "inverse_relations": True,
+                       "init_uniform": [-1e-05, 1.0]},
+           notes="LibKGE's reciprocal relations model with the L2 distance, negative sampling with kl; its dropouts "
+                 "are negative in the dump (none); its weighted L2 penalty (weights 4e-12 and 9e-8) is left out"),
+    Recipe("transe-libkge-wn18rr", "wn18rr",
+           {**LIBKGE, "model": "transe", "training": "negative-sampling", "negatives_tail": 158, "negatives_head": 70,
+            "optimizer": "adagrad", "lr": 0.2533, "batch_size": 128, "lr_patience": 5}, 0.228,
+           "Ruffinelli et al. 2020, transe-negative_sampling-kl-bo-best",
+           model_args={"embedding_dim": 512, "scoring_norm": 2, "inverse_relations": True, "entity_dropout": 0.2519},
+           notes="LibKGE's reciprocal relations model with the L2 distance, negative sampling with kl, Xavier-normal "
+                 "init; its relation dropout is negative in the dump (none); its weighted L2 penalty (weights 1e-7 "
+                 "and 4e-13) is left out"),
+    Recipe("rescal-libkge-fb15k237", "fb15k237",
+           {**LIBKGE, "model": "rescal", "training": "1vsall", "optimizer": "adam", "lr": 0.000739, "batch_size": 512,
+            "lr_patience": 1}, 0.356, "Ruffinelli et al. 2020, rescal-1vsAll-kl-bo-best",
+           model_args={"embedding_dim": 128, "entity_dropout": 0.4267, "relation_dropout": 0.1594,
+                       "init_normal": 0.1225},
+           notes="no reciprocal relations (the dump's model is rescal): 1vsall trains the tail and head queries of "
+                 "each triple; LibKGE's normal_ initialisation (std .1225); its weighted L2 penalty (weights 5e-11 "
+                 "and 7e-13) is left out"),
+    Recipe("rescal-libkge-wn18rr", "wn18rr",
+           {**LIBKGE, "model": "rescal", "training": "kvsall-ce", "optimizer": "adam", "lr": 0.000854, "batch_size": 128,
+            "lr_patience": 8, "label_smoothing": 0.3, "label_smoothing_style": "conve"}, 0.467,
+           "Ruffinelli et al. 2020, rescal-KvsAll-kl-bo-best",
+           model_args={"embedding_dim": 128, "inverse_relations": True, "relation_dropout": 0.2378,
+                       "init_uniform": [-0.4064, 1.0]},
+           notes="LibKGE's KvsAll with kl and label smoothing .3 is kgtrace's kvsall-ce with the conve smoothing "
+                 "style; its entity dropout is negative in the dump (none); its weighted L3 penalty (weights 1e-14 "
+                 "and 3e-15) is left out"),
     Recipe("rotate-authors-fb15k237", "fb15k237",
            {**ROTATE, "batch_size": 1024, "negatives_tail": 256, "negatives_head": 256, "adversarial_temperature": 1.0,
             "epochs": 188}, 0.338, "Sun et al. 2019, table 5 (best_config.sh: 100,000 steps of 1,024)",

@@ -244,9 +244,20 @@ def test_uniform_initialisation_draws_within_its_bounds():
         assert float(table.mean()) == pytest.approx(0.375, abs=0.02)
 
 
+def test_normal_initialisation_has_its_standard_deviation():
+    torch.manual_seed(0)
+    model = build_model("rescal", 500, 40, embedding_dim=16, init_normal=0.12)
+    for table in (model.entity_embeddings.detach(), model.relation_matrices.detach()):
+        assert float(table.mean()) == pytest.approx(0.0, abs=0.01)
+        assert float(table.std()) == pytest.approx(0.12, rel=0.03)
+
+
 def test_table_options_are_checked_all_at_once():
     with pytest.raises(ConfigError) as err:
         build_model("complex", E, R, embedding_dim=4, inverse_relations="yes", entity_dropout=1.0,
-                    relation_dropout=-0.1, init_uniform=[1.0])
-    for key in ("inverse_relations='yes'", "entity_dropout=1.0", "relation_dropout=-0.1", "init_uniform=[1.0]"):
+                    relation_dropout=-0.1, init_uniform=[1.0], init_normal=-0.1)
+    for key in ("inverse_relations='yes'", "entity_dropout=1.0", "relation_dropout=-0.1", "init_uniform=[1.0]",
+                "init_normal=-0.1"):
         assert key in str(err.value)
+    with pytest.raises(ConfigError, match="both set"):
+        build_model("transe", E, R, embedding_dim=4, init_uniform=[-0.5, 1.0], init_normal=0.1)

@@ -11,6 +11,8 @@
 * ``init_uniform``: [low, high] to draw both tables from U(low, high) instead of Xavier-normal.
   LibKGE's tuned configurations give only its ``uniform_.a`` (low) and so draw from
   U(a, 1.0), torch's default upper bound (uma-pi1/kge issue 244): their recipes pass [a, 1.0].
+* ``init_normal``: a standard deviation to draw both tables from N(0, std^2) instead (LibKGE's
+  ``normal_`` initialisation, its default); at most one of the two.
 
 Every model reads its rows through `rows`, with its ``sparse_grad`` attribute (False when
 built; ``kgtrace train --sparse`` sets it): then a table's gradient is a sparse tensor of the rows
@@ -29,7 +31,7 @@ from kgtrace.models._checks import check_bool, check_dropout
 
 
 def table_problems(*, inverse_relations: object, entity_dropout: object, relation_dropout: object,
-                   init_uniform: object) -> list[str]:
+                   init_uniform: object, init_normal: object = None) -> list[str]:
     """One line per bad table option (module doc), with its fix."""
     problems: list[str] = []
     check_bool(problems, "inverse_relations", inverse_relations)
@@ -41,16 +43,27 @@ def table_problems(*, inverse_relations: object, entity_dropout: object, relatio
         if not pair or not init_uniform[0] < init_uniform[1]:
             problems.append(f"init_uniform={init_uniform!r}: must be [low, high] with low < high; fix: e.g. "
                             "init_uniform=[-0.9,1.0], or leave it unset for Xavier-normal")
+    if init_normal is not None:
+        if isinstance(init_normal, bool) or not isinstance(init_normal, (int, float)) or not (
+                math.isfinite(init_normal) and init_normal > 0):
+            problems.append(f"init_normal={init_normal!r}: must be a standard deviation > 0; fix: e.g. "
+                            "init_normal=0.1, or leave it unset for Xavier-normal")
+        elif init_uniform is not None:
+            problems.append(f"init_uniform={init_uniform!r} and init_normal={init_normal!r}: both set; fix: keep one")
     return problems
 
 
-def init_tables(init_uniform: list[float] | tuple[float, float] | None, *tables: nn.Parameter) -> None:
-    """Xavier-normal over each whole table, or U(low, high) with ``init_uniform`` = [low, high]."""
+def init_tables(init_uniform: list[float] | tuple[float, float] | None, *tables: nn.Parameter,
+                init_normal: float | None = None) -> None:
+    """Xavier-normal over each whole table, U(low, high) with ``init_uniform`` = [low, high], or N(0, std^2)
+    with ``init_normal`` = std."""
     for table in tables:
-        if init_uniform is None:
-            nn.init.xavier_normal_(table)
-        else:
+        if init_uniform is not None:
             nn.init.uniform_(table, float(init_uniform[0]), float(init_uniform[1]))
+        elif init_normal is not None:
+            nn.init.normal_(table, 0.0, float(init_normal))
+        else:
+            nn.init.xavier_normal_(table)
 
 
 def relation_ids(relations: Tensor, num_relations: int, inverse_relations: bool) -> Tensor:

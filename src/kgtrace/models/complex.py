@@ -58,18 +58,20 @@ class ComplEx(nn.Module):
 
     Parameters: ``entity_embeddings`` [E, 2D] and ``relation_embeddings`` [R, 2D] ([2R, 2D] with
     inverse relations) in the real | imag layout, Xavier-normal over the whole table (or
-    ``init_uniform``). Query representation: q = h * r packed as [Re | Im], [B, 2D], so that
+    ``init_uniform``, ``init_normal``). Query representation: q = h * r packed as [Re | Im], [B, 2D], so that
     score = q . [Re(t) | Im(t)].
     """
 
     def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200,
                  inverse_relations: bool = False, entity_dropout: float = 0.0, relation_dropout: float = 0.0,
-                 init_uniform: list[float] | None = None):
+                 init_uniform: list[float] | None = None,
+                 init_normal: float | None = None):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
         problems += table_problems(inverse_relations=inverse_relations, entity_dropout=entity_dropout,
-                                   relation_dropout=relation_dropout, init_uniform=init_uniform)
+                                   relation_dropout=relation_dropout, init_uniform=init_uniform,
+                                   init_normal=init_normal)
         if problems:
             raise ConfigError(problems)
         self.num_entities = num_entities
@@ -80,7 +82,7 @@ class ComplEx(nn.Module):
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, 2 * embedding_dim))
         self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations,
                                                             2 * embedding_dim))
-        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings, init_normal=init_normal)
         self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def _entities(self, ids: Tensor) -> Tensor:

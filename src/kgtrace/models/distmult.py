@@ -20,17 +20,19 @@ class DistMult(nn.Module):
 
     Parameters: ``entity_embeddings`` [E, D], ``relation_embeddings`` [R, D] ([2R, D] with
     inverse relations, the inverses after the relations), Xavier-normal over the whole table
-    (or ``init_uniform``). Query representation: q = e_h * w_r, [B, D].
+    (or ``init_uniform``, ``init_normal``). Query representation: q = e_h * w_r, [B, D].
     """
 
     def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 200,
                  inverse_relations: bool = False, entity_dropout: float = 0.0, relation_dropout: float = 0.0,
-                 init_uniform: list[float] | None = None):
+                 init_uniform: list[float] | None = None,
+                 init_normal: float | None = None):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
         problems += table_problems(inverse_relations=inverse_relations, entity_dropout=entity_dropout,
-                                   relation_dropout=relation_dropout, init_uniform=init_uniform)
+                                   relation_dropout=relation_dropout, init_uniform=init_uniform,
+                                   init_normal=init_normal)
         if problems:
             raise ConfigError(problems)
         self.num_entities = num_entities
@@ -40,7 +42,7 @@ class DistMult(nn.Module):
         self.entity_dropout, self.relation_dropout = entity_dropout, relation_dropout
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, embedding_dim))
         self.relation_embeddings = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations, embedding_dim))
-        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings)
+        init_tables(init_uniform, self.entity_embeddings, self.relation_embeddings, init_normal=init_normal)
         self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def _entities(self, ids: Tensor) -> Tensor:

@@ -19,18 +19,20 @@ class Rescal(nn.Module):
     ``inverse_relations`` gives each inverse its own matrix (options: `kgtrace.models._tables`).
 
     Parameters: ``entity_embeddings`` [E, D], ``relation_matrices`` [R, D * D] ([2R, D * D] with inverse
-    relations), each row a matrix M_r read row-major, Xavier-normal over the whole table (or ``init_uniform``).
-    Query representation: q = e_h^T M_r, [B, D].
+    relations), each row a matrix M_r read row-major, Xavier-normal over the whole table (or ``init_uniform``,
+    ``init_normal``). Query representation: q = e_h^T M_r, [B, D].
     """
 
     def __init__(self, num_entities: int, num_relations: int, *, embedding_dim: int = 128,
                  inverse_relations: bool = False, entity_dropout: float = 0.0, relation_dropout: float = 0.0,
-                 init_uniform: list[float] | None = None):
+                 init_uniform: list[float] | None = None,
+                 init_normal: float | None = None):
         super().__init__()
         problems: list[str] = []
         check_sizes(problems, num_entities, num_relations, embedding_dim)
         problems += table_problems(inverse_relations=inverse_relations, entity_dropout=entity_dropout,
-                                   relation_dropout=relation_dropout, init_uniform=init_uniform)
+                                   relation_dropout=relation_dropout, init_uniform=init_uniform,
+                                   init_normal=init_normal)
         if problems:
             raise ConfigError(problems)
         self.num_entities, self.num_relations, self.embedding_dim = num_entities, num_relations, embedding_dim
@@ -39,7 +41,7 @@ class Rescal(nn.Module):
         self.entity_embeddings = nn.Parameter(torch.empty(num_entities, embedding_dim))
         self.relation_matrices = nn.Parameter(torch.empty((1 + inverse_relations) * num_relations,
                                                           embedding_dim * embedding_dim))
-        init_tables(init_uniform, self.entity_embeddings, self.relation_matrices)
+        init_tables(init_uniform, self.entity_embeddings, self.relation_matrices, init_normal=init_normal)
         self.sparse_grad = False  # sparse gradients of the rows read (kgtrace.models._tables.rows)
 
     def _entities(self, ids: Tensor) -> Tensor:
