@@ -14,6 +14,7 @@ from kgtrace.attribution.trak import removal_weights
 from kgtrace.core.checkpoint import load_checkpoint
 from kgtrace.core.config import TrainConfig
 from kgtrace.core.errors import ConfigError, KgtraceError
+from kgtrace.core.specs import spec_named
 from kgtrace.models import ComplEx, ConvE, DistMult, RotatE, TransE, _tables, build_model
 from kgtrace.training import loss
 from kgtrace.training.batches import Batches
@@ -65,6 +66,11 @@ def test_rows_equal_the_per_triple_reference_in_value_and_gradient(negatives, ga
 def test_rows_are_gathered_when_the_candidates_are_few_beside_the_entities():
     assert not gathers_rows(403, 256, 14_541)  # FB15k-237 with LibKGE's DistMult: score every entity
     assert gathers_rows(257, 200, 1_097_020)  # a ROBOKOP-sized graph: gather each query's candidates
+    # a distance model gathers whenever the candidates are fewer than the entities (RotatE's FB15k-237 recipe)
+    assert gathers_rows(257, 2_000, 14_505, decodes_by_product=False)
+    assert not gathers_rows(20, 8, 14, decodes_by_product=False)
+    assert not spec_named("transe").decodes_by_product and not spec_named("rotate").decodes_by_product
+    assert spec_named("distmult").decodes_by_product and spec_named("rescal").decodes_by_product
 
 
 def test_padded_rows_add_nothing():

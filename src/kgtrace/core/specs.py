@@ -95,6 +95,10 @@ class ModelSpec:
     inverse_relations: bool = False
     #: PyKEEN's model of the same scoring function and where its weights sit (they map one to one); None: none.
     pykeen: PykeenLayout | None = None
+    #: Scores of every entity are one matrix product of the encoded query with the entity table; False for a
+    #: distance model (TransE, RotatE), whose every score is elementwise work on a difference (negative sampling
+    #: then scores only the drawn candidates: `kgtrace.training.loss.gathers_rows`).
+    decodes_by_product: bool = True
     #: TRAK's default ridge, a fraction of the mean of its kernel's nonzero eigenvalues: the ridge with the
     #: best linear datamodeling score for this model on the bundled graphs (docs/benchmarks.md's sweep).
     trak_ridge: float = DEFAULT_TRAK_RIDGE

@@ -108,6 +108,7 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_phases": "relation"},
     factoriser="rows",
+    decodes_by_product=False,  # a distance per entity
     # PyKEEN's RotatE: no margin, the Euclidean norm, relations stored as unit complex numbers.
     pykeen=PykeenLayout("RotatE", relation="relation_phases", entity_form="complex", relation_form="phases",
                         dims=(("embedding_dim", "entity", 2),), implied=(("margin", 0.0), ("scoring_norm", 2))),

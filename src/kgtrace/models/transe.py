@@ -106,6 +106,7 @@ SPEC = ModelSpec(
     last_layer=("entity_embeddings",),  # the tail side of the score (also the head side: one entity table)
     row_tables={"entity_embeddings": "entity", "relation_embeddings": "relation"},
     factoriser="rows",
+    decodes_by_product=False,  # a distance per entity
     # PyKEEN's TransE scores -||h + r - t||_p: no margin; its p is scoring_fct_norm (interaction.p).
     pykeen=PykeenLayout("TransE", kwargs=(("embedding_dim", "embedding_dim"), ("scoring_norm", "scoring_fct_norm")),
                         implied=(("margin", 0.0),), attributes=(("scoring_norm", "interaction.p"),)),

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from kgtrace.core.config import SMOOTHING_STYLES
 from kgtrace.core.errors import ConfigError
+from kgtrace.core.specs import spec_of
 from kgtrace.models.base import FactorisedScorer
 
 __all__ = [
@@ -377,17 +378,25 @@ def sampled_adversarial_rows(picked: Tensor, temperature: float) -> Tensor:
     return -(F.logsigmoid(picked[:, 0]) + (weights * F.logsigmoid(-negatives)).sum(1)) / 2
 
 
-def gathers_rows(num_candidates: int, dim: int, num_entities: int) -> bool:
+def gathers_rows(num_candidates: int, dim: int, num_entities: int, decodes_by_product: bool = True) -> bool:
     """Whether each query scores its own candidates' gathered rows ([B, C, D] values) rather than every
-    entity ([B, E] scores, then a gather): when C * D < E. FB15k-237 with LibKGE's 403 candidates of 256
-    dimensions scores all 14,541 entities; a graph of a million entities gathers."""
-    return num_candidates * dim < num_entities
+    entity ([B, E] scores, then a gather).
+
+    A model that scores every entity by one matrix product (``ModelSpec.decodes_by_product``) gathers when
+    C * D < E: FB15k-237 with LibKGE's 403 candidates of 256 dimensions scores all 14,541 entities; a graph
+    of a million entities gathers. A distance model (TransE, RotatE) pays E x D elementwise work for every
+    entity, and in training keeps as many differences for the backward pass (RotatE's FB15k-237 recipe: a
+    [1,024, 14,541, 2,000] tensor), so it gathers whenever C < E."""
+    return num_candidates * (dim if decodes_by_product else 1) < num_entities
 
 
 def candidate_scores(model: nn.Module, q: Tensor, candidates: Tensor) -> Tensor:
     """Scores [B, 1 + n] of each encoded query q [B, D] against its candidates [B, 1 + n] (`gathers_rows`;
     always gathered for a model with sparse gradients, whose step reads only the candidates' rows)."""
-    if getattr(model, "sparse_grad", False) or gathers_rows(candidates.shape[1], q.shape[1], model.num_entities):
+    spec = spec_of(model)
+    by_product = spec is None or spec.decodes_by_product
+    if getattr(model, "sparse_grad", False) or gathers_rows(candidates.shape[1], q.shape[1], model.num_entities,
+                                                            by_product):
         return model.decode_ids(q, candidates)
     return model.decode(q).gather(1, candidates)
 
