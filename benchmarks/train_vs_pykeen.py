@@ -1,8 +1,21 @@
-"""Train PyKEEN's ConvE and ours on the same data with the same hyperparameters; print JSON.
+"""Train PyKEEN's model and ours on the same data with the same hyperparameters; print JSON.
 
-Both tools train ConvE (dim 200, 10x20, 32 3x3 filters) with KvsAll/LCWA over reciprocal queries,
-BCE with label smoothing 0.1, Adam 1e-3, batch 128, for --epochs epochs on --device, then rank the
-test split filtered by train+valid+test (realistic ties). The data comes from kgtrace's dataset
+Both tools train each model of --models (default ConvE) for --epochs epochs on --device, then rank the
+test split filtered by train+valid+test (realistic ties). The settings per model are in ``SETTINGS``:
+
+* ConvE (dim 200, 10x20, 32 3x3 filters), DistMult and ComplEx (dim 200), TuckER (200 x 200, the
+  authors' dropouts) and RESCAL (dim 128): KvsAll/LCWA over reciprocal queries, BCE with label
+  smoothing 0.1, Adam 1e-3, batch 128.
+* TransE (L1) and RotatE (dim 200): negative sampling, PyKEEN's sLCWA, with the self-adversarial
+  loss of Sun et al. 2019 (PyKEEN's NSSALoss, margin 9, temperature 1), 64 uniform negatives per
+  positive, Adam 1e-3. PyKEEN trains every triple and its inverse as a positive (batch 1,024 of them),
+  each with 64 negatives corrupting its head or tail; kgtrace trains every triple's tail query and
+  its inverse's with 64 negatives each (batch 512 triples): the same positives, negatives and scores
+  per epoch and per step. kgtrace's loss sums the two sides, PyKEEN's averages them (the losses are a
+  factor 2 apart).
+
+PyKEEN's model, its keyword arguments and inverse triples follow from kgtrace's model arguments
+through kgtrace's PyKEEN mapping (each model's ``ModelSpec.pykeen``). The data comes from kgtrace's dataset
 registry (bundled: umls, kinships, nations; fetched into the cache: fb15k237, wn18rr; or a dataset
 folder), and PyKEEN gets the very same id triples and label-to-id maps (``TriplesFactory`` built from
 kgtrace's ids), so both train on identical triples with identical ids; valid/test triples whose
@@ -19,8 +32,8 @@ when both tools finished training); PyKEEN's cell prints progress every few batc
 runs out of time inside its first epoch records the batches it completed and the seconds per epoch
 they extrapolate to (``extrapolated_seconds_per_epoch``, the ratio marked ``_extrapolated``).
 
-    python benchmarks/train_vs_pykeen.py [--datasets umls,kinships] [--threads 1,2] [--epochs 100]
-        [--device auto|cpu|cuda] [--cell-timeout SECONDS]
+    python benchmarks/train_vs_pykeen.py [--models conve,transe] [--datasets umls,kinships] [--threads 1,2]
+        [--epochs 100] [--device auto|cpu|cuda] [--cell-timeout SECONDS]
     python benchmarks/train_vs_pykeen.py --datasets fb15k237 --threads 1 --epochs 2
 
 Needs PyKEEN (`pip install pykeen==1.11.1` beside kgtrace).
@@ -38,8 +51,43 @@ import tempfile
 import time
 from pathlib import Path
 
-HYPER = {"embedding_dim": 200, "batch_size": 128, "lr": 1e-3, "label_smoothing": 0.1}
+LCWA = {"training": "kvsall", "batch_size": 128, "lr": 1e-3, "label_smoothing": 0.1}
+SLCWA = {"training": "negative-sampling", "batch_size": 512, "lr": 1e-3, "label_smoothing": 0.0,
+         "negatives_tail": 64, "negatives_head": 64, "adversarial_temperature": 1.0}
+#: kgtrace TrainConfig settings per model; PyKEEN's follow from them (`pykeen_settings`).
+SETTINGS = {
+    "conve": {**LCWA, "model_args": {"embedding_dim": 200}},
+    "distmult": {**LCWA, "model_args": {"embedding_dim": 200, "inverse_relations": True}},
+    "complex": {**LCWA, "model_args": {"embedding_dim": 200, "inverse_relations": True}},
+    "tucker": {**LCWA, "model_args": {"embedding_dim": 200, "relation_dim": 200}},
+    "rescal": {**LCWA, "model_args": {"embedding_dim": 128, "inverse_relations": True}},
+    "transe": {**SLCWA, "model_args": {"embedding_dim": 200, "scoring_norm": 1, "margin": 9.0,
+                                       "inverse_relations": True}},
+    "rotate": {**SLCWA, "model_args": {"embedding_dim": 200, "margin": 9.0, "inverse_relations": True}},
+}
+#: PyKEEN model keyword arguments beyond the mapped ones, to train the same model: PyKEEN's TransE normalises
+#: every entity row after each step by default, kgtrace's (as the paper's loss here) does not.
+PYKEEN_EXTRA = {"transe": {"entity_constrainer": None}}
 PROGRESS_EVERY = 10  # PyKEEN batches between progress lines
+
+
+def pykeen_settings(model: str) -> dict:
+    """PyKEEN pipeline keyword arguments training the same model as kgtrace's ``SETTINGS[model]``."""
+    from kgtrace.interop.pykeen import PYKEEN_NAMES, pykeen_model_kwargs
+    from kgtrace.interop.pykeen_export import full_args
+
+    ours = SETTINGS[model]
+    args = full_args(model, ours["model_args"])
+    common = {"model": PYKEEN_NAMES[model], "model_kwargs": {**pykeen_model_kwargs(model, args), **PYKEEN_EXTRA.get(model, {})},
+              "optimizer": "Adam", "optimizer_kwargs": {"lr": ours["lr"]}}
+    if ours["training"] == "kvsall":
+        return {**common, "loss": "BCEWithLogits", "training_loop": "LCWA",
+                "training_kwargs": {"batch_size": ours["batch_size"], "label_smoothing": ours["label_smoothing"]}}
+    return {**common, "loss": "NSSA",
+            "loss_kwargs": {"margin": args["margin"], "adversarial_temperature": ours["adversarial_temperature"]},
+            "training_loop": "sLCWA", "negative_sampler": "basic",
+            "negative_sampler_kwargs": {"num_negs_per_pos": ours["negatives_tail"]},
+            "training_kwargs": {"batch_size": 2 * ours["batch_size"]}}
 
 
 def peak_rss_mb() -> float:
@@ -53,12 +101,16 @@ def load(dataset: str):
     return load_dataset(dataset)
 
 
-def pykeen_factories(ds) -> tuple:
-    """PyKEEN TriplesFactories of train, valid and test: kgtrace's id triples and label maps, with inverses."""
+def pykeen_factories(ds, model: str) -> tuple:
+    """PyKEEN TriplesFactories of train, valid and test: kgtrace's id triples and label maps, with inverses
+    where kgtrace's model has inverse relations."""
     from pykeen.triples import TriplesFactory
 
+    from kgtrace.interop.pykeen import has_inverse_relations
+
+    inverse = has_inverse_relations(model, SETTINGS[model]["model_args"])
     maps = {"entity_to_id": dict(ds.entities.to_id), "relation_to_id": dict(ds.relations.to_id)}
-    return tuple(TriplesFactory(mapped_triples=split, create_inverse_triples=True, **maps)
+    return tuple(TriplesFactory(mapped_triples=split, create_inverse_triples=inverse, **maps)
                  for split in (ds.train, ds.valid, ds.test))
 
 
@@ -97,31 +149,32 @@ def epoch_timer():
     return EpochTimer()
 
 
-def batches_per_epoch(ds) -> int:
-    """PyKEEN's LCWA batches per epoch: distinct (head, relation) queries with inverses over the batch size,
-    the last incomplete batch dropped."""
+def batches_per_epoch(ds, model: str) -> int:
+    """PyKEEN's batches per epoch: LCWA's distinct (head, relation) queries with inverses over the batch size,
+    the last incomplete batch dropped; sLCWA's triples and their inverses over its batch size, the last kept."""
     import torch
 
-    train = ds.train
+    train, settings = ds.train, pykeen_settings(model)
+    batch = settings["training_kwargs"]["batch_size"]
+    if settings["training_loop"] == "sLCWA":
+        return -(-2 * len(train) // batch)
     inverse = torch.stack([train[:, 2], train[:, 1] + ds.num_relations], 1)
     queries = len(torch.unique(torch.cat([train[:, :2], inverse]), dim=0))
-    return queries // HYPER["batch_size"]
+    return queries // batch
 
 
-def run_pykeen(dataset: str, epochs: int, seed: int, device: str) -> dict:
+def run_pykeen(dataset: str, model: str, epochs: int, seed: int, device: str) -> dict:
     from pykeen.pipeline import pipeline
 
     ds = load(dataset)
-    print(json.dumps({"batches_per_epoch": batches_per_epoch(ds)}), flush=True)
-    train, valid, test = pykeen_factories(ds)
+    print(json.dumps({"batches_per_epoch": batches_per_epoch(ds, model)}), flush=True)
+    train, valid, test = pykeen_factories(ds, model)
     timer = epoch_timer()
+    settings = pykeen_settings(model)
+    training_kwargs = {**settings.pop("training_kwargs"), "num_epochs": epochs, "use_tqdm": False, "callbacks": timer}
     start = time.perf_counter()
     result = pipeline(
-        training=train, validation=valid, testing=test, model="ConvE",
-        model_kwargs={"embedding_dim": HYPER["embedding_dim"]},
-        loss="BCEWithLogits", training_loop="LCWA", optimizer="Adam", optimizer_kwargs={"lr": HYPER["lr"]},
-        training_kwargs={"num_epochs": epochs, "batch_size": HYPER["batch_size"],
-                         "label_smoothing": HYPER["label_smoothing"], "use_tqdm": False, "callbacks": timer},
+        training=train, validation=valid, testing=test, **settings, training_kwargs=training_kwargs,
         evaluator="RankBasedEvaluator", evaluator_kwargs={"filtered": True},
         evaluation_kwargs={"use_tqdm": False}, random_seed=seed, device=device,
     )
@@ -139,13 +192,11 @@ def run_pykeen(dataset: str, epochs: int, seed: int, device: str) -> dict:
     }
 
 
-def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str) -> dict:
+def run_kgtrace(dataset: str, model: str, epochs: int, seed: int, threads: int, device: str) -> dict:
     import kgtrace
 
-    config = kgtrace.TrainConfig(
-        dataset=dataset, model="conve", model_args={"embedding_dim": HYPER["embedding_dim"]}, epochs=epochs,
-        batch_size=HYPER["batch_size"], lr=HYPER["lr"], label_smoothing=HYPER["label_smoothing"],
-        eval_every=0, checkpoint_every=epochs, seed=seed, threads=threads, device=device)
+    config = kgtrace.TrainConfig(dataset=dataset, model=model, optimizer="adam", epochs=epochs, eval_every=0,
+                                 checkpoint_every=epochs, seed=seed, threads=threads, device=device, **SETTINGS[model])
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         kgtrace.train(config, Path(tmp) / "run", progress=False, log=lambda *_: None)
@@ -157,9 +208,12 @@ def run_kgtrace(dataset: str, epochs: int, seed: int, threads: int, device: str)
         records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     m = metrics.both.realistic
     seconds = [r["seconds"] for r in records]
-    floor = epoch_floor(run.model, ds, next(run.model.parameters()).device, steps=records[0]["step"])
+    floor = {}
+    if model == "conve":  # the arithmetic floor is worked out for ConvE's step
+        floor = epoch_floor(run.model, ds, next(run.model.parameters()).device, steps=records[0]["step"])
+        floor["floor_fraction"] = floor["epoch_floor_seconds"] / min(seconds)
     return {
-        **floor, "floor_fraction": floor["epoch_floor_seconds"] / min(seconds),
+        **floor,
         "seconds_per_epoch": sum(seconds) / epochs, "epoch_seconds": seconds, "train_seconds": sum(seconds),
         "total_seconds": total, "losses": [r["loss"] for r in records], "final_loss": records[-1]["loss"],
         "peak_rss_training_mb": training_rss,
@@ -176,7 +230,8 @@ def epoch_floor(model, ds, device, steps: int) -> dict:
     from common import conve_step_cost, device_rates, floor_ms
 
     params = sum(p.numel() for p in model.parameters())
-    cost = conve_step_cost(HYPER["batch_size"], ds.num_entities, HYPER["embedding_dim"], params)
+    settings = SETTINGS["conve"]
+    cost = conve_step_cost(settings["batch_size"], ds.num_entities, settings["model_args"]["embedding_dim"], params)
     return {"epoch_floor_seconds": steps * floor_ms(*cost, device_rates(device)) / 1000}
 
 
@@ -185,17 +240,17 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     if args.worker == "pykeen":
-        out = run_pykeen(args.dataset, args.epochs, args.seed, args.device)
+        out = run_pykeen(args.dataset, args.model, args.epochs, args.seed, args.device)
     else:
-        out = run_kgtrace(args.dataset, args.epochs, args.seed, args.threads, args.device)
+        out = run_kgtrace(args.dataset, args.model, args.epochs, args.seed, args.threads, args.device)
     out["peak_rss_mb"] = peak_rss_mb()
     if args.device == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out))
 
 
-def cell(tool: str, dataset: str, threads: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--worker", tool, "--dataset", dataset, "--threads", str(threads),
+def cell(tool: str, model: str, dataset: str, threads: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--worker", tool, "--model", model, "--dataset", dataset, "--threads", str(threads),
            "--epochs", str(args.epochs), "--seed", str(args.seed), "--device", args.device]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     try:
@@ -254,6 +309,7 @@ def compare(row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="conve", help=f"comma-separated, of {', '.join(SETTINGS)}")
     parser.add_argument("--datasets", default="umls,kinships",
                         help="comma-separated registry names (kgtrace datasets lists them) or dataset folders")
     parser.add_argument("--threads", default="1,2")
@@ -263,7 +319,11 @@ def main() -> None:
     parser.add_argument("--cell-timeout", type=int, default=None, help="seconds before a cell is abandoned")
     parser.add_argument("--worker", choices=("pykeen", "kgtrace"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = sorted(set(args.models.split(",")) - set(SETTINGS))
+    if unknown:
+        parser.error(f"--models: no settings for {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
     if args.worker:
         args.threads = int(args.threads)
         return worker(args)
@@ -273,13 +333,15 @@ def main() -> None:
     results = []
     for dataset in args.datasets.split(","):
         sizes = dataset_sizes(dataset)
-        for threads in (int(t) for t in args.threads.split(",")):
-            row = {"dataset": dataset, **sizes, "threads": threads, "device": args.device, "epochs": args.epochs,
-                   **HYPER, "pykeen": cell("pykeen", dataset, threads, args),
-                   "kgtrace": cell("kgtrace", dataset, threads, args)}
-            compare(row)
-            results.append(row)
-            print(json.dumps(row), file=sys.stderr)
+        for model in args.models.split(","):
+            for threads in (int(t) for t in args.threads.split(",")):
+                row = {"dataset": dataset, **sizes, "model": model, "threads": threads, "device": args.device,
+                       "epochs": args.epochs, "settings": SETTINGS[model], "pykeen_settings": pykeen_settings(model),
+                       "pykeen": cell("pykeen", model, dataset, threads, args),
+                       "kgtrace": cell("kgtrace", model, dataset, threads, args)}
+                compare(row)
+                results.append(row)
+                print(json.dumps(row), file=sys.stderr)
     print(json.dumps({"benchmark": "train_vs_pykeen", "results": results}, indent=2))
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from attribution_references import ScoreT, fisher_reference, reference_hessian, score_gradient
 from scipy import stats
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
@@ -107,14 +108,6 @@ def test_settings_report_every_problem():
 # ----------------------------------------------------------------------------- methods against slow references
 
 
-def _score_gradient(model, triple, names):
-    """Reference: d score_hrt(triple) / d params, by plain autograd, flattened in ``names`` order."""
-    params = dict(model.named_parameters())
-    score = model.score_hrt(triple.view(1, 3)).sum()
-    grads = torch.autograd.grad(score, [params[n] for n in names])
-    return torch.cat([g.reshape(-1) for g in grads])
-
-
 @pytest.mark.parametrize("dim", [16, 2000, None])  # k < n, k > n (solved as an [n, n] system), no projection
 def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult, dim):
     run = load_run(tiny_distmult)
@@ -126,8 +119,8 @@ def test_trak_equals_its_formula_computed_triple_by_triple(tiny_distmult, dim):
         size = sum(p.numel() for p in model.parameters())
         projection = (torch.eye(size) if dim is None else
                       torch.randn(size, dim, generator=torch.Generator().manual_seed(5 * 1_000_003 + c)) / dim ** 0.5)
-        phi = torch.stack([_score_gradient(model, z, names) for z in run.dataset.train]) @ projection.double()  # [n, k]
-        phi_test = torch.stack([_score_gradient(model, z, names) for z in test]) @ projection.double()  # [3, k]
+        phi = torch.stack([score_gradient(model, z, names) for z in run.dataset.train]) @ projection.double()  # [n, k]
+        phi_test = torch.stack([score_gradient(model, z, names) for z in test]) @ projection.double()  # [3, k]
         kernel = phi.T @ phi  # [k, k]: the primal form, whatever k
         mean_eigenvalue = float(torch.linalg.eigvalsh(kernel).sum()) / min(phi.shape)  # its rank is at most min(n, k)
         kernel = kernel + (0.5 * mean_eigenvalue + 1e-12) * torch.eye(len(kernel), dtype=torch.float64)
@@ -167,7 +160,7 @@ def test_leaving_a_triple_out_of_kvsall_changes_the_gradient_by_one_multiple_of_
     for h, r, t in train[:4].tolist():
         answers = [b for a, rel, b in train.tolist() if (a, rel) == (h, r)]
         change = query_gradient(h, r, answers) - query_gradient(h, r, [b for b in answers if b != t])
-        direction = _score_gradient(model, torch.tensor([h, r, t]), names)
+        direction = score_gradient(model, torch.tensor([h, r, t]), names)
         multiple = float(change @ direction / (direction @ direction))
         assert torch.allclose(change, multiple * direction, atol=1e-12)
         multiples.append(multiple)
@@ -215,46 +208,16 @@ def test_kvsall_ce_removal_weights_are_the_change_of_the_score_gradient(tiny_dis
         assert float(got[j]) == pytest.approx(change, rel=1e-6)
 
 
-def _reference_hessian(run):
-    """Reference: autograd's Hessian of the whole KvsAll objective (dense labels, one batch), float64."""
-    model = copy.deepcopy(run.model).double().eval()
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
-    batches = Batches.build(run.dataset.train, run.dataset.num_relations, "kvsall")
-    rows, cols = batches.index.pairs_at(torch.arange(len(batches)))
-
-    def loss(flat):
-        weights, offset = {}, 0
-        for name, shape, size in shapes:
-            weights[name] = flat[offset:offset + size].view(shape)
-            offset += size
-        scores = functional_call(_ScoreT(model), {f"model.{k}": v for k, v in weights.items()},
-                                            (batches.queries,))
-        return dense_bce_reference(scores, rows, cols, run.config.label_smoothing)
-
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return model, names, torch.autograd.functional.hessian(loss, flat)
-
-
-class _ScoreT(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, queries):
-        return self.model.score_t(queries)
-
-
 def test_training_hessian_agrees_with_autograd(tiny_distmult):
     run = load_run(tiny_distmult)
-    model, names, expected = _reference_hessian(run)
+    model, names, expected = reference_hessian(run)
     got = training_hessian(model, run.dataset.train, run.dataset.num_relations, run.config, names)
     assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
 
 
 def test_influence_equals_the_damped_inverse_hessian_product(tiny_distmult):
     run = load_run(tiny_distmult)
-    model, names, hessian = _reference_hessian(run)
+    model, names, hessian = reference_hessian(run)
     test = run.dataset.test[:2]
     found = InfluenceFunction(run, damping=1e-3)
     damped = hessian + found.damping * torch.eye(len(hessian), dtype=torch.float64)
@@ -346,35 +309,6 @@ def test_report_shows_the_lds_table(tiny_distmult, tmp_path):
     assert page.index("grad-dot") < page.rindex("random")  # a row per method
 
 
-def _fisher_reference(model, train, test, names, damping):
-    """Reference: the dense empirical Fisher from autograd gradients, every entry outside the blocks zeroed."""
-    from kgtrace.attribution.rows import row_tables
-
-    params = dict(model.named_parameters())
-
-    def loss_gradient(z):
-        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
-
-    g_train = torch.stack([loss_gradient(z) for z in train])  # [n, P]
-    fisher = g_train.T @ g_train / len(train)  # [P, P]
-    # Block labels per flat coordinate: (space, row) for table entries, a unique label otherwise.
-    tables, labels, offset = row_tables(model), [], 0
-    for n in names:
-        p = params[n]
-        if n in tables:
-            width = p[0].numel()
-            labels += [(tables[n], i) for i in range(p.shape[0]) for _ in range(width)]
-        else:
-            labels += [("dense", offset + i) for i in range(p.numel())]
-        offset += p.numel()
-    same = torch.tensor([[a == b for b in labels] for a in labels])
-    blocks = torch.where(same, fisher, torch.zeros_like(fisher))
-    lam = damping * blocks.diagonal().mean() + 1e-12
-    g_test = torch.stack([loss_gradient(z) for z in test])
-    return g_test @ torch.linalg.solve(blocks + lam * torch.eye(len(blocks), dtype=torch.float64), g_train.T)
-
-
 @pytest.mark.parametrize("model_name,args", [("distmult", {"embedding_dim": 4}),
                                              ("conve", {"embedding_dim": 6, "embedding_height": 2,
                                                         "output_channels": 2})])
@@ -393,7 +327,7 @@ def test_fisher_influence_equals_the_dense_block_diagonal_solve(tmp_path, model_
     model = model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path)).double().eval()
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     test = run.dataset.test[:3]
-    expected = _fisher_reference(model, run.dataset.train, test, names, 1e-3)
+    expected = fisher_reference(model, run.dataset.train, test, names, 1e-3)
     got = fisher_influence(run, test, damping=1e-3)
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())
 
@@ -420,7 +354,7 @@ def test_training_hessian_of_a_cross_entropy_objective(tmp_path, training):
         for name, shape, size in shapes:
             weights[f"model.{name}"] = flat[offset:offset + size].view(shape)
             offset += size
-        return objective(functional_call(_ScoreT(model), weights, (batches.queries,)))
+        return objective(functional_call(ScoreT(model), weights, (batches.queries,)))
 
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     expected = torch.autograd.functional.hessian(loss, flat)
