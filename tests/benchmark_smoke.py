@@ -47,7 +47,7 @@ SMOKE: dict[str, tuple[list[list[str]], list[str]]] = {
                           "--dims", "16", "--n-test", "2", "--threads", "1", "--device", "cpu"]),
     "train_memory": ([], ["--entities", "2000", "--triples", "10000", "--relations", "5", "--batch", "16", "--chunk",
                           "512", "--device", "cpu"]),
-    "train_vs_pykeen": ([], ["--datasets", "nations", "--epochs", "1", "--threads", "1"]),
+    "train_vs_pykeen": ([], ["--models", "conve,transe", "--datasets", "nations", "--epochs", "1", "--threads", "1"]),
 }
 
 
