@@ -379,18 +379,36 @@ def test_scores_equal_the_papers_formulas(name, overrides):
         torch.testing.assert_close(model.score_t(hrt[:, :2])[torch.arange(len(hrt)), hrt[:, 2]], expected, **TOL)
 
 
-def test_distance_models_decode_in_chunks(monkeypatch):
-    """A distance decode holds [B, chunk, D] differences: any chunking gives the same scores."""
+@pytest.mark.parametrize("grad", [False, True])
+def test_distance_models_decode_in_chunks(monkeypatch, grad):
+    """A distance decode holds [B, chunk, D] differences (RotatE's ranking, and both under autograd): any
+    chunking gives the same scores."""
     import kgtrace.models.transe as transe
 
     hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
     for name in ("transe", "rotate"):
         model = make_model(name)
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             whole = model.score_t(hr)
             monkeypatch.setattr(transe, "DIFFERENCES", 1)  # one entity per chunk
             torch.testing.assert_close(model.score_t(hr), whole, **TOL)
             monkeypatch.undo()
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_transe_decode_by_cdist_equals_the_differences(norm):
+    """TransE's decode (torch.cdist) gives the scores of the differences written out (to rounding: its own order of
+    summation)."""
+    model = make_model("transe", scoring_norm=norm).float()
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    with torch.no_grad():
+        q = model.encode_query(hr)
+        expected = model.margin - torch.linalg.vector_norm(q.unsqueeze(1) - model.entity_embeddings, ord=norm, dim=-1)
+        got = model.decode(q)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    with_grad = model.decode(model.encode_query(hr))  # the differences in chunks, twice differentiable
+    assert with_grad.requires_grad
+    torch.testing.assert_close(with_grad.detach(), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["transe", "rotate"])
@@ -419,3 +437,14 @@ def test_models_run_on_cuda(name):
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     model.train()
     model.score_t(hr.cuda()).sum().backward()
+
+
+def test_rotate_euclidean_ranking_by_cdist_equals_its_differences():
+    """RotatE with scoring_norm 2 ranks by torch.cdist over [Re | Im]: the Euclidean norm of the moduli."""
+    model = make_model("rotate", scoring_norm=2)
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))
+    with torch.no_grad():
+        ranked = model.score_t(hr)
+    with_grad = model.score_t(hr)  # the moduli of the differences, in chunks
+    assert with_grad.requires_grad
+    torch.testing.assert_close(ranked, with_grad.detach(), **TOL)

@@ -13,14 +13,15 @@ from kgtrace.models.base import inverse_queries
 
 __all__ = ["SPEC", "TransE", "distance_chunks"]
 
-#: Entries of the [B, chunk, D] differences a distance decode holds at once (64 MB of float32).
-DIFFERENCES = 1 << 24
+#: Entries of the [B, chunk, D] differences a distance decode holds at once (4 MB of float32: on one CPU thread
+#: RotatE ranked FB15k-237's entities with chunks of 4 MB in 1.4 s where 64 MB took 3.5 s, the intermediates
+#: staying in cache).
+DIFFERENCES = 1 << 20
 
 
 def distance_chunks(rows_per_query: int, width: int, num_queries: int) -> int:
     """Entities per chunk of a distance decode: [B, chunk, width] differences within `DIFFERENCES` entries."""
     return max(1, min(rows_per_query, DIFFERENCES // max(1, num_queries * width)))
-
 
 class TransE(nn.Module):
     """TransE with the p-norm distance (``scoring_norm`` 1 or 2) and a constant ``margin`` added to every score
@@ -76,12 +77,21 @@ class TransE(nn.Module):
         return self.margin - torch.linalg.vector_norm(q - entities, ord=self.scoring_norm, dim=-1)
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
-        """q [B, D] -> scores of entities start..stop-1, [B, stop - start], in chunks of entities whose
-        [B, chunk, D] differences stay within `DIFFERENCES` entries."""
+        """q [B, D] -> scores of entities start..stop-1, [B, stop - start].
+
+        Ranking (no gradient) takes ``torch.cdist``, which forms no [B, C, D] difference tensor: on one CPU thread
+        it scores FB15k-237's entities about 7x (L1) and 4x (L2) faster than differences in chunks. It sums the
+        differences itself (never the matrix-product expansion of the L2 norm, which cancels), so its scores
+        equal `_scores`' to rounding. Under autograd (training, the influence function's Hessian, which needs
+        a second derivative that cdist lacks) the differences are formed in chunks of `DIFFERENCES` entries."""
         table = dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training)  # [C, D]
+        if not table.shape[0]:
+            return q.new_zeros(len(q), 0)
+        if not (torch.is_grad_enabled() and (q.requires_grad or table.requires_grad)):
+            return self.margin - torch.cdist(q, table, p=self.scoring_norm, compute_mode="donot_use_mm_for_euclid_dist")
         step = distance_chunks(table.shape[0], table.shape[1], q.shape[0])
         return torch.cat([self._scores(q.unsqueeze(1), table[i:i + step].unsqueeze(0))  # [B, 1, D] - [1, c, D]
-                          for i in range(0, table.shape[0], step)], dim=1) if table.shape[0] else q.new_zeros(len(q), 0)
+                          for i in range(0, table.shape[0], step)], dim=1)
 
     def decode_ids(self, q: Tensor, ids: Tensor) -> Tensor:
         """q [B, D], entity ids [B, C] -> each query's scores of its own entities [B, C]."""
