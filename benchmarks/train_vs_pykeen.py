@@ -21,10 +21,10 @@ folder), and PyKEEN gets the very same id triples and label-to-id maps (``Triple
 kgtrace's ids), so both train on identical triples with identical ids; valid/test triples whose
 entity never occurs in train are left out on both sides (kgtrace warns, as PyKEEN does).
 
-Each (tool, dataset, threads) cell runs in its own process, so peak RSS is that tool's alone. Per
+Each (tool, model, dataset, threads) cell runs in its own process, so peak RSS is that tool's alone. Per
 tool: the seconds of every epoch (PyKEEN's from a training callback: first batch to end of epoch 1,
-then end to end; kgtrace's from its metrics.jsonl), their mean (``seconds_per_epoch``), the loss of
-every epoch (mean BCE over batch x entities in both), test metrics, and peak RSS after training
+then end to end; kgtrace's from its metrics.jsonl, printed before the test ranking), their mean
+(``seconds_per_epoch``), the loss of every epoch (KvsAll: mean BCE over batch x entities in both), test metrics, and peak RSS after training
 (``peak_rss_training_mb``) and at the end (``peak_rss_mb``, with the test ranking). The parent
 prints one JSON document with the ratios (kgtrace / PyKEEN); a cell that fails or runs past
 --cell-timeout seconds records its error and the epochs it completed (training's ratios are given
@@ -201,6 +201,10 @@ def run_kgtrace(dataset: str, model: str, epochs: int, seed: int, threads: int, 
         start = time.perf_counter()
         kgtrace.train(config, Path(tmp) / "run", progress=False, log=lambda *_: None)
         training_rss = peak_rss_mb()
+        for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines():  # kept if the ranking times out
+            record = json.loads(line)
+            print(json.dumps({"epoch": record["epoch"], "seconds": record["seconds"], "loss": record["loss"],
+                              "peak_rss_mb": training_rss}), flush=True)
         run = kgtrace.load_run(Path(tmp) / "run", "last", device=device)
         ds = run.dataset
         metrics = kgtrace.evaluate(run.model, ds.test, known=ds.all_triples())
