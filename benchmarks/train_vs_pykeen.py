@@ -24,9 +24,9 @@ entity never occurs in train are left out on both sides (kgtrace warns, as PyKEE
 Each (tool, model, dataset, threads) cell runs in its own process, so peak RSS is that tool's alone. Per
 tool: the seconds of every epoch (PyKEEN's from a training callback: first batch to end of epoch 1,
 then end to end; kgtrace's from its metrics.jsonl, printed before the test ranking), their mean
-(``seconds_per_epoch``), the loss of every epoch (KvsAll: mean BCE over batch x entities in both), test metrics, and peak RSS after training
-(``peak_rss_training_mb``) and at the end (``peak_rss_mb``, with the test ranking). The parent
-prints one JSON document with the ratios (kgtrace / PyKEEN); a cell that fails or runs past
+(``seconds_per_epoch``), the loss of every epoch (KvsAll: mean BCE over batch x entities in both), test
+metrics, and peak RSS after training (``peak_rss_training_mb``) and at the end (``peak_rss_mb``, with the
+test ranking). The parent prints one JSON document with the ratios (kgtrace / PyKEEN); a cell that fails or runs past
 --cell-timeout seconds records its error and the epochs it completed (training's ratios are given
 when both tools finished training); PyKEEN's cell prints progress every few batches, so one that
 runs out of time inside its first epoch records the batches it completed and the seconds per epoch
