@@ -2,10 +2,11 @@
 
 Data: by default a synthetic graph (50,000 entities, 20 relations, 500,000 training and 5,000 test
 triples, ranked filtered by train+test); with --dataset NAME (a registry name such as fb15k237, or a
-dataset folder) the real test split, every test triple on both sides, filtered by train+valid+test;
-with --run DIR the dataset and model of a kgtrace run (its last checkpoint). Without --run,
-DistMult-200 and ConvE-200 are built by kgtrace with a fixed seed. Either way the weights are
-copied into PyKEEN's models, so both tools rank with identical weights on --device.
+dataset folder) the real test split (its first --test-limit triples), every test triple on both sides,
+filtered by train+valid+test; with --run DIR the dataset and model of a kgtrace run (its last
+checkpoint). Without --run, each model of --models (default DistMult and ConvE) is built by kgtrace with
+dimension 200 and a fixed seed. Either way the weights are copied into PyKEEN's models (kgtrace's PyKEEN
+mapping), so both tools rank with identical weights on --device.
 
 Each (tool, model) cell runs in its own process (peak RSS is that tool's alone; a cell past
 --cell-timeout seconds records a timeout); the parent prints seconds, peak RSS, MRR (both sides
@@ -15,6 +16,7 @@ scored per second (left out with --dataset or --run).
 
     python benchmarks/eval_vs_pykeen.py [--models distmult,conve] [--threads 1] [--entities 50000] ...
     python benchmarks/eval_vs_pykeen.py --dataset fb15k237 [--run DIR] [--device auto|cpu|cuda] [--no-compile]
+    python benchmarks/eval_vs_pykeen.py --dataset fb15k237 --models transe,rotate,tucker,rescal --test-limit 2000
 
 Needs PyKEEN (`pip install -e .[pykeen]`).
 """
@@ -66,19 +68,22 @@ def problem(args: argparse.Namespace) -> dict:
         train, test = synthetic(args)
         return {"train": train, "valid": train[:0], "test": test, "entities": args.entities,
                 "relations": args.relations, "model": None, "model_args": MODEL_ARGS}
-    return {"train": ds.train, "valid": ds.valid, "test": ds.test, "entities": ds.num_entities,
+    test = ds.test[:args.test_limit] if args.test_limit else ds.test  # both tools rank the same first triples
+    return {"train": ds.train, "valid": ds.valid, "test": test, "entities": ds.num_entities,
             "relations": ds.num_relations, "model": model, "model_args": model_args}
 
 
 def build(args: argparse.Namespace, name: str, data: dict):
     import torch
 
+    from kgtrace.interop.pykeen import layout_of
     from kgtrace.models import build_model
 
     if data["model"] is not None:
         return data["model"].eval()
     torch.manual_seed(args.seed)
-    model = build_model(name, data["entities"], data["relations"], **MODEL_ARGS)
+    implied = dict(layout_of(name).implied)  # what PyKEEN's model fixes (RotatE's Euclidean norm of the moduli)
+    model = build_model(name, data["entities"], data["relations"], **{**MODEL_ARGS, **implied})
     return model.eval()
 
 
@@ -179,7 +184,7 @@ def cell(args: argparse.Namespace, tool: str, model: str) -> dict:
     flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
              ("entities", "relations", "train", "test", "seed", "threads", "pykeen_batch", "sampled_queries",
               "corruptions", "device")]
-    flags += [f"--{k}={getattr(args, k)}" for k in ("dataset", "run") if getattr(args, k)]
+    flags += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("dataset", "run", "test_limit") if getattr(args, k)]
     cmd = [sys.executable, __file__, "--worker", tool, "--model", model, *flags]
     if not args.compile:
         cmd.append("--no-compile")
@@ -211,7 +216,8 @@ def setup(args: argparse.Namespace) -> dict:
         return {**head, "entities": args.entities, "relations": args.relations, "train": args.train,
                 "test": args.test, "filter": "train+test"}
     data = problem(args)
-    return {**head, "dataset": args.dataset or run_config(args).dataset, "run": args.run, "entities": data["entities"],
+    return {**head, "dataset": args.dataset or run_config(args).dataset, "run": args.run, "test_limit": args.test_limit,
+            "entities": data["entities"],
             "relations": data["relations"], "train": len(data["train"]), "valid": len(data["valid"]),
             "test": len(data["test"]), "filter": "train+valid+test"}
 
@@ -228,6 +234,9 @@ def main() -> None:
     parser.add_argument("--models", default="distmult,conve")
     parser.add_argument("--dataset", help="rank this dataset's test split (registry name or folder)")
     parser.add_argument("--run", help="rank with this kgtrace run's dataset and model (last checkpoint)")
+    parser.add_argument("--test-limit", type=int, default=0,
+                        help="with --dataset or --run: rank only the first N test triples (0: all), e.g. for the "
+                             "distance models, whose every score is elementwise work")
     parser.add_argument("--entities", type=int, default=50_000)
     parser.add_argument("--relations", type=int, default=20)
     parser.add_argument("--train", type=int, default=500_000)

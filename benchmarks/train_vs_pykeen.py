@@ -6,13 +6,13 @@ test split filtered by train+valid+test (realistic ties). The settings per model
 * ConvE (dim 200, 10x20, 32 3x3 filters), DistMult and ComplEx (dim 200), TuckER (200 x 200, the
   authors' dropouts) and RESCAL (dim 128): KvsAll/LCWA over reciprocal queries, BCE with label
   smoothing 0.1, Adam 1e-3, batch 128.
-* TransE (L1) and RotatE (dim 200): negative sampling, PyKEEN's sLCWA, with the self-adversarial
-  loss of Sun et al. 2019 (PyKEEN's NSSALoss, margin 9, temperature 1), 64 uniform negatives per
-  positive, Adam 1e-3. PyKEEN trains every triple and its inverse as a positive (batch 1,024 of them),
-  each with 64 negatives corrupting its head or tail; kgtrace trains every triple's tail query and
-  its inverse's with 64 negatives each (batch 512 triples): the same positives, negatives and scores
-  per epoch and per step. kgtrace's loss sums the two sides, PyKEEN's averages them (the losses are a
-  factor 2 apart).
+* TransE (L1) and RotatE (dim 200; the Euclidean norm of the moduli, as PyKEEN's): negative sampling,
+  PyKEEN's sLCWA, with the self-adversarial loss of Sun et al. 2019 (PyKEEN's NSSALoss, margin 9,
+  temperature 1), 64 uniform negatives per positive, Adam 1e-3. PyKEEN trains every triple and its
+  inverse as a positive (batch 1,024 of them), each with 64 negatives corrupting its head or tail;
+  kgtrace trains every triple's tail query and its inverse's with 64 negatives each (batch 512
+  triples): the same positives, negatives and scores per epoch and per step. kgtrace's loss sums the
+  two sides, PyKEEN's averages them (the losses are a factor 2 apart).
 
 PyKEEN's model, its keyword arguments and inverse triples follow from kgtrace's model arguments
 through kgtrace's PyKEEN mapping (each model's ``ModelSpec.pykeen``). The data comes from kgtrace's dataset
@@ -63,7 +63,7 @@ SETTINGS = {
     "rescal": {**LCWA, "model_args": {"embedding_dim": 128, "inverse_relations": True}},
     "transe": {**SLCWA, "model_args": {"embedding_dim": 200, "scoring_norm": 1, "margin": 9.0,
                                        "inverse_relations": True}},
-    "rotate": {**SLCWA, "model_args": {"embedding_dim": 200, "margin": 9.0, "inverse_relations": True}},
+    "rotate": {**SLCWA, "model_args": {"embedding_dim": 200, "margin": 9.0, "scoring_norm": 2, "inverse_relations": True}},
 }
 #: PyKEEN model keyword arguments beyond the mapped ones, to train the same model: PyKEEN's TransE normalises
 #: every entity row after each step by default, kgtrace's (as the paper's loss here) does not.
