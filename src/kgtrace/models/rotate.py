@@ -20,6 +20,7 @@ __all__ = ["SPEC", "RotatE"]
 
 EPSILON = 2.0  # the authors' epsilon: entities start uniform in +-(margin + EPSILON) / D
 
+
 class RotatE(nn.Module):
     """RotatE as its authors' code scores it (``RotatE`` in github.com/DeepGraphLearning/KnowledgeGraphEmbedding):
     the distance is the sum over dimensions of the moduli |h_d r_d - t_d| (``scoring_norm`` 1; 2: the Euclidean

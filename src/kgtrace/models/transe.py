@@ -23,6 +23,7 @@ def distance_chunks(rows_per_query: int, width: int, num_queries: int) -> int:
     """Entities per chunk of a distance decode: [B, chunk, width] differences within `DIFFERENCES` entries."""
     return max(1, min(rows_per_query, DIFFERENCES // max(1, num_queries * width)))
 
+
 class TransE(nn.Module):
     """TransE with the p-norm distance (``scoring_norm`` 1 or 2) and a constant ``margin`` added to every score
     (the logit offset of a sigmoid loss; ranks do not depend on it). The head query (t, r + R) translates by
