@@ -387,7 +387,8 @@ def results_table(folder: Path) -> str:
         machine = r["machine"]
         cpu = f"{processor_label(machine)}, {machine['threads']} thread(s)"
         where = machine.get("gpu", "a GPU") if machine["device"] == "cuda" else cpu
-        rows.append(f"| {path.stem} | {where} | {r['status']} | {r['epochs']} ({r['best_epoch']}) | {hours:.2f} | "
+        best = "–" if r["best_epoch"] is None else r["best_epoch"]  # paused before its first validation
+        rows.append(f"| {path.stem} | {where} | {r['status']} | {r['epochs']} ({best}) | {hours:.2f} | "
                     f"{test['both']['mrr']:.3f} | {test['head']['mrr']:.3f} | {test['tail']['mrr']:.3f} | "
                     f"{test['both']['hits_at_10']:.3f} | {target['published_mrr']:.3f} | "
                     f"{'yes' if target['reached'] else 'no'} |")
