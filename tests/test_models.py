@@ -354,7 +354,8 @@ def naive_scores(name: str, model: torch.nn.Module) -> torch.Tensor:
     if name == "rotate":
         h = torch.complex(*e.chunk(2, dim=1))  # [E, D]
         r = torch.polar(torch.ones_like(model.relation_phases), model.relation_phases)  # [R, D]
-        return model.margin - (h[:, None, None, :] * r[None, :, None, :] - h[None, None, :, :]).abs().sum(-1)
+        moduli = (h[:, None, None, :] * r[None, :, None, :] - h[None, None, :, :]).abs()  # [E, R, E, D]
+        return model.margin - (moduli.sum(-1) if model.scoring_norm == 1 else moduli.square().sum(-1).sqrt())
     if name == "rescal":
         m = model.relation_matrices.view(R, model.embedding_dim, model.embedding_dim)
         return torch.einsum("hd,rde,te->hrt", e, m, e)
@@ -369,7 +370,7 @@ def naive_scores(name: str, model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("name", "overrides"), [("transe", {}), ("transe", {"scoring_norm": 2}), ("rotate", {}),
-                                                  ("rescal", {}), ("tucker", {})])
+                                                  ("rotate", {"scoring_norm": 2}), ("rescal", {}), ("tucker", {})])
 def test_scores_equal_the_papers_formulas(name, overrides):
     model = make_model(name, **overrides)
     hrt = all_hrt()

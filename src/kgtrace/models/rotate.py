@@ -74,12 +74,14 @@ class RotatE(nn.Module):
     def _scores(self, q: Tensor, entities: Tensor) -> Tensor:
         """q [..., 2D] against entity rows [..., 2D] (broadcast) -> margin - ||(|q_d - e_d|)_d||_p."""
         difference = q - entities  # [..., 2D]: real | imaginary
+        if self.scoring_norm == 2:  # the Euclidean norm of the moduli is that of the whole difference
+            return self.margin - torch.linalg.vector_norm(difference, dim=-1)
         real, imaginary = difference[..., :self.embedding_dim], difference[..., self.embedding_dim:]  # [..., D] each
         if difference.requires_grad:  # vector_norm's gradient at a zero modulus is a subgradient (0), hypot's NaN
             moduli = torch.linalg.vector_norm(torch.stack([real, imaginary], dim=-1), dim=-1)  # [..., D]
         else:  # several times faster than a norm over a dimension of 2
             moduli = torch.hypot(real, imaginary)  # [..., D]
-        return self.margin - (moduli.sum(-1) if self.scoring_norm == 1 else torch.linalg.vector_norm(moduli, dim=-1))
+        return self.margin - moduli.sum(-1)
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, 2D] -> scores of entities start..stop-1, [B, stop - start], in chunks of entities whose
