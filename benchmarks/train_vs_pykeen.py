@@ -201,15 +201,14 @@ def run_kgtrace(dataset: str, model: str, epochs: int, seed: int, threads: int, 
         start = time.perf_counter()
         kgtrace.train(config, Path(tmp) / "run", progress=False, log=lambda *_: None)
         training_rss = peak_rss_mb()
-        for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines():  # kept if the ranking times out
-            record = json.loads(line)
+        records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        for record in records:  # printed now, kept by the parent if the ranking times out
             print(json.dumps({"epoch": record["epoch"], "seconds": record["seconds"], "loss": record["loss"],
                               "peak_rss_mb": training_rss}), flush=True)
         run = kgtrace.load_run(Path(tmp) / "run", "last", device=device)
         ds = run.dataset
         metrics = kgtrace.evaluate(run.model, ds.test, known=ds.all_triples())
         total = time.perf_counter() - start
-        records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     m = metrics.both.realistic
     seconds = [r["seconds"] for r in records]
     floor = {}

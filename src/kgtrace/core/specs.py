@@ -110,6 +110,7 @@ class ModelSpec:
 
 _SPECS: dict[str, ModelSpec] = {}
 _CLASSES: dict[str, type] = {}
+_BY_CLASS: dict[type, ModelSpec] = {}  # model class -> its spec (`spec_of`, called on every training step)
 #: Model name -> model class, live (read-only) view of the registry.
 MODEL_CLASSES: Mapping[str, type] = MappingProxyType(_CLASSES)
 
@@ -117,10 +118,11 @@ MODEL_CLASSES: Mapping[str, type] = MappingProxyType(_CLASSES)
 def register(spec: ModelSpec) -> ModelSpec:
     """Add ``spec`` to the registry (a name or class registered twice is an error); returns it."""
     taken = _SPECS.get(spec.name)
-    if taken is not None or any(s.model_class is spec.model_class for s in _SPECS.values()):
+    if taken is not None or spec.model_class in _BY_CLASS:
         raise ValueError(f"model {spec.name!r} ({spec.model_class.__qualname__}) is registered already")
     _SPECS[spec.name] = spec
     _CLASSES[spec.name] = spec.model_class
+    _BY_CLASS[spec.model_class] = spec
     return spec
 
 
@@ -149,5 +151,4 @@ def spec_of(model: object) -> ModelSpec | None:
     """The spec of a model instance or class: that of the nearest registered class on its MRO
     (so a subclass of a registered model has its parent's traits); None when there is none."""
     cls = model if isinstance(model, type) else type(model)
-    by_class = {s.model_class: s for s in _SPECS.values()}
-    return next((by_class[c] for c in cls.__mro__ if c in by_class), None)
+    return next((_BY_CLASS[c] for c in cls.__mro__ if c in _BY_CLASS), None)

@@ -14,7 +14,7 @@ from kgtrace.models._checks import check_bool, check_sizes
 from kgtrace.models._tables import inverse_sign, rows
 from kgtrace.models.base import inverse_queries
 from kgtrace.models.complex import complex_product
-from kgtrace.models.transe import distance_chunks
+from kgtrace.models.transe import distance_chunks, under_autograd
 
 __all__ = ["SPEC", "RotatE"]
 
@@ -89,7 +89,7 @@ class RotatE(nn.Module):
         gradient) with ``scoring_norm`` 2, the Euclidean norm of the whole [Re | Im] difference by ``torch.cdist``
         (as TransE's decode)."""
         table = self.entity_embeddings[start:stop]  # [C, 2D]
-        if self.scoring_norm == 2 and table.shape[0] and not (torch.is_grad_enabled() and q.requires_grad):
+        if self.scoring_norm == 2 and table.shape[0] and not under_autograd(q, table):
             return self.margin - torch.cdist(q, table, compute_mode="donot_use_mm_for_euclid_dist")
         step = distance_chunks(table.shape[0], table.shape[1], q.shape[0])
         return torch.cat([self._scores(q.unsqueeze(1), table[i:i + step].unsqueeze(0))  # [B, 1, 2D] - [1, c, 2D]

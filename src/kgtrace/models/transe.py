@@ -11,7 +11,7 @@ from kgtrace.models._checks import check_sizes
 from kgtrace.models._tables import dropped, init_tables, inverse_sign, relation_ids, rows, table_problems
 from kgtrace.models.base import inverse_queries
 
-__all__ = ["SPEC", "TransE", "distance_chunks"]
+__all__ = ["SPEC", "TransE", "distance_chunks", "under_autograd"]
 
 #: Entries of the [B, chunk, D] differences a distance decode holds at once (4 MB of float32: on one CPU thread
 #: RotatE ranked FB15k-237's entities with chunks of 4 MB in 1.4 s where 64 MB took 3.5 s, the intermediates
@@ -22,6 +22,13 @@ DIFFERENCES = 1 << 20
 def distance_chunks(rows_per_query: int, width: int, num_queries: int) -> int:
     """Entities per chunk of a distance decode: [B, chunk, width] differences within `DIFFERENCES` entries."""
     return max(1, min(rows_per_query, DIFFERENCES // max(1, num_queries * width)))
+
+
+def under_autograd(*tensors: Tensor) -> bool:
+    """Whether autograd records a computation on ``tensors`` (a parameter keeps ``requires_grad`` under
+    ``torch.no_grad``): then a distance decode forms its differences, which are twice differentiable, where
+    ranking takes ``torch.cdist``, which has no second derivative."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class TransE(nn.Module):
@@ -88,7 +95,7 @@ class TransE(nn.Module):
         table = dropped(self.entity_embeddings[start:stop], self.entity_dropout, self.training)  # [C, D]
         if not table.shape[0]:
             return q.new_zeros(len(q), 0)
-        if not (torch.is_grad_enabled() and (q.requires_grad or table.requires_grad)):
+        if not under_autograd(q, table):
             return self.margin - torch.cdist(q, table, p=self.scoring_norm, compute_mode="donot_use_mm_for_euclid_dist")
         step = distance_chunks(table.shape[0], table.shape[1], q.shape[0])
         return torch.cat([self._scores(q.unsqueeze(1), table[i:i + step].unsqueeze(0))  # [B, 1, D] - [1, c, D]
