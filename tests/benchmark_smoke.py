@@ -38,7 +38,7 @@ SMOKE: dict[str, tuple[list[list[str]], list[str]]] = {
     "matmul": ([], ["--threads", "1", "--repeats", "1", "--calls", "2", "--device", "cpu"]),
     "precision": ([], ["--dataset", "nations", "--model", "distmult", "--epochs", "1", "--device", "cpu"]),
     "prover": ([], ["--datasets", "nations", "--threads", "1", "--depth", "2", "--engine-speed-only"]),
-    "rules": ([], ["--dataset", "nations", "--rounds", "1", "--paths-per-round", "256", "--aggregations", "max",
+    "rules": ([], ["--dataset", "nations", "--rounds", "1", "--paths-per-round", "256", "--aggregations", "max,nr_noisy_or",
                    "--test-triples", "20", "--work", "rules", "--threads", "1", "--device", "cpu"]),
     "scale": ([ROBOKOP], ["--robokop", "graphs/robokop", "--hetionet", "graphs/hetionet", "--work", "work", "--steps",
                           "prepare,train,rules", "--train-steps", "2", "--rules-seconds", "3", "--threads", "1",

@@ -13,8 +13,10 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.prover import apply as apply_module
-from kgtrace.prover.apply import RuleScorer, _Aggregate, directed_rules
-from kgtrace.prover.apply_reference import aggregate_reference, predictions_reference
+from kgtrace.prover.apply import Aggregate, RuleScorer, directed_rules
+from kgtrace.prover.apply_reference import (aggregate_reference, nr_noisy_or_reference, predictions_reference,
+                                           rule_predictions_reference)
+from kgtrace.prover.clusters import RuleClusters
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph, PathWalker, SparseWalker
 from kgtrace.prover.learn import learn_rules
@@ -54,6 +56,17 @@ def random_rules(seed: int) -> list[str]:
     return lines
 
 
+def random_clusters(num_rules: int, seed: int) -> RuleClusters:
+    """Each query relation's rules dealt at random into clusters of two or more (and some left alone)."""
+    rng = random.Random(seed)
+    groups = {}
+    for q in range(2 * R):
+        numbers = [n for n in range(num_rules) if rng.random() < 0.6]
+        rng.shuffle(numbers)
+        groups[q] = tuple(tuple(sorted(numbers[k:k + 3])) for k in range(0, len(numbers) - 2, 3))
+    return RuleClusters(num_rules, groups, {q: 0.5 for q in groups}, {}, {})
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypatch):
@@ -62,7 +75,8 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
     triples = random_graph(seed)
     rules = parse_rules(random_rules(seed), RELATIONS, entities=ENTITIES, max_body=3)
     graph = DirectedGraph.of(triples, E, R)
-    scorer = RuleScorer(graph, rules, aggregation, query_chunk=5)
+    clusters = random_clusters(len(rules), seed) if aggregation == "nr_noisy_or" else None
+    scorer = RuleScorer(graph, rules, aggregation, clusters=clusters, query_chunk=5)
     queries = torch.tensor([(a, q) for a in range(E) for q in range(2 * R)])
     scores = scorer.score_t(queries)
     assert scores.dtype == torch.float64 and scores.shape == (len(queries), E)
@@ -72,10 +86,15 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
         confidences = sorted({rule.confidence for rule in rules.rules if rule.head == q % R})
         levels = {c: i + 1 for i, c in enumerate(confidences)}
         bits = max(1, len(confidences).bit_length())
-        places = _Aggregate("maxplus", 1, confidences, own=torch.tensor([], dtype=torch.long)).places
-        expected = [aggregate_reference(found.get(e, []), aggregation, levels, bits, places)
-                    for e in range(E)]
-        if aggregation == "noisy_or":  # a sum of logarithms: its order may differ in the last bits
+        places = Aggregate("maxplus", 1, confidences, own=torch.tensor([], dtype=torch.long)).places
+        if aggregation == "nr_noisy_or":
+            by_rule = rule_predictions_reference(triples, rules, anchor, q)
+            cluster_of = {rule: k for k, group in enumerate(clusters.groups.get(q, ())) for rule in group}
+            expected = [nr_noisy_or_reference(by_rule.get(e, {}), cluster_of) for e in range(E)]
+        else:
+            expected = [aggregate_reference(found.get(e, []), aggregation, levels, bits, places)
+                        for e in range(E)]
+        if aggregation in ("noisy_or", "nr_noisy_or"):  # a sum of logarithms: its order may differ in the last bits
             assert scores[row].tolist() == pytest.approx(expected, rel=1e-12, abs=0), (anchor, q)
         else:
             assert scores[row].tolist() == expected, (anchor, q)
@@ -86,9 +105,10 @@ def test_vectorised_application_equals_the_reference(seed, aggregation, monkeypa
 def test_maxplus_orders_by_the_best_rule_then_the_next():
     # a: rules 0.9 and 0.1; b: 0.9 alone; c: 0.5, 0.5, 0.5 -> a > b > c (AnyBURL's max+), and max ties a with b.
     for flush_each in (False, True):  # in any order: the weakest rule first, too
-        total = _Aggregate("maxplus", 4, [0.9, 0.5, 0.1], own=torch.tensor([3]))
+        total = Aggregate("maxplus", 4, [0.9, 0.5, 0.1], own=torch.tensor([3]))
         for cells, confidence in (([0], 0.1), ([2], 0.5), ([0, 1, 3], 0.9), ([2], 0.5), ([2], 0.5)):
-            total.add(torch.tensor(cells), torch.full((len(cells),), confidence, dtype=torch.float64))
+            total.add(torch.tensor(cells), torch.full((len(cells),), confidence, dtype=torch.float64),
+                      torch.zeros(len(cells), dtype=torch.long))
             if flush_each:
                 total._compact()
         a, b, c, anchor = total.result().tolist()

@@ -153,11 +153,15 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                description="Write a prover run that ranks every entity as the answer of a query by "
                                            "the rules whose body's path from the query's entity predicts it: "
                                            "maxplus (AnyBURL's: the best rule's confidence, ties by the next best), "
-                                           "max, or noisy_or. Rules of kgtrace rules learn (paths up to 3 atoms, "
-                                           "constants) or mined. Rank it with kgtrace evaluate RUN.")
+                                           "max, noisy_or, or nr_noisy_or (SAFRAN's: a noisy-or over clusters of "
+                                           "rules whose predictions overlap, each counting once with its best rule; "
+                                           "the clusters are chosen on the validation split and kept in the run). "
+                                           "Rules of kgtrace rules learn (paths up to 3 atoms, constants) or mined. "
+                                           "Rank it with kgtrace evaluate RUN.")
     add_prover_args(apply)
     apply.add_argument("--aggregation", choices=AGGREGATIONS, default="maxplus",
-                       help="how the rules predicting a candidate combine (a hybrid needs max or noisy_or)")
+                       help="how the rules predicting a candidate combine (a hybrid needs max, noisy_or or "
+                            "nr_noisy_or)")
     train = actions.add_parser("train", formatter_class=HelpFormatter,
                                help="learn a proof policy with PPO over training triples and sampled false ones",
                                description="Write a prover run and train its policy (PPO: clipped objective, GAE, "

@@ -24,6 +24,9 @@ Aggregations (``aggregation``), each over the rules predicting a candidate:
 * ``max``: the best rule's confidence (its ties stay ties); the form a hybrid adds to an embedding's logit.
 * ``noisy_or``: ``-sum log(1 - c)``, the evidence of the noisy-or ``1 - prod(1 - c)`` (monotone in it,
   and exact where the noisy-or probability rounds to 1); rules taken as independent.
+* ``nr_noisy_or`` (SAFRAN's non-redundant noisy-or): the same evidence over clusters of redundant rules
+  (`kgtrace.prover.clusters`), each cluster counting once with its best rule: ``-sum over clusters of
+  log(1 - max c)``.
 
 A query relation's one-step rules from the anchor (AnyBURL's AC1 and AC2) are tested for a batch of
 anchors at once; the others walk their paths one rule at a time, in path order, so that the reach of a
@@ -34,6 +37,7 @@ depend on the order in which predictions arrive.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +45,25 @@ from torch import Tensor, nn
 
 from kgtrace.core.errors import ConfigError
 from kgtrace.models.base import inverse_queries
+from kgtrace.prover.clusters import ClusterLookup, RuleClusters
 from kgtrace.prover.config import AGGREGATIONS
 from kgtrace.prover.graph import DirectedGraph, SparseWalker, directed_inverse
 from kgtrace.prover.logic import Rule, constant_of
 from kgtrace.prover.rules import RuleSet
 
-__all__ = ["AGGREGATIONS", "DirectedRule", "RuleScorer", "directed_rules", "rule_path"]
+__all__ = ["AGGREGATIONS", "DirectedRule", "Predictions", "RuleScorer", "directed_rules", "rule_path"]
+
+Predictions = tuple[Tensor, Tensor, Tensor]  # flat cells (row * E + answer) [n], confidences [n] float64, rules [n]
 
 KEY_BITS = 52  # a maxplus key's bits: integers below 2^53 are exact in float64
 MAX_PLACES = 8  # maxplus compares at most this many rules per candidate
 MAX_CONFIDENCE = 1.0 - 1e-9  # noisy_or: a rule of confidence 1 would make -log(1 - c) infinite
-FLUSH_EVENTS = 1 << 20  # maxplus: predictions buffered (at least) before each cell's best are kept
+FLUSH_EVENTS = 1 << 20  # maxplus, nr_noisy_or: predictions buffered (at least) before each cell's best are kept
+
+
+def evidence(confidence: Tensor) -> Tensor:
+    """-log(1 - c): a rule's share of the noisy-or's evidence (confidence 1 clamped to MAX_CONFIDENCE)."""
+    return -torch.log1p(-confidence.clamp(max=MAX_CONFIDENCE))
 
 
 @dataclass(frozen=True)
@@ -119,20 +131,22 @@ class _OneStep:
     end: Tensor  # [n] the entity it must reach; -1: any
     answer: Tensor  # [n] the constant each predicts
     confidence: Tensor  # [n] float64
+    rule: Tensor  # [n] its index in the RuleSet
 
     @classmethod
     def of(cls, rules: list[DirectedRule]) -> _OneStep:
         return cls(torch.tensor([d.path[0] for d in rules], dtype=torch.long),
                    torch.tensor([-1 if d.end is None else d.end for d in rules], dtype=torch.long),
                    torch.tensor([d.constant for d in rules], dtype=torch.long),
-                   torch.tensor([d.confidence for d in rules], dtype=torch.float64))
+                   torch.tensor([d.confidence for d in rules], dtype=torch.float64),
+                   torch.tensor([d.rule for d in rules], dtype=torch.long))
 
-    def cells(self, graph: DirectedGraph, anchors: Tensor) -> tuple[Tensor, Tensor]:
-        """The flat cells (row * E + answer) these rules predict for ``anchors`` [B], and each one's confidence."""
+    def cells(self, graph: DirectedGraph, anchors: Tensor) -> Predictions:
+        """The flat cells (row * E + answer) these rules predict for ``anchors`` [B], each one's confidence and rule."""
         x, d, end = anchors.unsqueeze(1), self.relation.unsqueeze(0), self.end.unsqueeze(0)  # [B, 1], [1, n]
         holds = torch.where(end >= 0, graph.has(x, d, end.clamp(min=0)), graph.has_edge(x, d))  # [B, n]
         row, rule = holds.nonzero().unbind(1)
-        return row * graph.num_entities + self.answer[rule], self.confidence[rule]
+        return row * graph.num_entities + self.answer[rule], self.confidence[rule], self.rule[rule]
 
 
 class RuleScorer(nn.Module):
@@ -141,11 +155,19 @@ class RuleScorer(nn.Module):
     proof_line = 0.0  # scores above it are predictions (a candidate no rule predicts scores 0)
 
     def __init__(self, graph: DirectedGraph, rules: RuleSet, aggregation: str = "maxplus", *,
-                 query_chunk: int = 1024):
+                 clusters: RuleClusters | None = None, query_chunk: int = 1024):
+        """clusters: the clusters of redundant rules the ``nr_noisy_or`` aggregation counts once (only then)."""
         super().__init__()
         if aggregation not in AGGREGATIONS:
             raise ConfigError([f"aggregation={aggregation!r}: must be one of {', '.join(AGGREGATIONS)}"])
+        if (aggregation == "nr_noisy_or") != (clusters is not None):
+            raise ConfigError(["nr_noisy_or counts clusters of rules once: give it the clusters "
+                               "(kgtrace.prover.redundancy.learn_clusters), and no other aggregation any"])
+        if clusters is not None and clusters.num_rules != len(rules):
+            raise ConfigError([f"clusters of {clusters.num_rules} rules for a rule set of {len(rules)}: learn them "
+                               "for these rules"])
         self.graph, self.rules, self.aggregation = graph, rules, aggregation
+        self.clusters = [clusters.lookup(q) if clusters else None for q in range(2 * graph.num_relations)]
         self.num_entities, self.num_relations = graph.num_entities, graph.num_relations
         self.query_chunk = query_chunk
         by_query: list[list[DirectedRule]] = [[] for _ in range(2 * graph.num_relations)]
@@ -184,14 +206,26 @@ class RuleScorer(nn.Module):
         """[B, E] float64 scores of the queries q(a, ?) for each anchor a of ``anchors`` [B]."""
         B, E = len(anchors), self.num_entities
         own = anchors + torch.arange(B) * E  # each row's anchor, as a flat cell: never an answer
-        total = _Aggregate(self.aggregation, B * E, self.confidences[q], own)
+        total = Aggregate(self.aggregation, B * E, self.confidences[q], own, self.clusters[q])
+        for predicted in self.predictions(q, anchors):
+            total.add(*predicted)
+        return total.result().view(B, E)
+
+    def rule_numbers(self, q: int) -> list[int]:
+        """The numbers of the rules that answer q, ascending."""
+        one_step = self.one_step[q].rule.tolist() if self.one_step[q] is not None else []
+        return sorted({d.rule for d in self.walked[q]} | set(one_step))
+
+    def predictions(self, q: int, anchors: Tensor) -> Iterator[Predictions]:
+        """Every prediction of q's rules for the queries q(a, ?), a in ``anchors`` [B], a batch of them at a time:
+        flat cells (row * E + answer, the anchor's own cell included), confidences and rule numbers."""
         if self.one_step[q] is not None:
-            total.add(*self.one_step[q].cells(self.graph, anchors))
+            yield self.one_step[q].cells(self.graph, anchors)
         walker = SparseWalker(self.graph, anchors)
         for directed in self.walked[q]:
             cells = self._cells(directed, anchors, walker)
-            total.add(cells, torch.full((len(cells),), directed.confidence, dtype=torch.float64))
-        return total.result().view(B, E)
+            yield (cells, torch.full((len(cells),), directed.confidence, dtype=torch.float64),
+                   torch.full((len(cells),), directed.rule, dtype=torch.long))
 
     def _cells(self, directed: DirectedRule, anchors: Tensor, walker: SparseWalker) -> Tensor:
         """The flat cells (row * E + answer) the rule predicts for these anchors."""
@@ -216,17 +250,22 @@ class RuleScorer(nn.Module):
         return self._answers[key]
 
 
-class _Aggregate:
+class Aggregate:
     """A query batch's scores, flat [B * E] float64, from the rules' predictions added in any order (module doc).
 
     max and noisy_or add into the scores at once. maxplus keeps each cell's ``places`` best levels: predictions
     wait in a buffer, and a compaction sorts the kept and the waiting ones by (cell, level, best first) and keeps
-    each cell's first ``places``; the result adds ``level * scale[k]`` over each cell's k-th best.
+    each cell's first ``places``; the result adds ``level * scale[k]`` over each cell's k-th best. nr_noisy_or
+    keeps the best confidence of each (cell, cluster), compacted the same way, and adds their evidence.
     """
 
-    def __init__(self, kind: str, cells: int, confidences: list[float], own: Tensor):
-        self.kind, self.own = kind, own
+    def __init__(self, kind: str, cells: int, confidences: list[float], own: Tensor,
+                 clusters: ClusterLookup | None = None):
+        self.kind, self.own, self.clusters = kind, own, clusters
         self.values = torch.zeros(cells, dtype=torch.float64)
+        self.best: tuple[Tensor, Tensor] = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64))
+        self.buffer: list[tuple[Tensor, Tensor]] = []
+        self.buffered = 0
         if kind == "maxplus":
             self.distinct = torch.tensor(sorted(set(confidences)), dtype=torch.float64)  # level i + 1: the i-th
             bits = max(1, len(self.distinct).bit_length())
@@ -236,17 +275,20 @@ class _Aggregate:
                                       dtype=torch.float64)
             empty = torch.zeros(0, dtype=torch.long)
             self.kept: tuple[Tensor, Tensor, Tensor] = (empty, empty, empty)  # cells, levels, places (ranks)
-            self.buffer: list[tuple[Tensor, Tensor]] = []
-            self.buffered = 0
 
-    def add(self, cells: Tensor, confidence: Tensor) -> None:
-        """Predictions: flat cells [n] and each one's rule confidence [n] (float64)."""
+    def add(self, cells: Tensor, confidence: Tensor, rules: Tensor) -> None:
+        """Predictions: flat cells [n], each one's rule confidence [n] (float64) and rule number [n]."""
         if not len(cells):
             return
         if self.kind == "max":
             self.values.scatter_reduce_(0, cells, confidence, "amax")
         elif self.kind == "noisy_or":
-            self.values.index_add_(0, cells, -torch.log1p(-confidence.clamp(max=MAX_CONFIDENCE)))
+            self.values.index_add_(0, cells, evidence(confidence))
+        elif self.kind == "nr_noisy_or":
+            self.buffer.append((cells * self.clusters.ids + self.clusters.of(rules), confidence))  # (cell, cluster)
+            self.buffered += len(cells)
+            if self.buffered >= max(FLUSH_EVENTS, len(self.best[0])):
+                self._keep_best()
         else:
             self.buffer.append((cells, torch.searchsorted(self.distinct, confidence) + 1))  # exact: the same floats
             self.buffered += len(cells)
@@ -258,8 +300,21 @@ class _Aggregate:
             self._compact()
             cells, levels, places = self.kept
             self.values.index_add_(0, cells, levels.double() * self.scale[places])  # integers < 2^53: exact
+        elif self.kind == "nr_noisy_or":
+            self._keep_best()
+            keys, best = self.best
+            self.values.index_add_(0, keys // self.clusters.ids, evidence(best))
         self.values[self.own] = 0.0
         return self.values
+
+    def _keep_best(self) -> None:
+        """nr_noisy_or: each (cell, cluster)'s best confidence among the kept and the waiting predictions."""
+        keys = torch.cat([self.best[0], *(k for k, _ in self.buffer)])
+        confidence = torch.cat([self.best[1], *(c for _, c in self.buffer)])
+        self.buffer, self.buffered = [], 0
+        unique, at = torch.unique(keys, return_inverse=True)
+        best = torch.zeros(len(unique), dtype=torch.float64).scatter_reduce_(0, at, confidence, "amax")
+        self.best = (unique, best)
 
     def _compact(self) -> None:
         kept_cells, kept_levels, _ = self.kept

@@ -17,11 +17,18 @@ from torch import Tensor
 from kgtrace.prover.logic import Rule, constant_of
 from kgtrace.prover.rules import RuleSet
 
-__all__ = ["aggregate_reference", "predictions_reference"]
+__all__ = ["aggregate_reference", "clusters_reference", "nr_noisy_or_reference", "predictions_reference",
+           "rule_predictions_reference"]
 
 
 def predictions_reference(triples: Tensor, rules: RuleSet, anchor: int, query: int) -> dict[int, list[float]]:
     """Each answer of q(anchor, ?) and the confidences of the rules predicting it, best first."""
+    found = rule_predictions_reference(triples, rules, anchor, query)
+    return {entity: sorted(by_rule.values(), reverse=True) for entity, by_rule in found.items()}
+
+
+def rule_predictions_reference(triples: Tensor, rules: RuleSet, anchor: int, query: int) -> dict[int, dict[int, float]]:
+    """Each answer of q(anchor, ?) and the rules predicting it: {rule number: confidence}."""
     R = rules.num_relations
     out: dict[tuple[int, int], set[int]] = defaultdict(set)  # (relation, x) -> {y}
     into: dict[tuple[int, int], set[int]] = defaultdict(set)  # (relation, y) -> {x}
@@ -29,15 +36,15 @@ def predictions_reference(triples: Tensor, rules: RuleSet, anchor: int, query: i
         out[(r, h)].add(t)
         into[(r, t)].add(h)
     relation, tails = (query, True) if query < R else (query - R, False)
-    found: dict[int, list[float]] = defaultdict(list)
-    for rule in rules.rules:
+    found: dict[int, dict[int, float]] = defaultdict(dict)
+    for number, rule in enumerate(rules.rules):
         if rule.head != relation:
             continue
         asked, answer = rule.head_args if tails else rule.head_args[::-1]
         for entity in _answers(rule, asked, answer, anchor, out, into):
             if entity != anchor:
-                found[entity].append(rule.confidence)
-    return {entity: sorted(confidences, reverse=True) for entity, confidences in found.items()}
+                found[entity][number] = rule.confidence
+    return dict(found)
 
 
 def _answers(rule: Rule, asked: int, answer: int, anchor: int, out, into) -> set[int]:
@@ -90,3 +97,37 @@ def aggregate_reference(confidences: list[float], aggregation: str, levels: dict
     for k, confidence in enumerate(confidences[:places]):
         key += levels[confidence] << (bits * (places - 1 - k))
     return float(key)
+
+
+def nr_noisy_or_reference(by_rule: dict[int, float], cluster_of: dict[int, int]) -> float:
+    """SAFRAN's non-redundant noisy-or evidence of a candidate predicted by ``by_rule`` {rule: confidence}: the
+    best confidence of each cluster (``cluster_of``: rule -> cluster; a rule not in it is alone), summed as
+    -log(1 - c)."""
+    best: dict[tuple[str, int], float] = {}
+    for rule, confidence in by_rule.items():
+        key = ("cluster", cluster_of[rule]) if rule in cluster_of else ("alone", rule)
+        best[key] = max(best.get(key, 0.0), confidence)
+    return -sum(math.log1p(-min(c, 1.0 - 1e-9)) for c in best.values())
+
+
+def clusters_reference(predicted: dict[int, set], threshold: float) -> list[set[int]]:
+    """The clusters of the rules of ``predicted`` {rule: the (anchor, answer) pairs it predicts}: rules joined
+    where the Jaccard index of their pairs exceeds ``threshold`` (-1: all one cluster), then joined transitively
+    (union-find); the clusters of two or more rules."""
+    numbers = sorted(rule for rule, pairs in predicted.items() if pairs)
+    parent = {rule: rule for rule in numbers}
+
+    def root(rule: int) -> int:
+        while parent[rule] != rule:
+            rule = parent[rule]
+        return rule
+
+    for a in numbers:
+        for b in numbers:
+            shared = len(predicted[a] & predicted[b])
+            if a < b and (threshold < 0 or shared and shared / len(predicted[a] | predicted[b]) > threshold):
+                parent[root(b)] = root(a)
+    found: dict[int, set[int]] = defaultdict(set)
+    for rule in numbers:
+        found[root(rule)].add(rule)
+    return [group for group in found.values() if len(group) > 1]

@@ -14,7 +14,7 @@ __all__ = ["HYBRID_WEIGHTS", "LearnConfig", "MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
 METHODS = ("bfs", "policy", "apply")
-AGGREGATIONS = ("maxplus", "max", "noisy_or")  # rule application's (kgtrace.prover.apply)
+AGGREGATIONS = ("maxplus", "max", "noisy_or", "nr_noisy_or")  # rule application's (kgtrace.prover.apply)
 PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
 HYBRID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # the grid kgtrace prove weigh chooses from
@@ -104,7 +104,8 @@ class ProverConfig:
 
     dataset: str = "umls"  # bundled name or dataset folder
     method: str = "bfs"  # bfs: best proof by exhaustive search; policy: a learned policy's proof; apply: rule application
-    aggregation: str = "maxplus"  # apply: how the rules predicting a candidate combine (maxplus, max, noisy_or)
+    aggregation: str = "maxplus"  # apply: how the rules predicting a candidate combine (maxplus, max, noisy_or,
+    # nr_noisy_or: SAFRAN's, over the clusters of redundant rules kept in the run's clusters.json)
     rules: str = ""  # where the rules came from: a file, or "mined"
     mining: dict[str, Any] = field(default_factory=dict)  # the MiningConfig when mined
     depth: int = 3  # bfs: search depth; policy: steps of a rollout
@@ -155,7 +156,7 @@ class ProverConfig:
         problems += choice_problems(self, "aggregation", AGGREGATIONS)
         if self.method == "apply" and self.embedding_run and self.aggregation == "maxplus":
             problems.append("aggregation='maxplus' with embedding_run: a hybrid adds the rules' score to a logit, and "
-                            "maxplus's scores are ranking keys; fix: use aggregation max or noisy_or")
+                            "maxplus's scores are ranking keys; fix: use aggregation max, noisy_or or nr_noisy_or")
         for key, low in (("depth", 1), ("max_atoms", 2), ("max_states", 0), ("max_facts", 0), ("threads", 0),
                          ("embedding_dim", 1), ("beam_width", 1), ("epochs", 1), ("chunk_queries", 1), ("corruptions", 0),
                          ("ppo_epochs", 1), ("minibatch", 1), ("checkpoint_every", 1), ("eval_every", 0),

@@ -4,6 +4,7 @@ Layout::
 
     prover.yaml          the resolved ProverConfig (method bfs, policy or apply, depth, shapes, hybrid, ...)
     rules.txt            the rules the run proves with (copied from --rules, or mined)
+    clusters.json        (apply, aggregation nr_noisy_or) the clusters of redundant rules (kgtrace.prover.clusters)
     node_dict, rel_dict  the id maps of the dataset
     data.json            the digest of each split (kgtrace.data.pinned)
     checkpoints/         (policy) epoch-NNNN.pt and best.pt, as for embedding runs
@@ -29,13 +30,16 @@ from kgtrace.core.owned import check_out_folder, claim_out_folder, folder_lock, 
 from kgtrace.data.dataset import Dataset, dataset_inputs
 from kgtrace.data.pinned import load_pinned_dataset, pin_splits
 from kgtrace.data.vocab import write_vocab
+from kgtrace.data.answers import AnswerIndex
 from kgtrace.prover.apply import RuleScorer
+from kgtrace.prover.clusters import CLUSTERS_FILE, RuleClusters
 from kgtrace.prover.config import ProverConfig
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.link import LinkHead
 from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.policy import load_policy_scorer
+from kgtrace.prover.redundancy import learn_clusters
 from kgtrace.prover.rules import RuleSet, read_rules, write_rules
 from kgtrace.prover.scorer import BfsScorer, HybridScorer
 from kgtrace.prover.search import compiled_deriver
@@ -78,7 +82,21 @@ def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, ru
         if (note := kept_note(out, kept)) is not None:
             log(note)
         write_run_files(out, config, dataset, rules, notes)
+        if config.method == "apply" and config.aggregation == "nr_noisy_or":
+            write_clusters(out, dataset, rules, log)
     return out
+
+
+def write_clusters(out: Path, dataset: Dataset, rules: RuleSet, log=print) -> RuleClusters:
+    """Learn SAFRAN's clusters of redundant rules on the dataset's validation triples into ``out``/clusters.json."""
+    if not len(dataset.valid):
+        raise KgtraceError(f"the dataset {dataset.name} has no validation triples, on which nr_noisy_or chooses its "
+                           "clusters of rules. Fix: use a dataset with a validation split, or --aggregation noisy_or")
+    graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
+    known = AnswerIndex.build(dataset.known_triples("valid"), dataset.num_relations)
+    clusters = learn_clusters(graph, rules, dataset.valid, known, log=log)
+    clusters.write(out / CLUSTERS_FILE)
+    return clusters
 
 
 def write_run_files(out: Path, config: ProverConfig, dataset: Dataset, rules: RuleSet, notes: list[str] | None) -> None:
@@ -118,7 +136,8 @@ def load_prover_run(run_dir: str | Path, checkpoint: str | Path | None = None,
     engine = graph = None
     if config.method == "apply":
         graph = DirectedGraph.of(dataset.train, dataset.num_entities, dataset.num_relations)
-        model: nn.Module = RuleScorer(graph, rules, config.aggregation)
+        clusters = RuleClusters.read(run_dir / CLUSTERS_FILE, len(rules)) if config.aggregation == "nr_noisy_or" else None
+        model: nn.Module = RuleScorer(graph, rules, config.aggregation, clusters=clusters)
     else:
         engine = VectorEngine(dataset.train, rules, dataset.num_entities, config.shapes()).to(device)
         derive = compiled_deriver(engine, 1024) if config.compile else None

@@ -1,0 +1,258 @@
+"""SAFRAN's clusters of redundant rules, learned on validation triples (the ``nr_noisy_or`` aggregation).
+
+For each directed query relation q (r: tails of r, r + R: heads of r):
+
+1. Anchors: those of q's validation queries (a, q) (the anchors of q's training facts when it has none),
+   at most ``max_anchors`` of them (a seeded sample).
+2. Overlap: every prediction of q's rules for these anchors (`RuleScorer.predictions`, the anchor's own cell
+   dropped), and for each two rules the Jaccard index of the (anchor, answer) pairs they predict,
+   ``|P_i & P_j| / |P_i | P_j|``. SAFRAN estimates it by MinHash over each rule's predictions on the whole
+   training graph; here it is exact, over the queries the threshold is chosen on.
+3. Clusters for each threshold t of ``thresholds``: the connected components of the rules joined where
+   J > t (SAFRAN's Graph::searchDFS; one threshold for every pair of rule kinds, as its grid strategy);
+   ``ONE_CLUSTER`` (-1) puts every rule in one cluster, the max aggregation. t = 1 joins none: the plain
+   noisy-or.
+4. Choice: the validation queries of q ranked by nr_noisy_or with each threshold's clusters (filtered,
+   realistic ties, the evaluation's `rank_side`); the threshold of the highest MRR, the first of equals in
+   the order of ``thresholds``. SAFRAN chooses per relation and side by validation MRR as well. A q without
+   validation queries takes the threshold of the highest MRR over every validation query pooled.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from kgtrace.core.errors import ConfigError
+from kgtrace.data.answers import AnswerIndex
+from kgtrace.evaluation.sides import SideQueries, rank_side
+from kgtrace.models.base import inverse_queries
+from kgtrace.prover.apply import Aggregate, RuleScorer
+from kgtrace.prover.clusters import ONE_CLUSTER, ClusterLookup, RuleClusters
+from kgtrace.prover.graph import DirectedGraph
+from kgtrace.prover.rules import RuleSet
+
+__all__ = ["THRESHOLDS", "components", "jaccard_pairs", "learn_clusters"]
+
+THRESHOLDS = (ONE_CLUSTER, *(round(0.05 * i, 2) for i in range(21)))  # one cluster, then J > 0, .05, ..., 1
+MEMORY_BUDGET = 1 << 30  # bytes of [B, E] scores a ranking of validation queries holds at once
+
+
+@dataclass(frozen=True)
+class QueryPredictions:
+    """The predictions of one query relation's rules for its anchors, by (anchor row, answer) cell."""
+
+    anchors: Tensor  # [A] sorted entity ids
+    cells: Tensor  # [n] sorted: row * E + answer (row: the anchor's place in ``anchors``), never the anchor
+    confidence: Tensor  # [n] float64
+    rules: Tensor  # [n] rule numbers
+
+
+def query_predictions(scorer: RuleScorer, q: int, anchors: Tensor) -> QueryPredictions:
+    """Every (cell, rule) prediction of q's rules for ``anchors`` [A] (sorted), each once."""
+    E = scorer.num_entities
+    parts = list(scorer.predictions(q, anchors))
+    cells = torch.cat([torch.zeros(0, dtype=torch.long), *(c for c, _, _ in parts)])
+    confidence = torch.cat([torch.zeros(0, dtype=torch.float64), *(c for _, c, _ in parts)])
+    rules = torch.cat([torch.zeros(0, dtype=torch.long), *(r for _, _, r in parts)])
+    keep = cells % E != anchors[cells // E]  # an answer is never the anchor itself
+    cells, confidence, rules = cells[keep], confidence[keep], rules[keep]
+    key = cells * len(scorer.rules) + rules  # a (cell, rule) pair once, sorted by cell
+    key, first = _unique_first(key)
+    return QueryPredictions(anchors, cells[first], confidence[first], rules[first])
+
+
+def _unique_first(values: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted distinct values and the position of one occurrence of each."""
+    unique, at = torch.unique(values, return_inverse=True)
+    first = torch.zeros(len(unique), dtype=torch.long).scatter_(0, at, torch.arange(len(values)))
+    return unique, first
+
+
+def jaccard_pairs(cells: Tensor, rules: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The rules that predict something, and the Jaccard index of each pair of them whose predictions overlap.
+
+    cells, rules: [n] distinct (cell, rule) predictions. Returns (rule numbers [m] sorted, i [p], j [p] with
+    i < j as places in the rule numbers, J [p] float64 > 0): |P_i & P_j| / (|P_i| + |P_j| - |P_i & P_j|), the
+    shared counts read off the product of the [m, cells] incidence matrix with its transpose.
+    """
+    numbers, local = torch.unique(rules, return_inverse=True)
+    _, column = torch.unique(cells, return_inverse=True)
+    m = len(numbers)
+    if not m:
+        empty = torch.zeros(0, dtype=torch.long)
+        return numbers, empty, empty, torch.zeros(0, dtype=torch.float64)
+    size = torch.bincount(local, minlength=m).double()  # |P_i|
+    incidence = torch.sparse_coo_tensor(torch.stack([local, column]), torch.ones(len(local), dtype=torch.float64),
+                                        (m, int(column.max()) + 1), check_invariants=False)
+    with warnings.catch_warnings():  # torch routes the product through its CSR kernels, which it calls beta
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        shared = torch.sparse.mm(incidence, incidence.t()).coalesce()  # [m, m]: |P_i & P_j|
+    (i, j), both = shared.indices(), shared.values()
+    upper = i < j
+    i, j, both = i[upper], j[upper], both[upper]
+    return numbers, i, j, both / (size[i] + size[j] - both)
+
+
+def components(n: int, i: Tensor, j: Tensor) -> Tensor:
+    """Connected components of n nodes joined by the edges (i, j) [p]: each node's component, 0 .. k - 1, numbered
+    in the order of their smallest nodes (minimum-label propagation with pointer jumping)."""
+    label = torch.arange(n)
+    while True:
+        low = label.clone()
+        low.scatter_reduce_(0, i, label[j], "amin")
+        low.scatter_reduce_(0, j, label[i], "amin")
+        low = low[low]  # a node takes its label's label: halves the distance to the smallest
+        if torch.equal(low, label):
+            return torch.unique(label, return_inverse=True)[1]
+        label = low
+
+
+def cluster_lookup(numbers: Tensor, i: Tensor, j: Tensor, jaccard: Tensor, threshold: float,
+                   num_rules: int) -> ClusterLookup:
+    """The clusters of the rules ``numbers`` [m] at ``threshold`` (module doc, step 3)."""
+    if threshold == ONE_CLUSTER:
+        return ClusterLookup(numbers, torch.zeros(len(numbers), dtype=torch.long), 1, num_rules)
+    joined = jaccard > threshold
+    labels = components(len(numbers), i[joined], j[joined])
+    return ClusterLookup(numbers, labels, int(labels.max()) + 1 if len(labels) else 0, num_rules)
+
+
+class _ClusteredScores(nn.Module):
+    """A Scorer of one query relation's anchors from their precomputed predictions, by nr_noisy_or with fixed
+    clusters: score_t of (anchor, q) rows, for the evaluation's ranking."""
+
+    def __init__(self, predictions: QueryPredictions, clusters: ClusterLookup, num_entities: int, num_relations: int):
+        super().__init__()
+        self.predictions, self.clusters = predictions, clusters
+        self.num_entities, self.num_relations = num_entities, num_relations
+        rows = predictions.cells // num_entities  # sorted
+        self.bounds = torch.searchsorted(rows, torch.arange(len(predictions.anchors) + 1))  # [A + 1]
+
+    def score_t(self, hr: Tensor) -> Tensor:
+        """[B, 2] (anchor, q) -> [B, E] float64 scores."""
+        E, p = self.num_entities, self.predictions
+        place = torch.searchsorted(p.anchors, hr[:, 0].cpu().contiguous())  # [B] the anchor's row
+        start, count = self.bounds[place], self.bounds[place + 1] - self.bounds[place]
+        query = torch.repeat_interleave(torch.arange(len(hr)), count)  # [n] the query each prediction serves
+        first = torch.repeat_interleave(start - (torch.cumsum(count, 0) - count), count)
+        taken = first + torch.arange(len(query))  # [n] positions in the predictions
+        total = Aggregate("nr_noisy_or", len(hr) * E, [], hr[:, 0].cpu() + torch.arange(len(hr)) * E, self.clusters)
+        total.add(query * E + p.cells[taken] % E, p.confidence[taken], p.rules[taken])
+        return total.result().view(len(hr), E)
+
+    def score_h(self, rt: Tensor) -> Tensor:
+        return self.score_t(inverse_queries(rt, self.num_relations))
+
+    def score_hrt(self, hrt: Tensor) -> Tensor:
+        return self.score_t(hrt[:, :2]).gather(1, hrt[:, 2:]).squeeze(1)
+
+
+def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: AnswerIndex, *,
+                   thresholds: tuple[float, ...] = THRESHOLDS, max_anchors: int = 1000, seed: int = 0,
+                   log: Callable[[str], None] | None = None) -> RuleClusters:
+    """SAFRAN's clusters of ``rules`` for every query relation (module doc), chosen on ``valid`` [n, 3] triples
+    (both sides), filtered by ``known`` (train + valid)."""
+    problems = [f"threshold {t}: must be {ONE_CLUSTER:g} (one cluster) or in [0, 1]" for t in thresholds
+                if t != ONE_CLUSTER and not 0.0 <= t <= 1.0]
+    if not thresholds:
+        problems.append("thresholds: give at least one")
+    if max_anchors < 1:
+        problems.append(f"max_anchors={max_anchors}: must be at least 1")
+    if problems:
+        raise ConfigError(problems)
+    E, R = graph.num_entities, graph.num_relations
+    scorer = RuleScorer(graph, rules, "max")  # its predictions only
+    queries = _validation_queries(valid.long().cpu(), R)
+    generator = torch.Generator().manual_seed(seed)
+    chosen: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+    curves, counts, pooled = {}, {}, torch.zeros(len(thresholds), dtype=torch.float64)
+    start = time.monotonic()
+    for q in range(2 * R):
+        if not scorer.confidences[q]:
+            continue
+        asked, answers = queries.get(q, (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
+        anchors = _anchors(graph, q, asked, max_anchors, generator)
+        predictions = query_predictions(scorer, q, anchors)
+        overlap = jaccard_pairs(predictions.cells, predictions.rules)
+        chosen[q] = overlap
+        keep = torch.isin(asked, anchors)  # the validation queries of the anchors drawn
+        asked, answers = asked[keep], answers[keep]
+        counts[q] = len(asked)
+        if not len(asked):
+            continue
+        sq = SideQueries("tail", torch.stack([asked, torch.full_like(asked, q)], 1), answers)
+        reciprocal = _threshold_curve(predictions, overlap, thresholds, sq, known, E, R, len(rules))  # [T, Q]
+        curves[q] = dict(zip(thresholds, reciprocal.mean(1).tolist(), strict=True))
+        pooled += reciprocal.sum(1)
+    best_pooled = thresholds[int(torch.argmax(pooled))]  # argmax: the first of equals
+    groups, chosen_thresholds = {}, {}
+    for q, overlap in chosen.items():
+        threshold = max(thresholds, key=curves[q].get) if counts[q] else best_pooled  # max(): the first of equals
+        chosen_thresholds[q] = threshold
+        if threshold == ONE_CLUSTER:  # every rule of q, those that predicted nothing here too
+            groups[q] = (tuple(scorer.rule_numbers(q)),)
+        else:
+            groups[q] = _groups(cluster_lookup(*overlap, threshold, len(rules)))
+    if log:
+        log(f"clusters of redundant rules for {len(chosen)} query relations in {time.monotonic() - start:.1f} s "
+            f"(pooled threshold {best_pooled:g})")
+    return RuleClusters(len(rules), groups, chosen_thresholds, curves, counts)
+
+
+def _validation_queries(valid: Tensor, num_relations: int) -> dict[int, tuple[Tensor, Tensor]]:
+    """q -> (anchors [Q], answers [Q]) of the validation triples' tail (q = r) and head (q = r + R) queries."""
+    h, r, t = valid.unbind(1)
+    anchor, q, answer = torch.cat([h, t]), torch.cat([r, r + num_relations]), torch.cat([t, h])
+    return {int(k): (anchor[q == k], answer[q == k]) for k in torch.unique(q)}
+
+
+def _anchors(graph: DirectedGraph, q: int, asked: Tensor, max_anchors: int, generator: torch.Generator) -> Tensor:
+    """The anchors whose predictions measure overlap: the validation queries' (else the training facts'), at most
+    ``max_anchors``, sorted."""
+    E, D = graph.num_entities, 2 * graph.num_relations
+    if len(asked):
+        anchors = torch.unique(asked)
+    else:
+        x, d = graph.keys // (D * E), (graph.keys // E) % D  # keys: (x * 2R + d) * E + y
+        anchors = torch.unique(x[d == q])
+    if len(anchors) > max_anchors:
+        anchors = torch.sort(anchors[torch.randperm(len(anchors), generator=generator)[:max_anchors]]).values
+    return anchors
+
+
+def _threshold_curve(predictions: QueryPredictions, overlap: tuple[Tensor, Tensor, Tensor, Tensor],
+                     thresholds: tuple[float, ...], sq: SideQueries, known: AnswerIndex, num_entities: int,
+                     num_relations: int, num_rules: int) -> Tensor:
+    """Reciprocal ranks [T, Q] of the queries ``sq`` under each threshold's clusters; thresholds that give the same
+    clusters (no Jaccard index between them) are ranked once."""
+    ranked: dict[tuple[int, bytes], Tensor] = {}
+    rows = []
+    for threshold in thresholds:
+        clusters = cluster_lookup(*overlap, threshold, num_rules)
+        same = (clusters.clusters, clusters.labels.numpy().tobytes())
+        if same not in ranked:
+            ranked[same] = _reciprocal_ranks(predictions, clusters, sq, known, num_entities, num_relations)
+        rows.append(ranked[same])
+    return torch.stack(rows)
+
+
+def _reciprocal_ranks(predictions: QueryPredictions, clusters: ClusterLookup, sq: SideQueries, known: AnswerIndex,
+                      num_entities: int, num_relations: int) -> Tensor:
+    """Filtered reciprocal ranks (realistic ties) [Q] of the queries ``sq`` by nr_noisy_or with ``clusters``."""
+    scores = _ClusteredScores(predictions, clusters, num_entities, num_relations)
+    counts = rank_side(scores, sq, known, memory_budget=MEMORY_BUDGET, device=torch.device("cpu"))
+    return 1.0 / counts.rank("realistic")
+
+
+def _groups(clusters: ClusterLookup) -> tuple[tuple[int, ...], ...]:
+    """The clusters of two or more rules, as rule numbers, in the order of their smallest rule."""
+    found: dict[int, list[int]] = {}
+    for rule, label in zip(clusters.members.tolist(), clusters.labels.tolist(), strict=True):
+        found.setdefault(label, []).append(rule)
+    return tuple(tuple(group) for group in found.values() if len(group) > 1)
