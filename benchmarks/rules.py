@@ -15,7 +15,7 @@ Steps, each timed:
 The targets (issue 55, filtered test MRR): AnyBURL's level .34 (FB15k-237) and .49 (WN18RR), SAFRAN's
 .389 / .502; learning plus ranking within 30 minutes on 2 cores.
 
-    python benchmarks/rules.py --dataset fb15k237 --seconds 600 [--rounds N] [--paths-per-round 4096]
+    python benchmarks/rules.py --dataset fb15k237 --seconds 600 [--rounds N] [--paths-per-round 4096] [--meet-neighbours N]
         [--aggregations maxplus,noisy_or] [--test-triples N]
         [--work benchmarks/runs/rules-fb15k237] [--out benchmarks/results/rules-fb15k237-cpu.json] [--threads 2]
         [--device cpu]
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=0, help="learn for this many rounds (0: for --seconds)")
     parser.add_argument("--paths-per-round", type=int, default=LearnConfig.paths_per_round,
                         help="training facts sampled per round")
+    parser.add_argument("--meet-neighbours", type=int, default=LearnConfig.meet_neighbours,
+                        help="cyclic paths of 2 and 3 steps also met in the middle (kgtrace rules learn's option)")
     parser.add_argument("--aggregations", default="maxplus,noisy_or")
     parser.add_argument("--test-triples", type=int, default=0, help="rank the first N test triples (0: all)")
     parser.add_argument("--work", type=Path, help="where the rules and their state are kept")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"rules.py: error: --aggregations {','.join(unknown)}: choose from {', '.join(AGGREGATIONS)}")
     work = args.work or Path("benchmarks/runs") / f"rules-{args.dataset}"
     work.mkdir(parents=True, exist_ok=True)
-    config = LearnConfig(seconds=args.seconds, rounds=args.rounds, paths_per_round=args.paths_per_round)
+    config = LearnConfig(seconds=args.seconds, rounds=args.rounds, paths_per_round=args.paths_per_round,
+                         meet_neighbours=args.meet_neighbours)
     ds = load_dataset(args.dataset)
 
     start = time.perf_counter()

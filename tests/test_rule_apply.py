@@ -13,6 +13,7 @@ from kgtrace.data.dataset import Dataset
 from kgtrace.data.vocab import Vocab
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.prover import apply as apply_module
+from kgtrace.prover import learn as learn_module
 from kgtrace.prover.apply import Aggregate, RuleScorer, directed_rules
 from kgtrace.prover.apply_reference import (aggregate_reference, nr_noisy_or_reference, predictions_reference,
                                            rule_predictions_reference)
@@ -177,6 +178,51 @@ def test_learned_measures_equal_brute_force_counts(seed):
         assert not m.sampled
     confidences = [m.rule.confidence for m in learned]
     assert confidences == sorted(confidences, reverse=True)  # best first
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paths_met_in_the_middle_are_every_short_cycle_brute_force_finds(seed):
+    # One relation at most between two entities, so the middle step of a 3-step path is the only one there is.
+    rng = random.Random(seed)
+    pairs = {}
+    for _ in range(40):
+        a, b = rng.sample(range(E), 2)
+        if (a, b) not in pairs and (b, a) not in pairs:
+            pairs[(a, b)] = rng.randrange(R)
+    triples = torch.tensor([(a, r, b) for (a, b), r in sorted(pairs.items())])
+    graph = DirectedGraph.of(triples, E, R)
+    directed = {(a, r, b) for a, r, b in triples.tolist()} | {(b, r + R, a) for a, r, b in triples.tolist()}
+    x, q, y = (torch.tensor(column) for column in zip(*sorted(directed), strict=True))
+    found = learn_module._meet(graph, x, q, y, E, 3, torch.Generator().manual_seed(0))
+    expected = []
+    for xi, qi, yi in directed:
+        steps_x = [(d, a) for s, d, a in directed if s == xi and a not in (xi, yi)]
+        steps_y = [(d, b) for b, d, t in directed if t == yi and b not in (xi, yi)]
+        for d1, a in steps_x:
+            for d3, b in steps_y:
+                middle = [d for s, d, t in directed if (s, t) == (a, b)]
+                if a == b:
+                    expected.append(learn_module._cyclic_key(qi, [d1, d3], R))
+                elif middle:
+                    expected.append(learn_module._cyclic_key(qi, [d1, middle[0], d3], R))
+    assert sorted(found) == sorted(expected) and len({len(k) for k in expected}) == 2  # both lengths occur
+
+
+def test_meeting_in_the_middle_finds_a_rule_random_walks_rarely_close():
+    # r(X,Y) :- s(X,A), t(A,Y) holds for 30 facts, but each X has 60 other s-edges and each Y 60 other t-edges: a
+    # random first step from either end rarely reaches the A that closes the path.
+    facts, n = [], 30
+    for i in range(n):
+        x, a, y = i, 100 + i, 200 + i
+        facts += [(x, 1, a), (a, 2, y), (x, 0, y)] + [(x, 1, 300 + 60 * i + k) for k in range(60)]
+        facts += [(2200 + 60 * i + k, 2, y) for k in range(60)]
+    triples = torch.tensor(facts)
+    config = LearnConfig(rounds=1, paths_per_round=256, max_length=2, acyclic=False, min_support=1)
+    rule = ((1, 0, 2), (2, 2, 1))  # s(X,A), t(A,Y)
+    walked = learn_rules(triples, 4000, 3, config, log=lambda _: None)
+    met = learn_rules(triples, 4000, 3, replace(config, meet_neighbours=64), log=lambda _: None)
+    assert rule not in [m.rule.body for m in walked if m.rule.head == 0]
+    assert [m.rule.body for m in met if m.rule.head == 0][0] == rule
 
 
 def test_learning_finds_a_planted_rule_first_and_resumes(tmp_path):

@@ -57,6 +57,9 @@ def add_learning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-acyclic", dest="acyclic", action="store_false", help="no rules with constants")
     p.add_argument("--paths-per-round", type=int, default=defaults.paths_per_round,
                    help="training facts sampled per round, a path of each length walked from each")
+    p.add_argument("--meet-neighbours", type=int, default=defaults.meet_neighbours,
+                   help="also find cyclic paths of 2 and 3 steps met in the middle: up to N steps from each sampled "
+                        "fact's head and into its tail, every pair tried (0: random walks only; for sparse graphs)")
     p.add_argument("--confidence-sample", type=int, default=defaults.confidence_sample,
                    help="start entities whose groundings measure a cyclic rule")
     p.add_argument("--min-support", type=int, default=defaults.min_support, help="correct predictions a rule needs")

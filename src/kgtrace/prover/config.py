@@ -74,6 +74,9 @@ class LearnConfig:
     max_length: int = 3  # cyclic rules have 1 to max_length body atoms
     acyclic: bool = True  # also rules with constants: r(X,c) :- s(X,d) and r(X,c) :- s(X,A), either side
     paths_per_round: int = 4096  # training facts sampled per round, a path of each length walked from each
+    # Cyclic paths of 2 and 3 steps also met in the middle: up to this many steps from each sampled fact's x and
+    # into its y, every pair of them tried (0: only the random walks closed at y).
+    meet_neighbours: int = 0
     confidence_sample: int = 100  # start entities whose body groundings estimate a cyclic rule's confidence
     min_support: int = 2  # correct predictions (in the sample) a rule needs
     min_confidence: float = 0.001
@@ -86,7 +89,8 @@ class LearnConfig:
     def validate(self) -> "LearnConfig":
         problems = [f"{key}={getattr(self, key)}: must be at least {low}"
                     for key, low in (("max_length", 1), ("paths_per_round", 1), ("confidence_sample", 1),
-                                     ("min_support", 1), ("rounds", 0)) if getattr(self, key) < low]
+                                     ("min_support", 1), ("rounds", 0), ("meet_neighbours", 0))
+                    if getattr(self, key) < low]
         if not self.seconds > 0:
             problems.append(f"seconds={self.seconds}: must be a positive number of seconds")
         if not 0.0 <= self.min_confidence <= 1.0:

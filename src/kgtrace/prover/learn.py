@@ -59,6 +59,7 @@ __all__ = ["LearnedRule", "Learning", "learn_rule_file", "learn_rules", "state_p
 
 Key = tuple[int, ...]  # cyclic: (0, r, d1, .., dn), the path from the head's X; acyclic: (1, q, c, d, z or -1)
 MEASURED_AT_ONCE = 256  # candidates measured between two looks at the clock
+SETTINGS_ADDED_LATER = {"meet_neighbours": 0}  # LearnConfig fields newer than some states, at their old behaviour
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ def _resumed(state: str | Path | None, config: LearnConfig, fingerprint: str) ->
     if state is None or not Path(state).is_file():
         return None
     learning, saved, saved_fingerprint = Learning.from_json(Path(state).read_text())
+    saved = {**SETTINGS_ADDED_LATER, **saved}  # a state older than a setting was learned as its value here says
     same = {**asdict(config), "seconds": None, "rounds": None} == {**saved, "seconds": None, "rounds": None}
     if not same or saved_fingerprint != fingerprint:
         raise KgtraceError(f"{state}: the learning state of other triples or settings. Fix: rerun with the settings "
@@ -207,6 +209,8 @@ def _round(graph: DirectedGraph, config: LearnConfig, number: int) -> list[Key]:
         found += [_cyclic_key(int(d), steps, R) for d, steps in zip(q[ok].tolist(),
                                                                     torch.stack([*path, last], 1)[ok].tolist(),
                                                                     strict=True)]
+    if config.meet_neighbours and config.max_length >= 2:
+        found += _meet(graph, x, q, y, config.meet_neighbours, config.max_length, generator)
     if config.acyclic:
         nodes, path, ok = _walk(graph, x, q, y, 1, generator)
         for d0, c, d, z in torch.stack([q, y, path[0], nodes[1]], 1)[ok].tolist():
@@ -214,14 +218,62 @@ def _round(graph: DirectedGraph, config: LearnConfig, number: int) -> list[Key]:
     return found
 
 
+def _meet(graph: DirectedGraph, x: Tensor, q: Tensor, y: Tensor, cap: int, max_length: int,
+          generator: torch.Generator) -> list[Key]:
+    """Cyclic paths of two and three steps from each x to y met in the middle: up to ``cap`` steps x -d1-> a from
+    x and as many b -d3-> y into y (all of them where there are no more), then every pair of them: a = b closes
+    x -d1-> a -d3-> y; a != b joined by some a -d2-> b (one drawn at random) closes x -d1-> a -d2-> b -d3-> y.
+    No path passes x or y in its middle."""
+    D, R = 2 * graph.num_relations, graph.num_relations
+    d1, a, take_x = _neighbour_sample(graph, x, cap, generator)  # the steps x -d1-> a, grouped by fact
+    dy, b, take_y = _neighbour_sample(graph, y, cap, generator)  # dy(y, b): the step b -> y is its inverse
+    start_x, start_y = torch.cumsum(take_x, 0) - take_x, torch.cumsum(take_y, 0) - take_y
+    per = take_x * take_y  # [n] pairs of a step from x and a step into y, per fact
+    fact = torch.repeat_interleave(torch.arange(len(x)), per)  # [p]
+    rank = torch.arange(len(fact)) - torch.repeat_interleave(torch.cumsum(per, 0) - per, per)
+    i = start_x[fact] + rank // take_y[fact]  # [p] a step from x
+    j = start_y[fact] + rank % take_y[fact]  # [p] a step into y
+    middle = (a[i] != x[fact]) & (a[i] != y[fact]) & (b[j] != x[fact]) & (b[j] != y[fact])
+    d3 = (dy[j] + R) % D  # directed_inverse
+    found = [_cyclic_key(d0, steps, R) for d0, steps in
+             zip(q[fact][middle & (a[i] == b[j])].tolist(),
+                 torch.stack([d1[i], d3], 1)[middle & (a[i] == b[j])].tolist(), strict=True)]
+    if max_length >= 3:
+        d2, joined = _joining_step(graph, a[i], b[j], generator)
+        three = middle & (a[i] != b[j]) & joined
+        found += [_cyclic_key(d0, steps, R) for d0, steps in
+                  zip(q[fact][three].tolist(), torch.stack([d1[i], d2, d3], 1)[three].tolist(), strict=True)]
+    return found
+
+
+def _neighbour_sample(graph: DirectedGraph, nodes: Tensor, cap: int,
+                      generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Up to ``cap`` directed facts d(node, other) of each node [n] (all of them when it has no more, else ``cap``
+    drawn with replacement), grouped by node: (d [m], other [m], how many of each node [n])."""
+    low = graph.offsets[nodes]
+    degree = graph.offsets[nodes + 1] - low
+    take = degree.clamp(max=cap)
+    owner = torch.repeat_interleave(torch.arange(len(nodes)), take)  # [m]
+    rank = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
+    drawn = (torch.rand(len(owner), generator=generator) * degree[owner]).long()
+    pick = low[owner] + torch.where(degree[owner] <= cap, rank, drawn)
+    d, other = graph.neighbours[pick].unbind(1)
+    return d, other, take
+
+
+def _joining_step(graph: DirectedGraph, z: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One of the directed relations joining each z to y, drawn at random, and whether there is one."""
+    low, count = graph.joining(z, y)
+    pick = low + (torch.rand(len(z), generator=generator) * count).long().clamp(max=(count - 1).clamp(min=0))
+    return graph.pairs[pick.clamp(max=len(graph.pairs) - 1)] % (2 * graph.num_relations), count > 0
+
+
 def _close(graph: DirectedGraph, z: Tensor, x: Tensor, q: Tensor, y: Tensor, ok: Tensor,
            generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """The last step z -> y of each walk: one of the relations joining z to y, drawn at random (not the fact
     itself), and whether there is one."""
-    low, count = graph.joining(z, y)
-    pick = low + (torch.rand(len(z), generator=generator) * count).long().clamp(max=(count - 1).clamp(min=0))
-    d = graph.pairs[pick.clamp(max=len(graph.pairs) - 1)] % (2 * graph.num_relations)
-    return d, ok & (count > 0) & ~((z == x) & (d == q))
+    d, joined = _joining_step(graph, z, y, generator)
+    return d, ok & joined & ~((z == x) & (d == q))
 
 
 def _walk(graph: DirectedGraph, x: Tensor, q: Tensor, y: Tensor, length: int,
