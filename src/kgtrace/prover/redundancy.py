@@ -13,7 +13,7 @@ For each directed query relation q (r: tails of r, r + R: heads of r):
    ``ONE_CLUSTER`` (-1) puts every rule in one cluster, the max aggregation. t = 1 joins none: the plain
    noisy-or.
 4. Choice: the validation queries of q ranked by nr_noisy_or with each threshold's clusters (filtered,
-   realistic ties, the evaluation's `rank_side`); the threshold of the highest MRR, the first of equals in
+   realistic ties, the evaluation's `count_ranks`); the threshold of the highest MRR, the first of equals in
    the order of ``thresholds``. SAFRAN chooses per relation and side by validation MRR as well. A q without
    validation queries takes the threshold of the highest MRR over every validation query pooled.
 """
@@ -26,12 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from kgtrace.core.errors import ConfigError
 from kgtrace.data.answers import AnswerIndex
-from kgtrace.evaluation.sides import SideQueries, rank_side
-from kgtrace.models.base import inverse_queries
+from kgtrace.evaluation.ranks import count_ranks
 from kgtrace.prover.apply import Aggregate, RuleScorer
 from kgtrace.prover.clusters import ONE_CLUSTER, ClusterLookup, RuleClusters
 from kgtrace.prover.graph import DirectedGraph
@@ -123,34 +122,16 @@ def cluster_lookup(numbers: Tensor, i: Tensor, j: Tensor, jaccard: Tensor, thres
     return ClusterLookup(numbers, labels, int(labels.max()) + 1 if len(labels) else 0, num_rules)
 
 
-class _ClusteredScores(nn.Module):
-    """A Scorer of one query relation's anchors from their precomputed predictions, by nr_noisy_or with fixed
-    clusters: score_t of (anchor, q) rows, for the evaluation's ranking."""
-
-    def __init__(self, predictions: QueryPredictions, clusters: ClusterLookup, num_entities: int, num_relations: int):
-        super().__init__()
-        self.predictions, self.clusters = predictions, clusters
-        self.num_entities, self.num_relations = num_entities, num_relations
-        rows = predictions.cells // num_entities  # sorted
-        self.bounds = torch.searchsorted(rows, torch.arange(len(predictions.anchors) + 1))  # [A + 1]
-
-    def score_t(self, hr: Tensor) -> Tensor:
-        """[B, 2] (anchor, q) -> [B, E] float64 scores."""
-        E, p = self.num_entities, self.predictions
-        place = torch.searchsorted(p.anchors, hr[:, 0].cpu().contiguous())  # [B] the anchor's row
-        start, count = self.bounds[place], self.bounds[place + 1] - self.bounds[place]
-        query = torch.repeat_interleave(torch.arange(len(hr)), count)  # [n] the query each prediction serves
-        first = torch.repeat_interleave(start - (torch.cumsum(count, 0) - count), count)
-        taken = first + torch.arange(len(query))  # [n] positions in the predictions
-        total = Aggregate("nr_noisy_or", len(hr) * E, [], hr[:, 0].cpu() + torch.arange(len(hr)) * E, self.clusters)
-        total.add(query * E + p.cells[taken] % E, p.confidence[taken], p.rules[taken])
-        return total.result().view(len(hr), E)
-
-    def score_h(self, rt: Tensor) -> Tensor:
-        return self.score_t(inverse_queries(rt, self.num_relations))
-
-    def score_hrt(self, hrt: Tensor) -> Tensor:
-        return self.score_t(hrt[:, :2]).gather(1, hrt[:, 2:]).squeeze(1)
+def clustered_scores(predictions: QueryPredictions, clusters: ClusterLookup, low: int, high: int,
+                     num_entities: int) -> Tensor:
+    """[high - low, E] float64 nr_noisy_or scores of the queries (a, q) for the anchors a of rows low .. high - 1
+    of ``predictions``, from their precomputed predictions (a contiguous slice: cells are sorted by row)."""
+    E, p = num_entities, predictions
+    first, last = torch.searchsorted(p.cells, torch.tensor([low * E, high * E])).tolist()
+    own = p.anchors[low:high] + torch.arange(high - low) * E  # each row's anchor: never an answer
+    total = Aggregate("nr_noisy_or", (high - low) * E, [], own, clusters)
+    total.add(p.cells[first:last] - low * E, p.confidence[first:last], p.rules[first:last])
+    return total.result().view(high - low, E)
 
 
 def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: AnswerIndex, *,
@@ -186,8 +167,7 @@ def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: A
         counts[q] = len(asked)
         if not len(asked):
             continue
-        sq = SideQueries("tail", torch.stack([asked, torch.full_like(asked, q)], 1), answers)
-        reciprocal = _threshold_curve(predictions, overlap, thresholds, sq, known, E, R, len(rules))  # [T, Q]
+        reciprocal = _threshold_curve(predictions, overlap, thresholds, asked, answers, q, known, E, len(rules))
         curves[q] = dict(zip(thresholds, reciprocal.mean(1).tolist(), strict=True))
         pooled += reciprocal.sum(1)
     best_pooled = thresholds[int(torch.argmax(pooled))]  # argmax: the first of equals
@@ -206,9 +186,12 @@ def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: A
 
 
 def _validation_queries(valid: Tensor, num_relations: int) -> dict[int, tuple[Tensor, Tensor]]:
-    """q -> (anchors [Q], answers [Q]) of the validation triples' tail (q = r) and head (q = r + R) queries."""
+    """q -> (anchors [Q] ascending, answers [Q]) of the validation triples' tail (q = r) and head (q = r + R)
+    queries."""
     h, r, t = valid.unbind(1)
     anchor, q, answer = torch.cat([h, t]), torch.cat([r, r + num_relations]), torch.cat([t, h])
+    order = torch.argsort(anchor, stable=True)  # by anchor: a chunk of anchors serves a run of queries
+    anchor, q, answer = anchor[order], q[order], answer[order]
     return {int(k): (anchor[q == k], answer[q == k]) for k in torch.unique(q)}
 
 
@@ -227,27 +210,31 @@ def _anchors(graph: DirectedGraph, q: int, asked: Tensor, max_anchors: int, gene
 
 
 def _threshold_curve(predictions: QueryPredictions, overlap: tuple[Tensor, Tensor, Tensor, Tensor],
-                     thresholds: tuple[float, ...], sq: SideQueries, known: AnswerIndex, num_entities: int,
-                     num_relations: int, num_rules: int) -> Tensor:
-    """Reciprocal ranks [T, Q] of the queries ``sq`` under each threshold's clusters; thresholds that give the same
-    clusters (no Jaccard index between them) are ranked once."""
+                     thresholds: tuple[float, ...], asked: Tensor, answers: Tensor, q: int, known: AnswerIndex,
+                     num_entities: int, num_rules: int) -> Tensor:
+    """Filtered reciprocal ranks (realistic ties, the evaluation's `count_ranks`) [T, Q] of the queries (asked, q)
+    -> answers (sorted by anchor) under each threshold's clusters; thresholds that give the same clusters are
+    ranked once. Scores are formed for a chunk of anchors at a time, and each query takes its anchor's row."""
+    filter_rows, filter_cols = known.lookup(torch.stack([asked, torch.full_like(asked, q)], 1))  # [P], rows ascending
+    place = torch.searchsorted(predictions.anchors, asked)  # [Q] ascending: each query's anchor row
+    chunk = max(1, MEMORY_BUDGET // (num_entities * 8))  # anchors whose [B, E] float64 scores fit the budget
     ranked: dict[tuple[int, bytes], Tensor] = {}
     rows = []
     for threshold in thresholds:
         clusters = cluster_lookup(*overlap, threshold, num_rules)
         same = (clusters.clusters, clusters.labels.numpy().tobytes())
         if same not in ranked:
-            ranked[same] = _reciprocal_ranks(predictions, clusters, sq, known, num_entities, num_relations)
+            parts = []
+            for low in range(0, len(predictions.anchors), chunk):
+                high = min(low + chunk, len(predictions.anchors))
+                first, last = torch.searchsorted(place, torch.tensor([low, high])).tolist()  # its queries
+                keep = (filter_rows >= first) & (filter_rows < last)
+                scores = clustered_scores(predictions, clusters, low, high, num_entities)[place[first:last] - low]
+                counts = count_ranks(scores, answers[first:last], filter_rows[keep] - first, filter_cols[keep])
+                parts.append(1.0 / counts.rank("realistic"))
+            ranked[same] = torch.cat(parts)
         rows.append(ranked[same])
     return torch.stack(rows)
-
-
-def _reciprocal_ranks(predictions: QueryPredictions, clusters: ClusterLookup, sq: SideQueries, known: AnswerIndex,
-                      num_entities: int, num_relations: int) -> Tensor:
-    """Filtered reciprocal ranks (realistic ties) [Q] of the queries ``sq`` by nr_noisy_or with ``clusters``."""
-    scores = _ClusteredScores(predictions, clusters, num_entities, num_relations)
-    counts = rank_side(scores, sq, known, memory_budget=MEMORY_BUDGET, device=torch.device("cpu"))
-    return 1.0 / counts.rank("realistic")
 
 
 def _groups(clusters: ClusterLookup) -> tuple[tuple[int, ...], ...]:
