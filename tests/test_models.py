@@ -135,6 +135,27 @@ def test_inverse_relations_keep_the_contract(name):
         assert not torch.allclose(heads, model.score_hrt(hrt))
 
 
+@pytest.mark.parametrize(("name", "overrides"), [("tucker", {}), ("rescal", {}), ("rescal", {"inverse_relations": True})])
+def test_ranking_by_relation_equals_the_per_query_products(name, overrides):
+    """Under inference mode (ranking) TuckER and RESCAL form each relation's matrix once per batch; the scores are
+    those of the per-query products that autograd and training use."""
+    model = make_model(name, **overrides)
+    hr = torch.cartesian_prod(torch.arange(E), torch.arange(2 * R))  # every relation many times, in mixed order
+    hr = hr[torch.randperm(len(hr), generator=torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        per_query = model.score_t(hr)
+    with torch.inference_mode():
+        grouped = model.score_t(hr)
+    torch.testing.assert_close(grouped, per_query, **TOL)
+    model.train()  # training mode: each query its own product, with its own dropout masks, as without inference mode
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        inferred = model.encode_query(hr)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        torch.testing.assert_close(inferred, model.encode_query(hr), **TOL)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_eval_mode_batch_of_one(name):
     model = make_model(name)

@@ -27,7 +27,7 @@ from torch import Tensor
 from kgtrace.compute.compile import CompiledCall
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.ranks import RankCounts
-from kgtrace.evaluation.sides import SideQueries, filter_runs, query_chunk_size, raise_first_non_finite
+from kgtrace.evaluation.sides import SideQueries, filter_runs, finite_rows, query_chunk_size, raise_first_non_finite
 from kgtrace.models.base import Scorer
 
 __all__ = ["rank_side_compiled"]
@@ -45,7 +45,7 @@ def rank_chunk(model: Scorer, queries: Tensor, answers: Tensor, filtered: Tensor
     nonfinite (bool, False on padded rows), all [B].
     """
     scores = model.score_t(queries).float()  # [B, E]
-    nonfinite = ~torch.isfinite(scores).all(dim=1) & valid
+    nonfinite = ~finite_rows(scores) & valid
     columns = torch.arange(scores.shape[1], device=scores.device)
     is_true = columns.unsqueeze(0) == answers.unsqueeze(1)  # [B, E]
     other = filtered & ~is_true  # known answers other than the true one drop out

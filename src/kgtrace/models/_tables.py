@@ -72,6 +72,20 @@ def relation_ids(relations: Tensor, num_relations: int, inverse_relations: bool)
     return relations if inverse_relations else relations.remainder(num_relations)
 
 
+def ranking_by_relation(model: nn.Module) -> bool:
+    """Whether a query's relation-specific matrix may be formed once per relation of the batch (TuckER, RESCAL):
+    only when ranking (inference mode, eval mode), never under autograd, dropout or torch.func's transforms, which
+    take no grouping that depends on the data."""
+    return torch.is_inference_mode_enabled() and not model.training
+
+
+def relation_groups(relations: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Relation-or-inverse ids [B] -> the distinct ones [U], and the positions [n_u] of the queries of each."""
+    distinct, which = torch.unique(relations, return_inverse=True)  # [U], [B]
+    order = torch.argsort(which, stable=True)
+    return distinct, list(order.split(torch.bincount(which, minlength=len(distinct)).tolist()))
+
+
 def inverse_sign(relations: Tensor, num_relations: int, dtype: torch.dtype) -> Tensor:
     """Relation-or-inverse ids [B] -> [B] of +1 for a relation r, -1 for an inverse r + R: the factor that turns r's
     parameters into its inverse's (ComplEx's conjugate, TransE's -w_r, RotatE's -theta)."""

@@ -8,7 +8,8 @@ from torch import Tensor, nn
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import ModelSpec, PykeenLayout
 from kgtrace.models._checks import check_sizes
-from kgtrace.models._tables import dropped, init_tables, relation_ids, rows, table_problems
+from kgtrace.models._tables import (dropped, init_tables, ranking_by_relation, relation_groups, relation_ids, rows,
+                                    table_problems)
 from kgtrace.models.base import inverse_queries
 
 __all__ = ["SPEC", "Rescal"]
@@ -61,7 +62,18 @@ class Rescal(nn.Module):
 
     def encode_query(self, hr: Tensor) -> Tensor:
         """[B, 2] (head, relation-or-inverse) ids -> q = e_h^T M_r, [B, D]."""
+        if ranking_by_relation(self):  # each relation's matrix read in place, once per batch
+            return self._by_relation(self._entities(hr[:, 0]), hr[:, 1])
         return torch.bmm(self._entities(hr[:, 0]).unsqueeze(1), self._matrices(hr[:, 1])).squeeze(1)  # [B, 1, D]
+
+    def _by_relation(self, x: Tensor, relations: Tensor) -> Tensor:
+        """x [B, D] times each query's M (as `_matrices` gives it), one product per distinct relation of the batch
+        instead of a gathered [B, D, D] copy."""
+        out = torch.empty_like(x)
+        distinct, groups = relation_groups(relations)
+        for r, at in zip(distinct.tolist(), groups, strict=True):
+            out[at] = x[at] @ self._matrices(torch.tensor([r], device=x.device))[0]  # [n_u, D] @ [D, D]
+        return out
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, D] -> scores of entities start..stop-1, [B, stop - start]."""
