@@ -347,13 +347,17 @@ def test_explain_paths_takes_names_and_prints_paths():
 def test_sparse_walks_reach_what_dense_products_reach(max_expansion):
     graph = DirectedGraph.of(random_graph(1), E, R)
     starts = torch.tensor([0, 3, 5, 9, 13])
-    dense, sparse = PathWalker(graph, starts), SparseWalker(graph, starts, max_expansion=max_expansion)
-    rng = random.Random(0)
-    for _ in range(40):
-        path = tuple(rng.randrange(2 * R) for _ in range(rng.randint(1, 3)))
-        entity, column = sparse.reach(path)
-        expected = dense.reach(path).nonzero()  # [n, 2] (entity, column)
-        assert sorted(zip(entity.tolist(), column.tolist(), strict=True)) == sorted(map(tuple, expected.tolist()))
+    dense = PathWalker(graph, starts)
+    for cache_pairs in (50_000_000, 12):  # the second evicts prefixes all along
+        sparse = SparseWalker(graph, starts, max_expansion=max_expansion, cache_pairs=cache_pairs)
+        rng = random.Random(0)
+        for _ in range(40):
+            path = tuple(rng.randrange(2 * R) for _ in range(rng.randint(1, 3)))
+            entity, column = sparse.reach(path)
+            expected = dense.reach(path).nonzero()  # [n, 2] (entity, column)
+            assert sorted(zip(entity.tolist(), column.tolist(), strict=True)) == sorted(map(tuple, expected.tolist()))
+            assert sparse.cached == sum(len(pairs[0]) for pairs in sparse.cache.values())
+            assert sparse.cached <= cache_pairs or len(sparse.cache) == 1
 
 
 class _Keys(torch.nn.Module):

@@ -152,6 +152,7 @@ class SparseWalker:
         self.graph, self.starts = graph, starts
         self.cache_pairs, self.max_expansion = cache_pairs, max_expansion
         self.cache: OrderedDict[tuple[int, ...], tuple[Tensor, Tensor]] = OrderedDict()
+        self.cached = 0  # pairs held in the cache: a running total, not a sum over it at every step
 
     def reach(self, path: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         """(entity [n], start column [n]): the distinct pairs reached along ``path``, sorted by column, entity."""
@@ -163,9 +164,10 @@ class SparseWalker:
             pairs = (self.starts.long(), torch.arange(len(self.starts)))
         for k in range(done, len(path)):
             pairs = self._step(*pairs, path[k])
-            self.cache[path[: k + 1]] = pairs
-            while sum(len(p[0]) for p in self.cache.values()) > self.cache_pairs and len(self.cache) > 1:
-                self.cache.popitem(last=False)
+            self.cache[path[: k + 1]] = pairs  # a new prefix: the longest cached one was path[:done]
+            self.cached += len(pairs[0])
+            while self.cached > self.cache_pairs and len(self.cache) > 1:
+                self.cached -= len(self.cache.popitem(last=False)[1][0])
         return pairs
 
     def _step(self, entity: Tensor, column: Tensor, d: int) -> tuple[Tensor, Tensor]:
