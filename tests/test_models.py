@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from kgtrace.core.errors import ConfigError
 from kgtrace.core.specs import spec_named
 from kgtrace.models import MODELS, ComplEx, ConvE, DistMult, FactorisedScorer, Rescal, RotatE, TransE, TuckER, build_model
+from kgtrace.models.transe import euclidean
 
 E, R = 7, 3
 TOL = {"rtol": 1e-6, "atol": 1e-9}
@@ -470,3 +471,18 @@ def test_rotate_euclidean_ranking_by_cdist_equals_its_differences():
     with_grad = model.score_t(hr)  # the moduli of the differences, in chunks
     assert with_grad.requires_grad
     torch.testing.assert_close(ranked, with_grad.detach(), **TOL)
+
+
+def test_euclidean_ranking_distances_equal_float64_differences():
+    """`euclidean`'s float64 matrix-product expansion on float32 inputs: the distances of float64 differences to
+    float32 rounding, near zero (a query beside an entity) and far, with large norms; equal rows tie exactly."""
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randn(60, 64, generator=generator) * 30.0
+    table[7] = table[3]  # two equal entities: any query's distances to them tie
+    q = torch.cat([table[:10] + 1e-3 * torch.randn(10, 64, generator=generator), torch.randn(20, 64, generator=generator)])
+    got = euclidean(q, table)
+    assert got.dtype == torch.float32
+    expected = torch.linalg.vector_norm(q.double().unsqueeze(1) - table.double(), dim=-1)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-7, atol=1e-6)
+    assert torch.equal(got[:, 3], got[:, 7])
+    torch.testing.assert_close(euclidean(q.double(), table.double()), expected)  # float64: cdist's own sums

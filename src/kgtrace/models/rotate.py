@@ -14,7 +14,7 @@ from kgtrace.models._checks import check_bool, check_sizes
 from kgtrace.models._tables import inverse_sign, rows
 from kgtrace.models.base import inverse_queries
 from kgtrace.models.complex import complex_product
-from kgtrace.models.transe import distance_chunks, under_autograd
+from kgtrace.models.transe import distance_chunks, euclidean, under_autograd
 
 __all__ = ["SPEC", "RotatE"]
 
@@ -86,11 +86,11 @@ class RotatE(nn.Module):
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """q [B, 2D] -> scores of entities start..stop-1, [B, stop - start], in chunks of entities whose
         [B, chunk, 2D] differences stay within `kgtrace.models.transe.DIFFERENCES` entries; when ranking (no
-        gradient) with ``scoring_norm`` 2, the Euclidean norm of the whole [Re | Im] difference by ``torch.cdist``
-        (as TransE's decode)."""
+        gradient) with ``scoring_norm`` 2, the Euclidean norm of the whole [Re | Im] difference by
+        `kgtrace.models.transe.euclidean` (as TransE's decode)."""
         table = self.entity_embeddings[start:stop]  # [C, 2D]
         if self.scoring_norm == 2 and table.shape[0] and not under_autograd(q, table):
-            return self.margin - torch.cdist(q, table, compute_mode="donot_use_mm_for_euclid_dist")
+            return self.margin - euclidean(q, table)
         step = distance_chunks(table.shape[0], table.shape[1], q.shape[0])
         return torch.cat([self._scores(q.unsqueeze(1), table[i:i + step].unsqueeze(0))  # [B, 1, 2D] - [1, c, 2D]
                           for i in range(0, table.shape[0], step)], dim=1) if table.shape[0] else q.new_zeros(len(q), 0)
