@@ -274,7 +274,7 @@ def prover_config(args: argparse.Namespace, method: str, **settings: Any):
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    from kgtrace.prover.run import load_prover_run, write_prover_run
+    from kgtrace.prover.run import write_prover_run
 
     if args.action == "train":
         return prove_train(args)
@@ -286,9 +286,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
         from kgtrace.prover.neural import embedding_model
 
         embedding_model(config.embedding_run, ds, "cpu")  # refuse a run over other ids before writing anything
-    out = write_prover_run(args.out, config, ds, rules, notes=notes, overwrite=args.overwrite)
+    out = write_prover_run(args.out, config, ds, rules, notes=notes, overwrite=args.overwrite)  # and reads it back
     print("config:", json.dumps(config.to_dict()))
-    load_prover_run(out)  # the folder reads back
     print(f"wrote the {config.method} prover run {out} ({len(rules)} rules); rank it with: kgtrace evaluate {out}")
     print_weigh_hint(config, out)
     return 0

@@ -84,7 +84,17 @@ def write_prover_run(out: str | Path, config: ProverConfig, dataset: Dataset, ru
         write_run_files(out, config, dataset, rules, notes)
         if config.method == "apply" and config.aggregation == "nr_noisy_or":
             write_clusters(out, dataset, rules, log)
+        check_written(out, dataset)
     return out
+
+
+def check_written(out: Path, dataset: Dataset) -> None:
+    """Read back what a run's files could fail to say, with the dataset in hand (not read again): the config, the
+    rules in the run's own id maps, and the clusters."""
+    config = read_config(out)
+    rules = read_rules(out / RULES_FILE, dataset.relations, entities=dataset.entities, max_body=config.max_body())
+    if config.method == "apply" and config.aggregation == "nr_noisy_or":
+        RuleClusters.read(out / CLUSTERS_FILE, len(rules))
 
 
 def write_clusters(out: Path, dataset: Dataset, rules: RuleSet, log=print) -> RuleClusters:
