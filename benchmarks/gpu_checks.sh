@@ -17,6 +17,9 @@
 #   tracin-captum  TracIn against Captum on FB15k-237, --device cuda (each cell's line in tracin.err as it ends)
 #   reproduce  the RECIPES at once on the GPU, each paused by its own --hours before the script's end so that it
 #              evaluates its best checkpoint and writes its result
+#   hybrid     issue 55's hybrids, per dataset of HYBRID_DATASETS (default wn18rr): LibKGE's ComplEx recipe trained
+#              for HYBRID_HOURS (WN18RR reached .476 in 127 s on an H200), then benchmarks/rules.py on the machine's
+#              CPU cores: rules learned for RULES_SECONDS, ranked alone and in a hybrid with that run
 # Run the suite before or after the timed steps, never beside them: beside nine test processes a ConvE epoch
 # took 40 s instead of 2-3 s.
 # Outputs go under $OUT/w and are packed into $OUT/checks.tar.gz at the end (the tool returns at most 8 files).
@@ -100,6 +103,14 @@ for s in $STEPS; do
           --hours "$(python3 -c "print(max(0.005, ($B - 50) / 3600))")" --results "$W/repro" > "$W/repro/$r.txt" 2>&1 &
       done
       wait ;;
+    hybrid) for d in ${HYBRID_DATASETS:-wn18rr}; do
+      r=complex-libkge-$d
+      timeout "$(cap 400)" python3 benchmarks/reproduce.py "$r" --device cuda --threads 2 --runs /tmp/repro \
+        --hours "${HYBRID_HOURS:-0.04}" --results "$W/repro" > "$W/repro/$r.txt" 2>&1
+      timeout "$(cap 900)" python3 benchmarks/rules.py --dataset "$d" --seconds "${RULES_SECONDS:-300}" \
+        --meet-neighbours 16 --aggregations maxplus,noisy_or,nr_noisy_or --embedding-run "/tmp/repro/$r" --threads 14 \
+        --device cuda --work "/tmp/rules-$d" --out "$W/rules-hybrid-$d.json" > /dev/null 2> "$W/rules-hybrid-$d.err"
+    done ;;
   esac
 done
 say done

@@ -12,11 +12,15 @@ Steps, each timed:
    them); ``mrr_all_test`` counts them too, each at reciprocal rank 0, the protocol of AnyBURL's and SAFRAN's
    published figures (all 3,134 test triples of WN18RR, 20,466 of FB15k-237).
 
+3. with --embedding-run RUN (an embedding run of the same dataset): that run alone, and for each aggregation but
+   maxplus (whose scores are ranking keys) the hybrid ``logit + w x the rules' score`` with w chosen on the first
+   --hybrid-valid validation triples by `kgtrace prove weigh`'s one-standard-error rule.
+
 The targets (issue 55, filtered test MRR): AnyBURL's level .34 (FB15k-237) and .49 (WN18RR), SAFRAN's
 .389 / .502; learning plus ranking within 30 minutes on 2 cores.
 
     python benchmarks/rules.py --dataset fb15k237 --seconds 600 [--rounds N] [--paths-per-round 4096] [--meet-neighbours N]
-        [--aggregations maxplus,noisy_or] [--test-triples N]
+        [--aggregations maxplus,noisy_or] [--test-triples N] [--embedding-run RUN [--hybrid-valid 2000]]
         [--work benchmarks/runs/rules-fb15k237] [--out benchmarks/results/rules-fb15k237-cpu.json] [--threads 2]
         [--device cpu]
 
@@ -44,9 +48,12 @@ from kgtrace.prover.apply import RuleScorer
 from kgtrace.prover.clusters import RuleClusters
 from kgtrace.prover.config import AGGREGATIONS, LearnConfig
 from kgtrace.prover.graph import DirectedGraph
+from kgtrace.prover.hybrid import choose_hybrid_weight
 from kgtrace.prover.learn import learn_rule_file, state_path
+from kgtrace.prover.neural import embedding_model
 from kgtrace.prover.redundancy import learn_clusters
 from kgtrace.prover.rules import RuleSet
+from kgtrace.prover.scorer import HybridScorer
 
 TARGETS = {"fb15k237": {"anyburl": 0.34, "safran": 0.389}, "wn18rr": {"anyburl": 0.49, "safran": 0.502}}
 
@@ -62,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="cyclic paths of 2 and 3 steps also met in the middle (kgtrace rules learn's option)")
     parser.add_argument("--aggregations", default="maxplus,noisy_or")
     parser.add_argument("--test-triples", type=int, default=0, help="rank the first N test triples (0: all)")
+    parser.add_argument("--embedding-run", type=Path,
+                        help="also rank by the embedding run alone and by a hybrid of it with each aggregation but "
+                             "maxplus: logit + w x the rules' score, w chosen on validation (kgtrace prove weigh's rule)")
+    parser.add_argument("--hybrid-valid", type=int, default=2000,
+                        help="validation triples the hybrid's weight is chosen on (0: all)")
     parser.add_argument("--work", type=Path, help="where the rules and their state are kept")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--threads", type=int, default=2)
@@ -87,26 +99,36 @@ def main(argv: list[str] | None = None) -> int:
     test = ds.test[: args.test_triples] if args.test_triples else ds.test
     graph = DirectedGraph.of(ds.train, ds.num_entities, ds.num_relations)
     written = raw_lines(split_path(ds, "test"))  # test triples as distributed, before the unseen are left out
+    known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
+    embedding = embedding_model(str(args.embedding_run), ds, device) if args.embedding_run else None
     ranked = {}
+    if embedding is not None:  # the hybrid's other part, alone
+        start = time.perf_counter()
+        metrics = evaluate(embedding, test, known=ds.all_triples())
+        ranked["embedding"] = metric_row(metrics, time.perf_counter() - start, written, args.test_triples)
     for aggregation in aggregations:
         start = time.perf_counter()
         clusters = None
         if aggregation == "nr_noisy_or":  # SAFRAN's clusters of redundant rules, chosen on the validation split
-            known_valid = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
             clusters = learn_clusters(graph, rules, ds.valid, known_valid,
                                       log=lambda line: print(line, file=sys.stderr))
         cluster_seconds = time.perf_counter() - start
-        metrics = evaluate(RuleScorer(graph, rules, aggregation, clusters=clusters), test, known=ds.all_triples())
-        seconds = time.perf_counter() - start
-        both = metrics.both.realistic
-        ranked[aggregation] = {"mrr": both.mrr, "hits_at": both.hits_at, "head_mrr": metrics.sides["head"].realistic.mrr,
-                               "tail_mrr": metrics.sides["tail"].realistic.mrr, "seconds": round(seconds, 1)}
+        scorer = RuleScorer(graph, rules, aggregation, clusters=clusters)
+        metrics = evaluate(scorer, test, known=ds.all_triples())
+        ranked[aggregation] = metric_row(metrics, time.perf_counter() - start, written, args.test_triples)
         if clusters is not None:
             ranked[aggregation]["clusters"] = cluster_summary(clusters, cluster_seconds)
-        if written and not args.test_triples:
-            ranked[aggregation]["mrr_all_test"] = both.mrr * len(test) / written
-        print(f"{aggregation}: MRR {both.mrr:.4f}, Hits@1 {both.hits_at[1]:.4f}, Hits@10 {both.hits_at[10]:.4f} "
-              f"({seconds:.0f} s)", file=sys.stderr)
+        if embedding is not None and aggregation != "maxplus":  # maxplus's scores are ranking keys, not evidence
+            start = time.perf_counter()
+            valid = ds.valid[: args.hybrid_valid] if args.hybrid_valid else ds.valid
+            choice = choose_hybrid_weight(scorer, embedding, valid.to(device), known_valid)
+            metrics = evaluate(HybridScorer(scorer, embedding, choice.weight), test, known=ds.all_triples())
+            ranked[f"hybrid-{aggregation}"] = {**metric_row(metrics, time.perf_counter() - start, written,
+                                                            args.test_triples),
+                                              "weight": choice.weight, "weight_choice": choice.to_dict()}
+    for name, row in ranked.items():
+        print(f"{name}: MRR {row['mrr']:.4f}, Hits@1 {row['hits_at'][1]:.4f}, Hits@10 {row['hits_at'][10]:.4f} "
+              f"({row['seconds']:.0f} s)", file=sys.stderr)
     result = {
         "dataset": args.dataset, "test_triples": len(test), "test_triples_written": written,
         "device": str(device), "threads": args.threads,
@@ -124,6 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     return 0
+
+
+def metric_row(metrics, seconds: float, written: int | None, test_triples: int) -> dict:
+    """A ranking's filtered metrics (realistic ties) and seconds; ``mrr_all_test`` counts the test triples left out at
+    load at reciprocal rank 0 (when the whole split was ranked)."""
+    both = metrics.both.realistic
+    row = {"mrr": both.mrr, "hits_at": both.hits_at, "head_mrr": metrics.sides["head"].realistic.mrr,
+           "tail_mrr": metrics.sides["tail"].realistic.mrr, "seconds": round(seconds, 1)}
+    if written and not test_triples:
+        row["mrr_all_test"] = both.mrr * metrics.num_queries / written  # num_queries: the triples ranked
+    return row
 
 
 def cluster_summary(clusters: RuleClusters, seconds: float) -> dict:
