@@ -10,8 +10,7 @@ Steps, each timed:
    every entity, filtered by train + valid + test, realistic ties (the same `kgtrace.evaluate` as the
    embedding runs). Test triples whose entity training never sees are left out at load (no rule can reach
    them); ``mrr_all_test`` counts them too, each at reciprocal rank 0, the protocol of AnyBURL's and SAFRAN's
-   published figures (all 3,134 test triples of WN18RR, 20,466 of FB15k-237).
-
+   published figures (all 3,134 test triples of WN18RR, 20,466 of FB15k-237);
 3. with --embedding-run RUN (an embedding run of the same dataset): that run alone, and for each aggregation but
    maxplus (whose scores are ranking keys) the hybrid ``logit + w x the rules' score`` with w chosen on the first
    --hybrid-valid validation triples by `kgtrace prove weigh`'s one-standard-error rule.
@@ -24,7 +23,7 @@ The targets (issue 55, filtered test MRR): AnyBURL's level .34 (FB15k-237) and .
         [--work benchmarks/runs/rules-fb15k237] [--out benchmarks/results/rules-fb15k237-cpu.json] [--threads 2]
         [--device cpu]
 
-Rule application runs on the CPU (--device is accepted for the benchmarks' common interface and recorded).
+Rule application runs on the CPU; an --embedding-run scores on --device.
 Set KGTRACE_DATASETS_MIRROR=../shared/datasets/benchmarks on a machine without internet.
 """
 
