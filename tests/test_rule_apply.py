@@ -278,6 +278,18 @@ def test_rules_learn_then_prove_apply_then_evaluate(tmp_path, capsys):
               "--embedding-run", str(run)]
     assert main(hybrid) == 2
     assert "aggregation='maxplus' with embedding_run" in capsys.readouterr().err
+    # SAFRAN's aggregation: its clusters learned on validation, kept in the run, read by evaluate.
+    safran = tmp_path / "safran"
+    assert main(["prove", "apply", "--dataset", "nations", "--rules", str(rules), "--out", str(safran),
+                 "--aggregation", "nr_noisy_or"]) == 0
+    assert "clusters of redundant rules for" in capsys.readouterr().out
+    assert json.loads((safran / "clusters.json").read_text())["num_rules"] == len(load_prover_run(safran).rules)
+    assert main(["evaluate", str(safran), "--out", str(out), "--device", "cpu"]) == 0
+    assert 0.3 < json.loads(out.read_text())["both"]["realistic"]["mrr"] <= 1
+    (safran / "clusters.json").unlink()
+    assert main(["evaluate", str(safran), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "clusters.json: missing" in err and "Traceback" not in err
 
 
 # ----------------------------------------------------------------------------- paths as explanations

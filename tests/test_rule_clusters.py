@@ -1,6 +1,5 @@
 """SAFRAN's non-redundant noisy-or (kgtrace.prover.redundancy, kgtrace.prover.clusters) against brute force."""
 
-import json
 
 import pytest
 import torch
@@ -141,25 +140,3 @@ def test_clusters_round_trip_and_bad_input_is_refused(tmp_path):
         RuleScorer(graph, rules, "nr_noisy_or")
     with pytest.raises(ConfigError, match="threshold 2"):
         learn_clusters(graph, rules, valid, AnswerIndex.build(train, R), thresholds=(2.0,))
-
-
-def test_prove_apply_learns_the_clusters_and_evaluate_ranks_with_them(tmp_path, capsys):
-    from kgtrace.cli import main
-    from kgtrace.prover.run import load_prover_run
-
-    rules = tmp_path / "rules.txt"
-    assert main(["rules", "learn", "--dataset", "nations", "--out", str(rules), "--rounds", "1",
-                 "--paths-per-round", "512"]) == 0
-    run = tmp_path / "run"
-    assert main(["prove", "apply", "--dataset", "nations", "--rules", str(rules), "--out", str(run),
-                 "--aggregation", "nr_noisy_or"]) == 0
-    assert "clusters of redundant rules for" in capsys.readouterr().out
-    data = json.loads((run / "clusters.json").read_text())
-    assert data["num_rules"] == len(load_prover_run(run).rules) and data["queries"]
-    out = tmp_path / "m.json"
-    assert main(["evaluate", str(run), "--out", str(out), "--device", "cpu"]) == 0
-    assert 0.3 < json.loads(out.read_text())["both"]["realistic"]["mrr"] <= 1
-    (run / "clusters.json").unlink()
-    assert main(["evaluate", str(run), "--device", "cpu"]) == 2
-    err = capsys.readouterr().err
-    assert "clusters.json: missing" in err and "Traceback" not in err
