@@ -1,5 +1,5 @@
-"""SAFRAN's non-redundant noisy-or (kgtrace.prover.redundancy, kgtrace.prover.clusters) against brute force."""
-
+"""SAFRAN's non-redundant noisy-or (kgtrace.prover.redundancy, kgtrace.prover.clusters) against brute force; its
+command-line path is tested with the others in tests/test_rule_apply.py."""
 
 import pytest
 import torch
