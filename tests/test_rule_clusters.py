@@ -79,6 +79,7 @@ def test_components_of_a_chain_a_star_and_loners():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_learned_thresholds_maximise_the_brute_force_validation_mrr(seed):
     train, valid = split(seed)
+    valid = valid[valid[:, 1] != 2]  # relation t has no validation queries: its two query relations are pooled
     rules = parse_rules(random_rules(seed), RELATIONS, entities=ENTITIES, max_body=3)
     graph = DirectedGraph.of(train, E, R)
     known_triples = torch.cat([train, valid])
@@ -104,6 +105,11 @@ def test_learned_thresholds_maximise_the_brute_force_validation_mrr(seed):
         best = max(curve.values())
         assert clusters.thresholds[q] == next(t for t in THRESHOLDS if curve[t] == best)  # the first of equals
     assert checked >= len(THRESHOLDS) * 3
+    # A query relation without validation queries takes the threshold best over all of them pooled.
+    pooled = {t: sum(curve[t] * clusters.queries[q] for q, curve in clusters.curves.items()) for t in THRESHOLDS}
+    best = next(t for t in THRESHOLDS if pooled[t] >= max(pooled.values()) - 1e-9)
+    unasked = [q for q in clusters.thresholds if q not in clusters.curves]
+    assert unasked and all(clusters.thresholds[q] == best for q in unasked)
     assert set(clusters.thresholds) == {q for q in range(2 * R) if any(r.head == q % R for r in rules.rules)}
 
 
@@ -136,7 +142,7 @@ def test_clusters_round_trip_and_bad_input_is_refused(tmp_path):
     path.write_text("{}")
     with pytest.raises(Exception, match="not a clusters file of kgtrace"):
         RuleClusters.read(path, len(rules))
-    with pytest.raises(ConfigError, match="give it the clusters"):
+    with pytest.raises(ConfigError, match="nr_noisy_or needs its clusters"):
         RuleScorer(graph, rules, "nr_noisy_or")
     with pytest.raises(ConfigError, match="threshold 2"):
         learn_clusters(graph, rules, valid, AnswerIndex.build(train, R), thresholds=(2.0,))

@@ -161,8 +161,9 @@ class RuleScorer(nn.Module):
         if aggregation not in AGGREGATIONS:
             raise ConfigError([f"aggregation={aggregation!r}: must be one of {', '.join(AGGREGATIONS)}"])
         if (aggregation == "nr_noisy_or") != (clusters is not None):
-            raise ConfigError(["nr_noisy_or counts clusters of rules once: give it the clusters "
-                               "(kgtrace.prover.redundancy.learn_clusters), and no other aggregation any"])
+            raise ConfigError([f"aggregation={aggregation!r} with clusters={'given' if clusters else 'None'}: "
+                               "nr_noisy_or needs its clusters of rules (kgtrace.prover.redundancy.learn_clusters), "
+                               "and only it takes them"])
         if clusters is not None and clusters.num_rules != len(rules):
             raise ConfigError([f"clusters of {clusters.num_rules} rules for a rule set of {len(rules)}: learn them "
                                "for these rules"])

@@ -36,7 +36,8 @@ from kgtrace.prover.clusters import ONE_CLUSTER, ClusterLookup, RuleClusters
 from kgtrace.prover.graph import DirectedGraph
 from kgtrace.prover.rules import RuleSet
 
-__all__ = ["THRESHOLDS", "components", "jaccard_pairs", "learn_clusters"]
+__all__ = ["THRESHOLDS", "QueryPredictions", "cluster_lookup", "clustered_scores", "components", "jaccard_pairs",
+           "learn_clusters", "query_predictions"]
 
 THRESHOLDS = (ONE_CLUSTER, *(round(0.05 * i, 2) for i in range(21)))  # one cluster, then J > 0, .05, ..., 1
 MEMORY_BUDGET = 1 << 30  # bytes of [B, E] scores a ranking of validation queries holds at once
@@ -151,8 +152,9 @@ def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: A
     scorer = RuleScorer(graph, rules, "max")  # its predictions only
     queries = _validation_queries(valid.long().cpu(), R)
     generator = torch.Generator().manual_seed(seed)
-    chosen: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+    pending: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # q without validation queries: its overlaps
     curves, counts, pooled = {}, {}, torch.zeros(len(thresholds), dtype=torch.float64)
+    groups, chosen = {}, {}
     start = time.monotonic()
     for q in range(2 * R):
         if not scorer.confidences[q]:
@@ -161,28 +163,34 @@ def learn_clusters(graph: DirectedGraph, rules: RuleSet, valid: Tensor, known: A
         anchors = _anchors(graph, q, asked, max_anchors, generator)
         predictions = query_predictions(scorer, q, anchors)
         overlap = jaccard_pairs(predictions.cells, predictions.rules)
-        chosen[q] = overlap
         keep = torch.isin(asked, anchors)  # the validation queries of the anchors drawn
         asked, answers = asked[keep], answers[keep]
         counts[q] = len(asked)
         if not len(asked):
+            pending[q] = overlap
             continue
         reciprocal = _threshold_curve(predictions, overlap, thresholds, asked, answers, q, known, E, len(rules))
         curves[q] = dict(zip(thresholds, reciprocal.mean(1).tolist(), strict=True))
         pooled += reciprocal.sum(1)
+        chosen[q] = max(thresholds, key=curves[q].get)  # max(): the first of equals
+        groups[q] = _clusters_of(scorer, q, overlap, chosen[q])
     best_pooled = thresholds[int(torch.argmax(pooled))]  # argmax: the first of equals
-    groups, chosen_thresholds = {}, {}
-    for q, overlap in chosen.items():
-        threshold = max(thresholds, key=curves[q].get) if counts[q] else best_pooled  # max(): the first of equals
-        chosen_thresholds[q] = threshold
-        if threshold == ONE_CLUSTER:  # every rule of q, those that predicted nothing here too
-            groups[q] = (tuple(scorer.rule_numbers(q)),)
-        else:
-            groups[q] = _groups(cluster_lookup(*overlap, threshold, len(rules)))
+    for q, overlap in pending.items():
+        chosen[q] = best_pooled
+        groups[q] = _clusters_of(scorer, q, overlap, best_pooled)
     if log:
         log(f"clusters of redundant rules for {len(chosen)} query relations in {time.monotonic() - start:.1f} s "
             f"(pooled threshold {best_pooled:g})")
-    return RuleClusters(len(rules), groups, chosen_thresholds, curves, counts)
+    return RuleClusters(len(rules), groups, chosen, curves, counts)
+
+
+def _clusters_of(scorer: RuleScorer, q: int, overlap: tuple[Tensor, Tensor, Tensor, Tensor],
+                 threshold: float) -> tuple[tuple[int, ...], ...]:
+    """q's clusters of two or more rules at ``threshold``; one cluster holds every rule of q, those that predicted
+    nothing on the anchors too."""
+    if threshold == ONE_CLUSTER:
+        return (tuple(scorer.rule_numbers(q)),)
+    return _groups(cluster_lookup(*overlap, threshold, len(scorer.rules)))
 
 
 def _validation_queries(valid: Tensor, num_relations: int) -> dict[int, tuple[Tensor, Tensor]]:
