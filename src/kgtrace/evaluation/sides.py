@@ -63,7 +63,7 @@ def check_finite(scores: Tensor, sq: SideQueries, start: int) -> None:
     """Raise naming the first query whose scores contain NaN or infinity."""
     if bool(torch.isfinite(scores.sum())):  # NaN and inf propagate: a finite sum proves every score finite
         return
-    bad = ~torch.isfinite(scores).all(dim=1)
+    bad = ~finite_rows(scores)
     if bool(bad.any()):
         raise non_finite_error(sq, start + int(torch.nonzero(bad)[0]))
 

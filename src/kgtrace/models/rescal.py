@@ -69,10 +69,11 @@ class Rescal(nn.Module):
     def _by_relation(self, x: Tensor, relations: Tensor) -> Tensor:
         """x [B, D] times each query's M (as `_matrices` gives it), one product per distinct relation of the batch
         instead of a gathered [B, D, D] copy."""
-        out = torch.empty_like(x)
         distinct, groups = relation_groups(relations)
-        for r, at in zip(distinct.tolist(), groups, strict=True):
-            out[at] = x[at] @ self._matrices(torch.tensor([r], device=x.device))[0]  # [n_u, D] @ [D, D]
+        matrices = self._matrices(distinct)  # [U, D, D]
+        out = torch.empty_like(x)
+        for u, at in enumerate(groups):
+            out[at] = x[at] @ matrices[u]  # [n_u, D] @ [D, D]
         return out
 
     def decode(self, q: Tensor, start: int = 0, stop: int | None = None) -> Tensor:

@@ -229,8 +229,7 @@ def _meet(graph: DirectedGraph, x: Tensor, q: Tensor, y: Tensor, cap: int, max_l
     dy, b, take_y = _neighbour_sample(graph, y, cap, generator)  # dy(y, b): the step b -> y is its inverse
     start_x, start_y = torch.cumsum(take_x, 0) - take_x, torch.cumsum(take_y, 0) - take_y
     per = take_x * take_y  # [n] pairs of a step from x and a step into y, per fact
-    fact = torch.repeat_interleave(torch.arange(len(x)), per)  # [p]
-    rank = torch.arange(len(fact)) - torch.repeat_interleave(torch.cumsum(per, 0) - per, per)
+    rank, fact = spans(torch.zeros_like(per), per)  # [p] each pair's place among its fact's, and its fact
     i = start_x[fact] + rank // take_y[fact]  # [p] a step from x
     j = start_y[fact] + rank % take_y[fact]  # [p] a step into y
     middle = (a[i] != x[fact]) & (a[i] != y[fact]) & (b[j] != x[fact]) & (b[j] != y[fact])
@@ -253,10 +252,9 @@ def _neighbour_sample(graph: DirectedGraph, nodes: Tensor, cap: int,
     low = graph.offsets[nodes]
     degree = graph.offsets[nodes + 1] - low
     take = degree.clamp(max=cap)
-    owner = torch.repeat_interleave(torch.arange(len(nodes)), take)  # [m]
-    rank = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
-    drawn = (torch.rand(len(owner), generator=generator) * degree[owner]).long()
-    pick = low[owner] + torch.where(degree[owner] <= cap, rank, drawn)
+    every, owner = spans(low, take)  # [m] the first ``take`` facts of each node, and the node
+    drawn = low[owner] + (torch.rand(len(owner), generator=generator) * degree[owner]).long()
+    pick = torch.where(degree[owner] <= cap, every, drawn)
     d, other = graph.neighbours[pick].unbind(1)
     return d, other, take
 
