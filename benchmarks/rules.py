@@ -19,7 +19,7 @@ The targets (issue 55, filtered test MRR): AnyBURL's level .34 (FB15k-237) and .
 .389 / .502; learning plus ranking within 30 minutes on 2 cores.
 
     python benchmarks/rules.py --dataset fb15k237 --seconds 600 [--rounds N] [--paths-per-round 4096] [--meet-neighbours N]
-        [--aggregations maxplus,noisy_or] [--test-triples N] [--embedding-run RUN [--hybrid-valid 2000]]
+        [--confidence-sample 100] [--aggregations maxplus,noisy_or] [--test-triples N] [--embedding-run RUN [--hybrid-valid 2000]]
         [--work benchmarks/runs/rules-fb15k237] [--out benchmarks/results/rules-fb15k237-cpu.json] [--threads 2]
         [--device cpu]
 
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="training facts sampled per round")
     parser.add_argument("--meet-neighbours", type=int, default=LearnConfig.meet_neighbours,
                         help="cyclic paths of 2 and 3 steps also met in the middle (kgtrace rules learn's option)")
+    parser.add_argument("--confidence-sample", type=int, default=LearnConfig.confidence_sample,
+                        help="start entities whose groundings measure a cyclic rule (kgtrace rules learn's option)")
     parser.add_argument("--aggregations", default="maxplus,noisy_or")
     parser.add_argument("--test-triples", type=int, default=0, help="rank the first N test triples (0: all)")
     parser.add_argument("--embedding-run", type=Path,
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path("benchmarks/runs") / f"rules-{args.dataset}"
     work.mkdir(parents=True, exist_ok=True)
     config = LearnConfig(seconds=args.seconds, rounds=args.rounds, paths_per_round=args.paths_per_round,
-                         meet_neighbours=args.meet_neighbours)
+                         meet_neighbours=args.meet_neighbours, confidence_sample=args.confidence_sample)
     ds = load_dataset(args.dataset)
 
     start = time.perf_counter()
