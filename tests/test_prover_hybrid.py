@@ -3,6 +3,7 @@ table path (each scorer scores once, the weights mix its rows) against ranking H
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from mined import mined
 from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.evaluate import evaluate
 from kgtrace.models import build_model
+from kgtrace.prover.config import HYBRID_WEIGHTS, MAX_WEIGHT
 from kgtrace.prover.engine import VectorEngine
 from kgtrace.prover.hybrid import ScoreTable, choose_hybrid_weight, choose_weight, reciprocal_ranks
 from kgtrace.prover.logic import EngineShapes
@@ -66,6 +68,33 @@ def test_table_ranks_equal_the_hybrid_scorers_ranks(hybrid_parts):
         assert choice.mrr[w] == pytest.approx(mrr, abs=1e-12)
     assert choice.queries == 2 * len(triples)
     assert choice.weight <= choice.best
+
+
+def test_the_default_grid_doubles_while_its_largest_weight_ranks_best(hybrid_parts):
+    """Logits thousands of times larger than the proofs' part: weights up to 64 barely move the ranking,
+    so the default grid goes on past 64; each added weight's MRR is the hybrid scorer's own, and the
+    doubling stops at the first weight that does not rank strictly best. A given grid is taken as it is."""
+    ds, prover, embedding, known = hybrid_parts
+    loud = copy.deepcopy(embedding)
+    with torch.no_grad():
+        for p in loud.parameters():
+            p.mul_(20.0)  # DistMult's logits grow 8,000-fold
+    triples = ds.valid[:12]
+    choice = choose_hybrid_weight(prover, loud, triples, known)
+    grid = sorted(choice.mrr)
+    added = grid[len(HYBRID_WEIGHTS):]
+    assert grid[:len(HYBRID_WEIGHTS)] == list(HYBRID_WEIGHTS) and added, "the curve still rose at 64"
+    assert added == [64.0 * 2 ** (i + 1) for i in range(len(added))]
+    for i, w in enumerate(grid[len(HYBRID_WEIGHTS) - 1:-1]):  # each weight doubled was the strict best so far
+        assert all(choice.mrr[w] > choice.mrr[v] for v in grid[:len(HYBRID_WEIGHTS) + i] if v != w)
+    last = grid[-1]
+    assert last == MAX_WEIGHT or any(choice.mrr[last] <= choice.mrr[v] for v in grid[:-1])
+    for w in added:
+        mrr = evaluate(HybridScorer(prover, loud, w), triples, known=known).both.realistic.mrr
+        assert choice.mrr[w] == pytest.approx(mrr, abs=1e-12)
+    assert choice == choose_weight({w: reciprocal_ranks(HybridScorer(prover, loud, w), triples, known) for w in grid})
+    given = choose_hybrid_weight(prover, loud, triples, known, weights=HYBRID_WEIGHTS)
+    assert sorted(given.mrr) == list(HYBRID_WEIGHTS)
 
 
 def test_a_score_table_reads_back_what_its_scorer_scored(hybrid_parts):

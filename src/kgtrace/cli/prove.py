@@ -184,8 +184,10 @@ def add_prove_args(p: argparse.ArgumentParser) -> None:
                                            "embedding model. Prints the curve and writes it to RUN/hybrid-weight.json.")
     weigh.add_argument("run", help="a prover run written with --embedding-run or --link-weight")
     weigh.add_argument("--valid-triples", type=int, default=200, help="rank the first N validation triples (0: all)")
-    weigh.add_argument("--weights", default=",".join(f"{w:g}" for w in HYBRID_WEIGHTS),
-                       help="the grid of weights, comma-separated")
+    weigh.add_argument("--weights", default=None,
+                       help="the grid of weights, comma-separated, taken as given (default: "
+                            f"{','.join(f'{w:g}' for w in HYBRID_WEIGHTS)}, doubled further while its largest weight "
+                            "has the best validation MRR)")
     weigh.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to score")
 
 
@@ -323,7 +325,7 @@ def prove_weigh(args: argparse.Namespace) -> int:
     from kgtrace.prover.hybrid import WEIGHT_FILE, weigh_prover_run
     from kgtrace.prover.run import CONFIG_FILE
 
-    weights = parse_list(args.weights, "--weights", float)
+    weights = None if args.weights is None else parse_list(args.weights, "--weights", float)
     choice = weigh_prover_run(args.run, args.valid_triples, weights, resolve_device(args.device))
     print(f"validation MRR by hybrid weight ({choice.queries} queries; gap and standard error against the best, "
           f"weight {choice.best:g}):")

@@ -10,7 +10,7 @@ from kgtrace.core.config import choice_problems
 from kgtrace.core.errors import ConfigError
 from kgtrace.prover.logic import EngineShapes
 
-__all__ = ["HYBRID_WEIGHTS", "LearnConfig", "MiningConfig", "ProverConfig"]
+__all__ = ["HYBRID_WEIGHTS", "MAX_WEIGHT", "LearnConfig", "MiningConfig", "ProverConfig"]
 
 CONFIDENCES = ("std", "pca")
 METHODS = ("bfs", "policy", "apply")
@@ -18,6 +18,7 @@ AGGREGATIONS = ("maxplus", "max", "noisy_or", "nr_noisy_or")  # rule application
 PROOF_SCORES = ("confidence", "noisy_or", "probability")
 DEVICES = ("auto", "cpu", "cuda")
 HYBRID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # the grid kgtrace prove weigh chooses from
+MAX_WEIGHT = 2.0 ** 20  # where the default grid stops doubling while its largest weight ranks best
 
 
 def max_body(method: str) -> int:

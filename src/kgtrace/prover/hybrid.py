@@ -1,7 +1,8 @@
 """A hybrid's prover weight, chosen on validation triples.
 
 A hybrid scores a triple by ``embedding logit + w x proof part`` (`HybridScorer`). This module
-picks w from a grid (``HYBRID_WEIGHTS``) by the one-standard-error rule (Hastie, Tibshirani and Friedman,
+picks w from a grid (``HYBRID_WEIGHTS``, doubled past its end while its largest weight ranks best) by the
+one-standard-error rule (Hastie, Tibshirani and Friedman,
 *The Elements of Statistical Learning*, 2nd ed., section 7.10): the smallest weight whose validation
 MRR lies within one standard error of the best weight's. The standard error is that of the mean
 paired difference of reciprocal ranks (the same validation queries under both weights), so it says
@@ -31,7 +32,7 @@ from kgtrace.data.answers import AnswerIndex
 from kgtrace.evaluation.evaluate import model_device, rank_queries
 from kgtrace.evaluation.sides import side_queries
 from kgtrace.models.base import Scorer, inverse_queries
-from kgtrace.prover.config import HYBRID_WEIGHTS
+from kgtrace.prover.config import HYBRID_WEIGHTS, MAX_WEIGHT
 from kgtrace.prover.run import CONFIG_FILE, load_prover_run
 from kgtrace.prover.scorer import proof_part
 
@@ -124,33 +125,52 @@ def reciprocal_ranks(scorer: Scorer, triples: Tensor, known: AnswerIndex) -> Ten
 
 
 def choose_hybrid_weight(prover: Scorer, embedding: Scorer, triples: Tensor, known: AnswerIndex,
-                         weights: tuple[float, ...] = HYBRID_WEIGHTS) -> WeightChoice:
+                         weights: tuple[float, ...] | None = None) -> WeightChoice:
     """The weight of ``embedding logit + w x proof_part(prover score)`` (HybridScorer's score) chosen on
     ``triples`` [n, 3] (validation triples; ``known`` filters them) by the one-standard-error rule.
+
+    weights: the grid, exactly; None: ``HYBRID_WEIGHTS``, doubled past 64 while its largest weight ranks
+    strictly best (up to ``MAX_WEIGHT``). Rule scores can sit on another scale than a model's logits (an
+    nr_noisy_or evidence against ComplEx's logits on WN18RR rose all the way to 64), and a curve still
+    rising at the grid's end says nothing of where it peaks.
 
     Each scorer scores every query once; the weights mix those rows.
     """
     proofs, logits = ScoreTable.of(prover, triples), ScoreTable.of(embedding, triples)
     part = proof_part(proofs.rows, prover.proof_line)  # [Q, E]
-    rr = {w: reciprocal_ranks(logits.with_rows(logits.rows + w * part), triples, known) for w in weights}
+
+    def at(w: float) -> Tensor:  # [2n] reciprocal ranks of the hybrid with weight w
+        return reciprocal_ranks(logits.with_rows(logits.rows + w * part), triples, known)
+
+    rr = {w: at(w) for w in (HYBRID_WEIGHTS if weights is None else weights)}
+    while weights is None and rises_at_its_end(rr) and max(rr) < MAX_WEIGHT:
+        rr[2 * max(rr)] = at(2 * max(rr))
     return choose_weight(rr)
+
+
+def rises_at_its_end(reciprocal_ranks: dict[float, Tensor]) -> bool:
+    """Whether the grid's largest weight has a higher MRR than every other weight."""
+    top = max(reciprocal_ranks)
+    mrr = {w: float(rr.double().mean()) for w, rr in reciprocal_ranks.items()}
+    return all(mrr[top] > mrr[w] for w in mrr if w != top)
 
 
 WEIGHT_FILE = "hybrid-weight.json"
 
 
-def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tuple[float, ...] = HYBRID_WEIGHTS,
+def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tuple[float, ...] | None = None,
                      device: torch.device | str = "cpu") -> WeightChoice:
     """Choose a hybrid prover run's weight on its first ``valid_triples`` validation triples (0: all;
     filtered by train + valid) and set it: ``hybrid_weight`` in prover.yaml, the curve in hybrid-weight.json.
+    ``weights``: the grid (None: the default one, extended as `choose_hybrid_weight` says).
 
     Both files are written whole or not at all; prover.yaml last, so a run whose config holds the new
     weight also holds the curve that chose it.
     """
-    problems = [f"weight {w}: must be 0 or more" for w in weights if not w >= 0]
+    problems = [f"weight {w}: must be 0 or more" for w in weights or () if not w >= 0]
     if valid_triples < 0:
         problems.append(f"valid_triples={valid_triples}: must be 0 (all) or more")
-    if not weights:
+    if weights is not None and not weights:
         problems.append("weights: give at least one")
     if problems:
         raise ConfigError(problems)
@@ -165,7 +185,8 @@ def weigh_prover_run(run_dir: str | Path, valid_triples: int = 200, weights: tup
         raise KgtraceError(f"{run.path}: the dataset {run.config.dataset} has no validation triples to choose the "
                            "weight on. Fix: use a dataset with a validation split")
     known = AnswerIndex.build(ds.known_triples("valid"), ds.num_relations)
-    choice = choose_hybrid_weight(run.model.prover, run.model.embedding, triples, known, tuple(sorted(weights)))
+    grid = None if weights is None else tuple(sorted(weights))
+    choice = choose_hybrid_weight(run.model.prover, run.model.embedding, triples, known, grid)
     record = {**choice.to_dict(), "valid_triples": len(triples), "previous_weight": run.config.hybrid_weight}
     atomic_write_text(run.path / WEIGHT_FILE, json.dumps(record, indent=2) + "\n")
     write_yaml(dataclasses.replace(run.config, hybrid_weight=choice.weight).to_dict(), run.path / CONFIG_FILE)
