@@ -138,6 +138,11 @@ def test_prove_weigh_sets_the_chosen_weight(tmp_path, capsys, hybrid_parts):
     record = json.loads((run / "hybrid-weight.json").read_text())
     assert record["weight"] == expected.weight and record["previous_weight"] == 64.0 and record["valid_triples"] == 30
     assert record["mrr"] == {f"{w}": round(m, 4) for w, m in expected.mrr.items()}
+    # without --weights: the default grid, extended past 64 while its largest weight ranks best
+    default = choose_hybrid_weight(loaded.model.prover, loaded.model.embedding, ds.valid[:30], known)
+    assert main(["prove", "weigh", str(run), "--valid-triples", "30", "--device", "cpu"]) == 0
+    record = json.loads((run / "hybrid-weight.json").read_text())
+    assert record["weight"] == default.weight and set(map(float, record["mrr"])) == set(default.mrr)
     plain = tmp_path / "plain"
     assert main(common + ["--out", str(plain)]) == 0
     assert "prove weigh" not in capsys.readouterr().out  # no hint for a run without an embedding run

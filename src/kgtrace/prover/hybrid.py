@@ -130,9 +130,9 @@ def choose_hybrid_weight(prover: Scorer, embedding: Scorer, triples: Tensor, kno
     ``triples`` [n, 3] (validation triples; ``known`` filters them) by the one-standard-error rule.
 
     weights: the grid, exactly; None: ``HYBRID_WEIGHTS``, doubled past 64 while its largest weight ranks
-    strictly best (up to ``MAX_WEIGHT``). Rule scores can sit on another scale than a model's logits (an
-    nr_noisy_or evidence against ComplEx's logits on WN18RR rose all the way to 64), and a curve still
-    rising at the grid's end says nothing of where it peaks.
+    strictly best (up to ``MAX_WEIGHT``). Rule scores can sit on another scale than a model's logits, so
+    the best weight may lie past any fixed grid, and a curve still rising at the grid's end says nothing
+    of where it peaks.
 
     Each scorer scores every query once; the weights mix those rows.
     """
