@@ -143,16 +143,12 @@ def choose_hybrid_weight(prover: Scorer, embedding: Scorer, triples: Tensor, kno
         return reciprocal_ranks(logits.with_rows(logits.rows + w * part), triples, known)
 
     rr = {w: at(w) for w in (HYBRID_WEIGHTS if weights is None else weights)}
-    while weights is None and rises_at_its_end(rr) and max(rr) < MAX_WEIGHT:
+    choice = choose_weight(rr)
+    # choose_weight's best is the smallest of equal MRRs: the largest weight is best only when strictly so
+    while weights is None and choice.best == max(rr) < MAX_WEIGHT:
         rr[2 * max(rr)] = at(2 * max(rr))
-    return choose_weight(rr)
-
-
-def rises_at_its_end(reciprocal_ranks: dict[float, Tensor]) -> bool:
-    """Whether the grid's largest weight has a higher MRR than every other weight."""
-    top = max(reciprocal_ranks)
-    mrr = {w: float(rr.double().mean()) for w, rr in reciprocal_ranks.items()}
-    return all(mrr[top] > mrr[w] for w in mrr if w != top)
+        choice = choose_weight(rr)
+    return choice
 
 
 WEIGHT_FILE = "hybrid-weight.json"
